@@ -1,0 +1,48 @@
+// tandem/core/error.hpp - tandem::Error, the one exception type tandem throws. It names the rank,
+// the operation and the cause, so a failure on rank 5 of 64 says where it happened.
+//   throw tandem::Error(rank, "all_reduce", "rank 3 did not arrive within 30 s");
+// Needs: the standard library only.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace tandem {
+
+/// The rank of an error raised before a rank is known (parsing the environment, say).
+inline constexpr int unknown_rank = -1;
+
+/// What tandem throws: a std::runtime_error whose what() reads
+/// "tandem: rank R: OPERATION: CAUSE" (the rank part left out when it is unknown).
+class Error : public std::runtime_error {
+ public:
+  Error(int rank, std::string operation, std::string cause)
+      : std::runtime_error(compose(rank, operation, cause)),
+        rank_(rank),
+        operation_(std::move(operation)),
+        cause_(std::move(cause)) {}
+
+  Error(std::string operation, std::string cause)
+      : Error(unknown_rank, std::move(operation), std::move(cause)) {}
+
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  [[nodiscard]] const std::string& operation() const noexcept { return operation_; }
+  [[nodiscard]] const std::string& cause() const noexcept { return cause_; }
+
+ private:
+  static std::string compose(int rank, const std::string& operation, const std::string& cause) {
+    std::string text = "tandem: ";
+    if (rank != unknown_rank) text += "rank " + std::to_string(rank) + ": ";
+    text += operation;
+    text += ": ";
+    text += cause;
+    return text;
+  }
+
+  int rank_;
+  std::string operation_;
+  std::string cause_;
+};
+
+}  // namespace tandem
