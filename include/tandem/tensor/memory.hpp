@@ -1,0 +1,75 @@
+// tandem/tensor/memory.hpp - memory spaces as types (host, pinned, device), which space code on
+// the host may touch, and the allocator each space uses for tandem::Buffer.
+//   static_assert(tandem::host_accessible<tandem::pinned>);
+//   auto* p = tandem::space_allocator<tandem::host>::allocate<float>(1024);
+// Needs: the standard library; pinned and device allocation need tandem/cuda.hpp (CUDA).
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+#include <new>
+#include <type_traits>
+
+namespace tandem {
+
+/// Ordinary pageable host memory.
+struct host {
+  static constexpr const char* name = "host";
+};
+/// Page-locked host memory: host code reads it, and the GPU copies from it asynchronously.
+struct pinned {
+  static constexpr const char* name = "pinned";
+};
+/// GPU global memory: only kernels and copies touch it.
+struct device {
+  static constexpr const char* name = "device";
+};
+
+/// A type opts in as a memory space by specialising this to true.
+template <class S>
+inline constexpr bool enable_memory_space = false;
+template <>
+inline constexpr bool enable_memory_space<host> = true;
+template <>
+inline constexpr bool enable_memory_space<pinned> = true;
+template <>
+inline constexpr bool enable_memory_space<device> = true;
+
+/// A memory space: an opted-in type with a printable name.
+template <class S>
+concept memory_space = enable_memory_space<S> && requires {
+  { S::name } -> std::convertible_to<const char*>;
+};
+
+/// Whether code running on the host may dereference a pointer into space S.
+template <memory_space S>
+inline constexpr bool host_accessible = std::same_as<S, host> || std::same_as<S, pinned>;
+
+/// Allocates and frees raw storage in one space. The primary template is a readable compile
+/// error: pinned and device memory come with the CUDA headers, which specialise it.
+template <memory_space S>
+struct space_allocator {
+  static_assert(sizeof(S) == 0,
+                "tandem: no allocator for this memory space in this translation unit; "
+                "pinned and device memory need #include <tandem/cuda.hpp> in a .cu file");
+};
+
+template <>
+struct space_allocator<host> {
+  /// Large enough for any SIMD load and a cache line, so vectorised loops never split one.
+  static constexpr std::size_t alignment = 64;
+
+  template <class T>
+  static T* allocate(std::size_t count) {
+    if (count == 0) return nullptr;
+    if (count > static_cast<std::size_t>(-1) / sizeof(T)) throw std::bad_array_new_length();
+    return static_cast<T*>(::operator new (count * sizeof(T), std::align_val_t{alignment}));
+  }
+
+  template <class T>
+  static void deallocate(T* pointer, std::size_t /*count*/) noexcept {
+    if (pointer) ::operator delete (pointer, std::align_val_t{alignment});
+  }
+};
+
+}  // namespace tandem
