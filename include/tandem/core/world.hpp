@@ -55,6 +55,13 @@ struct World {
   /// A non-numeric, negative or inconsistent value is a tandem::Error naming the variable.
   static World from_env(const EnvLookup& env = process_env);
 
+  /// Whether any launcher that from_env reads has set its rank variable.
+  static bool launched(const EnvLookup& env = process_env) {
+    return env("RANK") || env("WORLD_SIZE") || env("SLURM_PROCID") ||
+           env("OMPI_COMM_WORLD_RANK") || env("OMPI_COMM_WORLD_SIZE") || env("PMI_RANK") ||
+           env("PMI_SIZE");
+  }
+
  private:
   struct field_names {
     std::string_view rank = "rank", world_size = "world_size", local_rank = "local_rank",
