@@ -7,6 +7,11 @@ packages=(
   build-essential cmake ninja-build git pkg-config
   clang-format
   doctest-dev
+  libcli11-dev          # tandemrun's command line
+  iproute2 procps       # multi-node launcher tests (network namespaces), process inspection
+  libgloo-dev           # the Gloo backend
+  libopenmpi-dev openmpi-bin   # the MPI backend
+  python3               # golden-data and benchmark peers
 )
 
 sudo_cmd=()
