@@ -24,10 +24,14 @@
 // LocalComm waits for its pending operations.
 #pragma once
 
+#include <unistd.h>
+#include <algorithm>
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -39,8 +43,10 @@
 
 #include "tandem/comm/communicator.hpp"
 #include "tandem/comm/detail/local_group.hpp"
+#include "tandem/comm/store.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/core/timeout.hpp"
+#include "tandem/core/world.hpp"
 #include "tandem/tensor/dtype.hpp"
 #include "tandem/tensor/tensor.hpp"
 
@@ -314,6 +320,7 @@ class LocalComm {
  public:
   using communicator_concept = communicator_tag;
   using memory_space = host;
+  using options_type = LocalCommOptions;
 
   LocalComm(LocalComm&&) noexcept = default;
   LocalComm& operator=(LocalComm&&) noexcept = default;
@@ -322,6 +329,28 @@ class LocalComm {
   /// One LocalComm per rank of a new group of `n` ranks; move each into its own thread.
   [[nodiscard]] static std::vector<LocalComm> create_group(int n, LocalCommOptions options = {}) {
     return make_group(n, options, false);
+  }
+
+  /// What init_process_group<LocalComm>(world, url) calls: each rank is a thread of this process
+  /// with its own World; rank 0 makes the group and the others find it through the store. Ranks
+  /// in different processes are an Error (GlooComm and MpiComm are for those).
+  [[nodiscard]] static LocalComm rendezvous(const World& world, AnyStore& store,
+                                            const LocalCommOptions& options) {
+    const std::string process = std::to_string(::getpid());
+    if (world.rank == 0) {
+      const auto id = pending_groups().publish(make_group(world.world_size, options, false));
+      store.set("local/group", process + ":" + std::to_string(id));
+    }
+    const std::string published = store.get("local/group", options.timeout);
+    const auto colon = published.find(':');
+    const std::string owner = published.substr(0, colon);
+    if (owner != process) {
+      throw Error(world.rank, "init_process_group",
+                  "LocalComm ranks must be threads of one process: rank 0 is process " + owner +
+                      ", this rank is process " + process +
+                      "; use GlooComm or MpiComm across processes");
+    }
+    return pending_groups().take(std::stoull(published.substr(colon + 1)), world.rank);
   }
 
   [[nodiscard]] int rank() const { return self().rank(); }
@@ -557,6 +586,45 @@ class LocalComm {
     comms.reserve(static_cast<std::size_t>(n));
     for (int r = 0; r < n; ++r) comms.push_back(LocalComm(group, r));
     return comms;
+  }
+
+  /// Groups made by rendezvous on rank 0, waiting for their other ranks' threads to collect
+  /// their communicators. Process-wide because the ranks meet only through a store.
+  class PendingGroups {
+   public:
+    std::uint64_t publish(std::vector<LocalComm> comms) {
+      std::lock_guard lock(mutex_);
+      const auto id = next_id_++;
+      groups_.emplace(id, std::move(comms));
+      return id;
+    }
+    LocalComm take(std::uint64_t id, int rank) {
+      std::lock_guard lock(mutex_);
+      const auto it = groups_.find(id);
+      auto* slot = it == groups_.end() || rank >= static_cast<int>(it->second.size())
+                       ? nullptr
+                       : &it->second[static_cast<std::size_t>(rank)];
+      if (!slot || !slot->self_) {
+        throw Error(rank, "init_process_group",
+                    "no LocalComm is waiting for this rank (did two ranks claim it?)");
+      }
+      LocalComm mine = std::move(*slot);
+      if (std::all_of(it->second.begin(), it->second.end(),
+                      [](const LocalComm& c) { return !c.self_; })) {
+        groups_.erase(it);
+      }
+      return mine;
+    }
+
+   private:
+    std::mutex mutex_;
+    std::uint64_t next_id_ = 0;
+    std::map<std::uint64_t, std::vector<LocalComm>> groups_;
+  };
+
+  static PendingGroups& pending_groups() {
+    static PendingGroups groups;
+    return groups;
   }
 
   detail::local::Rank& self() const {

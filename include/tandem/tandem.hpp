@@ -1,0 +1,26 @@
+// tandem/tandem.hpp - everything tandem offers that needs no engine beyond the C++ standard
+// library and POSIX: World, tensors, the threads backend, stores and init_process_group.
+//   #include <tandem/tandem.hpp>
+//   tandem::run_local(4, [](tandem::LocalComm& comm) { /* comm.all_reduce(...) */ });
+// Needs: Linux. Engines with libraries of their own have headers of their own:
+// tandem/comm/gloo.hpp (tandem::gloo), tandem/comm/mpi.hpp (tandem::mpi), tandem/cuda.hpp.
+#pragma once
+
+#include "tandem/core/config.hpp"
+#include "tandem/core/env.hpp"
+#include "tandem/core/error.hpp"
+#include "tandem/core/timeout.hpp"
+#include "tandem/core/units.hpp"
+#include "tandem/core/world.hpp"
+
+#include "tandem/tensor/dtype.hpp"
+#include "tandem/tensor/memory.hpp"
+#include "tandem/tensor/tensor.hpp"
+
+#include "tandem/comm/communicator.hpp"
+#include "tandem/comm/file_store.hpp"
+#include "tandem/comm/init.hpp"
+#include "tandem/comm/init_method.hpp"
+#include "tandem/comm/local.hpp"
+#include "tandem/comm/store.hpp"
+#include "tandem/comm/tcp_store.hpp"

@@ -1,0 +1,175 @@
+#include <doctest/doctest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/fake_env.hpp"
+#include "support/free_port.hpp"
+#include "tandem/comm/init.hpp"
+#include "tandem/comm/local.hpp"
+
+using namespace std::chrono_literals;
+using tandem::LocalComm;
+using tandem::World;
+
+static_assert(tandem::ProcessGroupBackend<LocalComm>);
+
+namespace {
+
+std::string tcp_url() {
+  return "tcp://127.0.0.1:" + std::to_string(tandem::test::free_port());
+}
+
+std::filesystem::path fresh_directory() {
+  std::string pattern = (std::filesystem::temp_directory_path() / "tandem-init-XXXXXX").string();
+  REQUIRE(::mkdtemp(pattern.data()) != nullptr);
+  return pattern;
+}
+
+/// Starts `n` threads; thread r runs fn(r). Returns the message of each thread's exception ("" if
+/// none), so the main thread can CHECK them.
+template <class Fn>
+std::vector<std::string> run_threads(int n, Fn fn) {
+  std::vector<std::string> errors(static_cast<std::size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        fn(r);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+/// Every rank joins at `url` and averages its rank; returns what each rank saw.
+std::vector<float> average_ranks(int n, const std::string& url) {
+  std::vector<float> seen(static_cast<std::size_t>(n), -1.0f);
+  const auto errors = run_threads(n, [&](int r) {
+    auto comm =
+        tandem::init_process_group<LocalComm>(World::single_node(r, n), url, {.timeout = 20s});
+    std::vector<float> value{static_cast<float>(comm.rank())};
+    comm.all_reduce(value, tandem::ReduceOp::avg);
+    seen[static_cast<std::size_t>(r)] = value[0];
+  });
+  for (const auto& e : errors) CHECK(e == "");
+  return seen;
+}
+
+}  // namespace
+
+TEST_CASE("init_process_group over tcp:// gives a working group") {
+  for (float v : average_ranks(4, tcp_url())) CHECK(v == 1.5f);
+}
+
+TEST_CASE("init_process_group over file:// gives a working group, and a rerun on the file too") {
+  const auto dir = fresh_directory();
+  const std::string url = "file://" + (dir / "store").string();
+  for (float v : average_ranks(3, url)) CHECK(v == 1.0f);
+  for (float v : average_ranks(3, url)) CHECK(v == 1.0f);  // the stale file of run one is reset
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("init_process_group over env:// reads MASTER_ADDR and MASTER_PORT") {
+  const tandem::test::FakeEnv env{{"MASTER_ADDR", "127.0.0.1"},
+                                  {"MASTER_PORT", std::to_string(tandem::test::free_port())}};
+  std::vector<int> sizes(2, 0);
+  const auto errors = run_threads(2, [&](int r) {
+    auto comm = tandem::init_process_group<LocalComm>(World::single_node(r, 2), "env://",
+                                                      {.timeout = 20s}, env.lookup());
+    sizes[static_cast<std::size_t>(r)] = comm.size();
+  });
+  for (const auto& e : errors) CHECK(e == "");
+  CHECK(sizes == std::vector<int>{2, 2});
+}
+
+TEST_CASE("init_process_group takes the World from the URL's query parameters") {
+  const std::string url = tcp_url();
+  const tandem::test::FakeEnv bare{};
+  std::vector<int> ranks(2, -1);
+  const auto errors = run_threads(2, [&](int r) {
+    auto comm = tandem::init_process_group<LocalComm>(
+        url + "?world_size=2&rank=" + std::to_string(r), {.timeout = 20s}, bare.lookup());
+    ranks[static_cast<std::size_t>(r)] = comm.rank();
+  });
+  for (const auto& e : errors) CHECK(e == "");
+  CHECK(ranks == std::vector<int>{0, 1});
+}
+
+TEST_CASE("a rank that never joins is named in the timeout error") {
+  const std::string url = tcp_url();
+  const auto errors = run_threads(2, [&](int r) {  // ranks 0 and 1 of 3; rank 2 never comes
+    (void)tandem::init_process_group<LocalComm>(World::single_node(r, 3), url, {.timeout = 500ms});
+  });
+  for (const auto& e : errors) {
+    CHECK(e.find("rank(s) 2 did not join " + url + " within 500 ms") != std::string::npos);
+  }
+}
+
+TEST_CASE("two ranks claiming one rank number, or disagreeing on the world size, are errors") {
+  SUBCASE("one rank twice") {
+    const std::string url = tcp_url();
+    const auto errors = run_threads(3, [&](int r) {  // threads 1 and 2 both say rank 1
+      (void)tandem::init_process_group<LocalComm>(World::single_node(r == 2 ? 1 : r, 2), url,
+                                                  {.timeout = 2s});
+    });
+    int twice = 0;
+    for (const auto& e : errors)
+      twice += e.find("rank 1 joined " + url + " twice") != std::string::npos;
+    CHECK(twice == 1);
+  }
+  SUBCASE("world sizes disagree") {
+    const std::string url = tcp_url();
+    const auto errors = run_threads(2, [&](int r) {
+      (void)tandem::init_process_group<LocalComm>(World::single_node(r, r == 0 ? 2 : 3), url,
+                                                  {.timeout = 2s});
+    });
+    int disagree = 0;
+    for (const auto& e : errors)
+      disagree += e.find("earlier have world_size=") != std::string::npos;
+    CHECK(disagree == 1);
+  }
+}
+
+TEST_CASE("LocalComm ranks in two processes are refused with a clear error") {
+  const std::string url = tcp_url();
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    // Rank 1 in another process: it must be told to use another backend.
+    int status = 1;
+    try {
+      (void)tandem::init_process_group<LocalComm>(World::single_node(1, 2), url, {.timeout = 5s});
+    } catch (const tandem::Error& e) {
+      status =
+          std::string(e.what()).find("must be threads of one process") != std::string::npos ? 0 : 2;
+    } catch (...) {
+      status = 3;
+    }
+    ::_exit(status);
+  }
+  std::string parent_error;
+  try {
+    (void)tandem::init_process_group<LocalComm>(World::single_node(0, 2), url, {.timeout = 3s});
+  } catch (const tandem::Error& e) {
+    parent_error = e.what();
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  // Rank 0 finished its half but rank 1 never did: rank 0 names it instead of hanging.
+  CHECK(parent_error.find("rank(s) 1 did not finish the rendezvous at") != std::string::npos);
+}
