@@ -76,19 +76,28 @@ inline void wait_for_ranks(AnyStore& store, const World& world, const std::strin
                            Timeout timeout, const std::string& url, std::string_view what) {
   std::vector<std::string> keys;
   for (int r = 0; r < world.world_size; ++r) keys.push_back(prefix + std::to_string(r));
+  std::vector<int> missing;
   try {
     store.wait(keys, timeout);
-  } catch (const Error&) {
-    // A store that broke (rather than timed out) throws again from check(), with its own cause.
-    std::vector<int> missing;
-    for (int r = 0; r < world.world_size; ++r) {
-      if (!store.check(std::span(&keys[static_cast<std::size_t>(r)], 1))) missing.push_back(r);
+    return;
+  } catch (const Error& waiting) {
+    try {
+      for (int r = 0; r < world.world_size; ++r) {
+        if (!store.check(std::span(&keys[static_cast<std::size_t>(r)], 1))) missing.push_back(r);
+      }
+    } catch (const Error& checking) {
+      // The store itself is gone: on env:// and tcp:// its host, rank 0, has failed or given up.
+      throw Error(world.rank, "init_process_group",
+                  "lost the store at " + url +
+                      " while waiting for the other ranks (on env:// and tcp:// rank 0 hosts "
+                      "it; it has probably failed or timed out): " +
+                      checking.cause());
     }
     if (missing.empty()) throw;
-    throw Error(world.rank, "init_process_group",
-                "rank(s) " + join_ranks(missing) + " did not " + std::string(what) + " " + url +
-                    " within " + describe(timeout));
   }
+  throw Error(world.rank, "init_process_group",
+              "rank(s) " + join_ranks(missing) + " did not " + std::string(what) + " " + url +
+                  " within " + describe(timeout));
 }
 
 }  // namespace detail
