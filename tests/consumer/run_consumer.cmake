@@ -1,4 +1,4 @@
-# cmake -DMODE=installed|subdirectory -DTANDEM_SOURCE_DIR=.. -DCONSUMER_SOURCE_DIR=..
+# cmake -DMODE=installed|subdirectory|readme -DTANDEM_SOURCE_DIR=.. -DCONSUMER_SOURCE_DIR=..
 #       -DWORK_DIR=.. -DGENERATOR=.. -DCXX_COMPILER=.. -P run_consumer.cmake
 # Builds and runs the consumer project in a clean directory; any failing step fails the test.
 file(REMOVE_RECURSE "${WORK_DIR}")
@@ -24,6 +24,20 @@ if(MODE STREQUAL "installed")
       -DCMAKE_PREFIX_PATH=${prefix})
 elseif(MODE STREQUAL "subdirectory")
   run(${CMAKE_COMMAND} -S "${CONSUMER_SOURCE_DIR}" -B "${WORK_DIR}/consumer-build" ${common}
+      -DTANDEM_SOURCE_DIR=${TANDEM_SOURCE_DIR})
+elseif(MODE STREQUAL "readme")
+  file(READ "${TANDEM_SOURCE_DIR}/README.md" readme)
+  string(FIND "${readme}" "```cpp\n" start)
+  if(start EQUAL -1)
+    message(FATAL_ERROR "README.md has no ```cpp example")
+  endif()
+  math(EXPR start "${start} + 7")
+  string(SUBSTRING "${readme}" ${start} -1 rest)
+  string(FIND "${rest}" "```" length)
+  string(SUBSTRING "${rest}" 0 ${length} example)
+  file(COPY "${CONSUMER_SOURCE_DIR}/CMakeLists.txt" DESTINATION "${WORK_DIR}/project")
+  file(WRITE "${WORK_DIR}/project/main.cpp" "${example}")
+  run(${CMAKE_COMMAND} -S "${WORK_DIR}/project" -B "${WORK_DIR}/consumer-build" ${common}
       -DTANDEM_SOURCE_DIR=${TANDEM_SOURCE_DIR})
 else()
   message(FATAL_ERROR "MODE must be installed or subdirectory, not '${MODE}'")
