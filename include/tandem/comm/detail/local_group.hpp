@@ -529,30 +529,57 @@ struct wrapping<T> {
   using type = std::make_unsigned_t<T>;
 };
 
-template <class T>
-T combine(ReduceOp op, T a, T b) noexcept {
+template <ReduceOp Op, class T>
+T combine(T a, T b) noexcept {
   using Wide = typename wrapping<T>::type;
-  switch (op) {
-    case ReduceOp::sum:
-    case ReduceOp::avg:
-      if constexpr (std::is_integral_v<T>) {
-        return static_cast<T>(static_cast<Wide>(static_cast<Wide>(a) + static_cast<Wide>(b)));
-      } else {
-        return a + b;
-      }
-    case ReduceOp::prod:
-      if constexpr (std::is_integral_v<T>) {
-        // uint8 promotes to int; 255 * 255 still fits.
-        return static_cast<T>(static_cast<Wide>(static_cast<Wide>(a) * static_cast<Wide>(b)));
-      } else {
-        return a * b;
-      }
-    case ReduceOp::min:
-      return b < a ? b : a;
-    case ReduceOp::max:
-      return a < b ? b : a;
+  if constexpr (Op == ReduceOp::sum || Op == ReduceOp::avg) {
+    if constexpr (std::is_integral_v<T>) {
+      return static_cast<T>(static_cast<Wide>(static_cast<Wide>(a) + static_cast<Wide>(b)));
+    } else {
+      return a + b;
+    }
+  } else if constexpr (Op == ReduceOp::prod) {
+    if constexpr (std::is_integral_v<T>) {
+      // uint8 promotes to int; 255 * 255 still fits.
+      return static_cast<T>(static_cast<Wide>(static_cast<Wide>(a) * static_cast<Wide>(b)));
+    } else {
+      return a * b;
+    }
+  } else if constexpr (Op == ReduceOp::min) {
+    return b < a ? b : a;
+  } else {
+    return a < b ? b : a;
   }
-  return a;
+}
+
+/// reduce_range for one operation. Works tile by tile: a tile of every source is combined into
+/// a small accumulator, in rank order, then written to dst. The loops run over contiguous
+/// elements with the operation fixed, so the compiler vectorises them; and because dst is
+/// written only after every source of that tile has been read, dst may alias a source.
+template <ReduceOp Op, class T>
+void reduce_tiles(T* dst, const std::vector<const T*>& sources, std::size_t begin,
+                  std::size_t end) {
+  using Acc = accumulator_t<T>;
+  constexpr std::size_t tile = 1024;
+  Acc acc[tile];
+  const auto n = sources.size();
+  for (std::size_t first = begin; first < end; first += tile) {
+    const std::size_t length = std::min(tile, end - first);
+    const T* source = sources[0] + first;
+    for (std::size_t j = 0; j < length; ++j) acc[j] = static_cast<Acc>(source[j]);
+    for (std::size_t s = 1; s < n; ++s) {
+      source = sources[s] + first;
+      for (std::size_t j = 0; j < length; ++j) {
+        acc[j] = combine<Op, Acc>(acc[j], static_cast<Acc>(source[j]));
+      }
+    }
+    if constexpr (Op == ReduceOp::avg && !std::is_integral_v<Acc>) {
+      const auto ranks = static_cast<Acc>(n);
+      for (std::size_t j = 0; j < length; ++j) acc[j] = acc[j] / ranks;
+    }
+    T* out = dst + first;
+    for (std::size_t j = 0; j < length; ++j) out[j] = static_cast<T>(acc[j]);
+  }
 }
 
 /// dst[i] = sources[0][i] op sources[1][i] op ... (in rank order) for i in [begin, end), each
@@ -560,16 +587,17 @@ T combine(ReduceOp op, T a, T b) noexcept {
 template <class T>
 void reduce_range(T* dst, const std::vector<const T*>& sources, std::size_t begin, std::size_t end,
                   ReduceOp op) {
-  using Acc = accumulator_t<T>;
-  const auto n = sources.size();
-  for (std::size_t i = begin; i < end; ++i) {
-    Acc acc = static_cast<Acc>(sources[0][i]);
-    for (std::size_t s = 1; s < n; ++s)
-      acc = combine<Acc>(op, acc, static_cast<Acc>(sources[s][i]));
-    if constexpr (!std::is_integral_v<Acc>) {
-      if (op == ReduceOp::avg) acc = acc / static_cast<Acc>(n);
-    }
-    dst[i] = static_cast<T>(acc);
+  switch (op) {
+    case ReduceOp::sum:
+      return reduce_tiles<ReduceOp::sum>(dst, sources, begin, end);
+    case ReduceOp::avg:
+      return reduce_tiles<ReduceOp::avg>(dst, sources, begin, end);
+    case ReduceOp::prod:
+      return reduce_tiles<ReduceOp::prod>(dst, sources, begin, end);
+    case ReduceOp::min:
+      return reduce_tiles<ReduceOp::min>(dst, sources, begin, end);
+    case ReduceOp::max:
+      return reduce_tiles<ReduceOp::max>(dst, sources, begin, end);
   }
 }
 
