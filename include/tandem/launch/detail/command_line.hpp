@@ -1,0 +1,151 @@
+// tandem/launch/detail/command_line.hpp - tandemrun's command line (torchrun's flags, dashed and
+// underscored) parsed with CLI11 into LaunchOptions; used by tools/tandemrun.cpp and its tests.
+//   auto parsed = tandem::launch::detail::parse_command_line(argc, argv);
+// Needs: CLI11 (header-only; CMake target CLI11::CLI11).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "tandem/launch/launcher.hpp"
+
+namespace tandem::launch::detail {
+
+/// What the command line asks for: options to resolve, or an exit right away (--help, a syntax
+/// error) with text for stdout (exit code 0) or stderr (otherwise).
+struct ParsedCommandLine {
+  LaunchOptions options;
+  int exit_code = -1;  ///< -1: go on and launch
+  std::string output;
+};
+
+inline constexpr const char* tandemrun_footer =
+    R"(PROGRAM runs as it is (no Python): everything after PROGRAM is passed to it unchanged.
+
+Each worker gets torchrun's variables: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+GROUP_RANK, GROUP_WORLD_SIZE, ROLE_RANK, ROLE_NAME, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
+TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID, and
+OMP_NUM_THREADS=1 when unset and more than one process runs per node. RANK is
+node_rank * nproc_per_node + local_rank. Without --devices, CUDA_VISIBLE_DEVICES is passed on
+unchanged (by convention local rank i uses device i); with --devices 2,3,5 local rank i sees only
+the i-th listed device (CUDA_VISIBLE_DEVICES=<that index>).
+
+Output lines of rank N are shown behind "[rank N] ", unless --redirects sends them to
+LOG_DIR/RUN_ID/attempt_K/LOCAL_RANK/{stdout,stderr}.log (--tee: to both).
+A failing worker stops the others (SIGTERM, SIGKILL 5 s later) and the launcher exits 1 after a
+summary, unless restarts are left. SIGINT/SIGTERM/SIGHUP/SIGQUIT are forwarded to the workers;
+the launcher then exits 128+signal.
+
+Multi-node: run on every node with the same --nnodes, --nproc-per-node, --master-addr (node 0's
+address), --master-port and --rdzv-id, and that node's --node-rank.)";
+
+/// "Usage: tandemrun [OPTIONS] PROGRAM [ARGS...]": CLI11 does not know about PROGRAM.
+class TandemrunFormatter : public CLI::Formatter {
+ public:
+  std::string make_usage(const CLI::App* /*app*/, std::string name) const override {
+    return "Usage: " + name + " [OPTIONS] PROGRAM [ARGS...]\n";
+  }
+};
+
+inline ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
+  ParsedCommandLine parsed;
+  auto& o = parsed.options;
+  CLI::App app(
+      "tandemrun: starts PROGRAM as the workers of one node of a data-parallel job, "
+      "with torchrun's flags and environment.",
+      "tandemrun");
+  app.formatter(std::make_shared<TandemrunFormatter>());
+  app.prefix_command();
+  app.footer(tandemrun_footer);
+  app.get_formatter()->column_width(40);
+
+  bool no_python = false;
+  app.add_option("--nproc-per-node,--nproc_per_node", o.nproc_per_node,
+                 "Workers on this node: N, cpu (one per core), gpu (one per GPU) or auto (gpu if "
+                 "there are GPUs, else cpu)")
+      ->type_name("N|cpu|gpu|auto")
+      ->capture_default_str();
+  app.add_option("--nnodes", o.nnodes,
+                 "Number of nodes: N, or N:N (elastic MIN:MAX is not "
+                 "supported)")
+      ->type_name("N")
+      ->capture_default_str();
+  app.add_option("--node-rank,--node_rank", o.node_rank, "This node's index, 0 .. nnodes-1")
+      ->type_name("N")
+      ->capture_default_str();
+  app.add_option("--master-addr,--master_addr", o.master_addr,
+                 "Address of node 0, where rank 0 listens")
+      ->type_name("HOST")
+      ->capture_default_str();
+  app.add_option("--master-port,--master_port", o.master_port, "Port on node 0 for rank 0")
+      ->type_name("PORT")
+      ->capture_default_str();
+  app.add_flag("--standalone", o.standalone,
+               "Single node: 127.0.0.1 and a free port, a unique run id");
+  app.add_option("--max-restarts,--max_restarts", o.max_restarts,
+                 "Restarts of the worker group after a failure")
+      ->type_name("N")
+      ->capture_default_str();
+  app.add_option("--monitor-interval,--monitor_interval", o.monitor_interval,
+                 "Seconds between checks of the workers")
+      ->type_name("SECONDS")
+      ->capture_default_str();
+  app.add_option("-r,--redirects", o.redirects,
+                 "Send workers' output to files under --log-dir instead of the console: "
+                 "0 none, 1 stdout, 2 stderr, 3 both; or per local rank: 0:1,1:2")
+      ->type_name("STD")
+      ->capture_default_str();
+  app.add_option("-t,--tee", o.tee, "As --redirects, but also show the output on the console")
+      ->type_name("STD")
+      ->capture_default_str();
+  app.add_option("--log-dir,--log_dir", o.log_dir,
+                 "Directory of the log files (default: a new temporary directory)")
+      ->type_name("DIR");
+  app.add_option("--role", o.role, "Role name of the workers (ROLE_NAME)")
+      ->type_name("NAME")
+      ->capture_default_str();
+  app.add_option("--rdzv-id,--rdzv_id,--run-id,--run_id", o.run_id,
+                 "Job id (TORCHELASTIC_RUN_ID); default: a unique id; give all nodes the same")
+      ->type_name("ID");
+  app.add_option("--devices", o.devices,
+                 "GPUs of this node, e.g. 2,3,5: local rank i gets CUDA_VISIBLE_DEVICES=<i-th>")
+      ->type_name("LIST");
+  app.add_flag("--no-python,--no_python", no_python,
+               "Accepted for torchrun compatibility: tandemrun always runs PROGRAM directly");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    parsed.exit_code = 0;
+    parsed.output = app.help();
+    return parsed;
+  } catch (const CLI::ParseError& error) {
+    parsed.exit_code = 2;
+    parsed.output = "tandemrun: " + std::string(error.what()) + "\nRun with --help for usage.\n";
+    return parsed;
+  }
+  auto rest = app.remaining();
+  if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
+  if (rest.empty()) {
+    parsed.exit_code = 2;
+    parsed.output =
+        "tandemrun: PROGRAM: no program to run was given\nUsage: tandemrun [OPTIONS] PROGRAM "
+        "[ARGS...]\nRun with --help for usage.\n";
+    return parsed;
+  }
+  if (rest.front().size() > 1 && rest.front().front() == '-') {
+    parsed.exit_code = 2;
+    parsed.output = "tandemrun: " + rest.front() +
+                    ": unknown flag (the program comes after the flags)\nRun with --help for "
+                    "usage.\n";
+    return parsed;
+  }
+  o.command = std::move(rest);
+  return parsed;
+}
+
+}  // namespace tandem::launch::detail
