@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -231,6 +232,34 @@ void compare(Failures& failures, const Case& c, const T* got, std::size_t count,
 /// The counts a body runs: 0, 1, primes, and counts no world size up to 8 divides evenly.
 struct Matrix {
   std::vector<std::size_t> counts{0, 1, 7, 13, 1031};
+  /// false: every case runs in every mode (in/out of place, sync/async). true, for backends whose
+  /// every call costs milliseconds (processes over TCP): each case runs in one mode, rotating so
+  /// that every count still meets every mode within each body.
+  bool rotate_modes = false;
+};
+
+/// The modes of the next case of a body, as Matrix::rotate_modes asks. Every rank builds the
+/// same sequence, so the ranks stay in step.
+class ModePicker {
+ public:
+  explicit ModePicker(const Matrix& matrix) : rotate_(matrix.rotate_modes) {}
+
+  std::vector<Mode> next_modes() {
+    if (!rotate_) return {std::begin(modes), std::end(modes)};
+    return {modes[pick(std::size(modes))]};
+  }
+  /// reduce and broadcast are always in place: only sync and async.
+  std::vector<bool> next_asyncs() {
+    if (!rotate_) return {false, true};
+    return {pick(2) == 1};
+  }
+
+ private:
+  // 0 1 2 3 1 2 3 0 2 3 0 1 ...: a group of cases shifted by one each time round.
+  std::size_t pick(std::size_t n) { return (next_++ * 5 / 4) % n; }
+
+  bool rotate_;
+  std::size_t next_ = 0;
 };
 
 // --- the per-rank bodies (any Communicator) ---------------------------------------------------
@@ -239,10 +268,11 @@ template <class Comm>
 void all_reduce_body(Comm& comm, Failures& failures, const Matrix& matrix) {
   const int n = comm.size();
   const int me = comm.rank();
+  ModePicker picker(matrix);
   for_each_type([&]<class T>() {
     for (ReduceOp op : ops_for<T>()) {
       for (std::size_t count : matrix.counts) {
-        for (Mode mode : modes) {
+        for (Mode mode : picker.next_modes()) {
           const Case c{"all_reduce", dtype_traits<T>::name, count, mode, me, n, op};
           std::vector<T> in(count);
           for (std::size_t i = 0; i < count; ++i) in[i] = reduction_input<T>(me, i, op);
@@ -278,10 +308,11 @@ template <class Comm>
 void reduce_body(Comm& comm, Failures& failures, const Matrix& matrix) {
   const int n = comm.size();
   const int me = comm.rank();
+  ModePicker picker(matrix);
   for_each_type([&]<class T>() {
     for (ReduceOp op : ops_for<T>()) {
       for (std::size_t count : matrix.counts) {
-        for (bool async : {false, true}) {
+        for (bool async : picker.next_asyncs()) {
           const int root =
               static_cast<int>((count + (async ? 1 : 0)) % static_cast<std::size_t>(n));
           const Case c{"reduce", dtype_traits<T>::name, count, {true, async}, me, n, op, root};
@@ -312,9 +343,10 @@ template <class Comm>
 void broadcast_body(Comm& comm, Failures& failures, const Matrix& matrix) {
   const int n = comm.size();
   const int me = comm.rank();
+  ModePicker picker(matrix);
   for_each_type([&]<class T>() {
     for (std::size_t count : matrix.counts) {
-      for (bool async : {false, true}) {
+      for (bool async : picker.next_asyncs()) {
         const int root =
             static_cast<int>((count / 2 + (async ? 1 : 0)) % static_cast<std::size_t>(n));
         const Case c{"broadcast", dtype_traits<T>::name, count, {true, async}, me, n, {}, root};
@@ -336,11 +368,12 @@ template <class Comm>
 void all_gather_body(Comm& comm, Failures& failures, const Matrix& matrix) {
   const int n = comm.size();
   const int me = comm.rank();
+  ModePicker picker(matrix);
   const auto un = static_cast<std::size_t>(n);
   const auto ume = static_cast<std::size_t>(me);
   for_each_type([&]<class T>() {
     for (std::size_t count : matrix.counts) {
-      for (Mode mode : modes) {
+      for (Mode mode : picker.next_modes()) {
         const Case c{"all_gather", dtype_traits<T>::name, count, mode, me, n};
         std::vector<T> mine(count);
         for (std::size_t i = 0; i < count; ++i) mine[i] = pattern<T>(me, i);
@@ -369,10 +402,11 @@ template <class Comm>
 void gather_body(Comm& comm, Failures& failures, const Matrix& matrix) {
   const int n = comm.size();
   const int me = comm.rank();
+  ModePicker picker(matrix);
   const auto un = static_cast<std::size_t>(n);
   for_each_type([&]<class T>() {
     for (std::size_t count : matrix.counts) {
-      for (Mode mode : modes) {
+      for (Mode mode : picker.next_modes()) {
         const int root = static_cast<int>((count + (mode.async ? 1 : 0)) % un);
         const Case c{"gather", dtype_traits<T>::name, count, mode, me, n, {}, root};
         std::vector<T> mine(count);
@@ -402,10 +436,11 @@ template <class Comm>
 void scatter_body(Comm& comm, Failures& failures, const Matrix& matrix) {
   const int n = comm.size();
   const int me = comm.rank();
+  ModePicker picker(matrix);
   const auto un = static_cast<std::size_t>(n);
   for_each_type([&]<class T>() {
     for (std::size_t count : matrix.counts) {
-      for (Mode mode : modes) {
+      for (Mode mode : picker.next_modes()) {
         const int root = static_cast<int>((count / 3 + (mode.async ? 1 : 0)) % un);
         const Case c{"scatter", dtype_traits<T>::name, count, mode, me, n, {}, root};
         std::vector<T> in(me == root ? un * count : 0);
@@ -435,12 +470,13 @@ template <class Comm>
 void reduce_scatter_body(Comm& comm, Failures& failures, const Matrix& matrix) {
   const int n = comm.size();
   const int me = comm.rank();
+  ModePicker picker(matrix);
   const auto un = static_cast<std::size_t>(n);
   const auto ume = static_cast<std::size_t>(me);
   for_each_type([&]<class T>() {
     for (ReduceOp op : ops_for<T>()) {
       for (std::size_t count : matrix.counts) {
-        for (Mode mode : modes) {
+        for (Mode mode : picker.next_modes()) {
           const Case c{"reduce_scatter", dtype_traits<T>::name, count, mode, me, n, op};
           std::vector<T> in(un * count);
           for (std::size_t j = 0; j < in.size(); ++j) in[j] = reduction_input<T>(me, j, op);
@@ -466,10 +502,11 @@ template <class Comm>
 void all_to_all_body(Comm& comm, Failures& failures, const Matrix& matrix) {
   const int n = comm.size();
   const int me = comm.rank();
+  ModePicker picker(matrix);
   const auto un = static_cast<std::size_t>(n);
   for_each_type([&]<class T>() {
     for (std::size_t count : matrix.counts) {
-      for (Mode mode : modes) {
+      for (Mode mode : picker.next_modes()) {
         const Case c{"all_to_all", dtype_traits<T>::name, count, mode, me, n};
         const auto k = std::max<std::size_t>(count, 1);
         // Slot s of rank r's input holds what r sends to s: pattern(r, i, salt s).

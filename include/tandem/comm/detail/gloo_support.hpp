@@ -1,0 +1,368 @@
+// tandem/comm/detail/gloo_support.hpp - the pieces under tandem::GlooComm that do not run
+// collectives: tandem's stores seen through gloo's rendezvous::Store interface, the worker thread
+// of the `_async` operations, the outbox that owns eager point-to-point sends until they are
+// delivered, the element-wise reductions gloo calls back, and what is known about the peers.
+// Not a public header: include tandem/comm/gloo.hpp.
+// Needs: Gloo (libgloo-dev) and POSIX (getpid, kill, gethostname).
+#pragma once
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <concepts>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include "tandem/comm/communicator.hpp"
+#include "tandem/comm/store.hpp"
+#include "tandem/core/error.hpp"
+#include "tandem/core/timeout.hpp"
+#include "tandem/tensor/dtype.hpp"
+
+namespace tandem::detail::gloo_comm {
+
+/// A tandem store (any Store, through AnyStore) as gloo's rendezvous store. Every wait is bounded
+/// by `timeout`, so a rank that never arrives ends in a tandem::Error, not a hang.
+class StoreAdapter final : public ::gloo::rendezvous::Store {
+ public:
+  StoreAdapter(AnyStore store, Timeout timeout) : store_(std::move(store)), timeout_(timeout) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    store_.set(key, std::string_view(data.data(), data.size()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    const std::string value = store_.get(key, timeout_);
+    return {value.begin(), value.end()};
+  }
+  void wait(const std::vector<std::string>& keys) override { store_.wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    // gloo passes its own 30 s default here; the communicator's timeout is the one that counts.
+    (void)timeout;
+    store_.wait(keys, timeout_);
+  }
+
+ private:
+  AnyStore store_;
+  Timeout timeout_;
+};
+
+/// The thread that runs one communicator's `_async` operations in issue order.
+class Worker {
+ public:
+  Worker() : thread_([this] { loop(); }) {}
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+  ~Worker() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    changed_.notify_all();
+    thread_.join();
+  }
+
+  void post(std::function<void()> task) {
+    {
+      std::lock_guard lock(mutex_);
+      tasks_.push_back(std::move(task));
+    }
+    changed_.notify_all();
+  }
+
+  /// Waits until every task posted so far has run. Each task is bounded by the communicator's
+  /// timeout (gloo enforces it on every wait), so this wait is too.
+  void drain() {
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return tasks_.empty() && !busy_; });
+  }
+
+ private:
+  void loop() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      changed_.wait(lock, [&] { return stopping_ || !tasks_.empty(); });
+      if (tasks_.empty()) return;  // stopping, and everything posted has run
+      auto task = std::move(tasks_.front());
+      tasks_.pop_front();
+      busy_ = true;
+      lock.unlock();
+      task();  // never throws: the task completes its WorkState
+      lock.lock();
+      busy_ = false;
+      changed_.notify_all();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<std::function<void()>> tasks_;
+  bool busy_ = false;
+  bool stopping_ = false;
+  std::thread thread_;  // last: starts after the members above exist
+};
+
+/// The fixed-size header in front of every point-to-point message: the receiver checks it
+/// before it accepts the payload, so a mismatch is an Error instead of a gloo abort.
+struct MessageHeader {
+  std::uint64_t type = 0;
+  std::uint64_t count = 0;
+};
+
+/// One eager send: a private copy of the data, and gloo's buffers for header and payload.
+struct OutgoingMessage {
+  MessageHeader header;
+  std::vector<std::byte> payload;
+  std::unique_ptr<::gloo::transport::UnboundBuffer> header_buffer;
+  std::unique_ptr<::gloo::transport::UnboundBuffer> payload_buffer;  ///< null for 0 elements
+  int peer = 0;
+  int tag = 0;
+  Deadline deadline{Timeout::zero()};
+};
+
+/// Owns the eager sends until gloo has delivered them. gloo only moves a payload once the
+/// receiver has posted its recv, so send() cannot wait for that (two ranks sending to each other
+/// first would deadlock); a thread of its own waits instead, each send bounded by the timeout.
+class Outbox {
+ public:
+  using FailureHandler = std::function<void(const std::string&)>;
+
+  explicit Outbox(FailureHandler on_failure) : on_failure_(std::move(on_failure)) {}
+  Outbox(const Outbox&) = delete;
+  Outbox& operator=(const Outbox&) = delete;
+  ~Outbox() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    changed_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  void post(std::unique_ptr<OutgoingMessage> message) {
+    {
+      std::lock_guard lock(mutex_);
+      if (aborted_) {
+        interrupt(*message);
+        return;  // dropped: the communicator has failed and reports that itself
+      }
+      queue_.push_back(std::move(message));
+      if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+    }
+    changed_.notify_all();
+  }
+
+  /// Stops waiting for deliveries (the communicator has failed): pending sends are dropped.
+  void abort() {
+    std::lock_guard lock(mutex_);
+    aborted_ = true;
+    for (auto& message : queue_) interrupt(*message);
+    if (current_) interrupt(*current_);
+  }
+
+ private:
+  static void interrupt(OutgoingMessage& message) {
+    message.header_buffer->abortWaitSend();
+    if (message.payload_buffer) message.payload_buffer->abortWaitSend();
+  }
+
+  /// At least 1 ms: gloo treats a zero timeout as "expired" and closes every connection, which is
+  /// what a send whose deadline has passed deserves.
+  static std::chrono::milliseconds left(const Deadline& deadline) {
+    return std::max(deadline.remaining(), Timeout(1));
+  }
+
+  void loop() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      changed_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      current_ = std::move(queue_.front());
+      queue_.pop_front();
+      const bool skip = aborted_;
+      lock.unlock();
+      if (!skip) {
+        try {
+          if (current_->header_buffer->waitSend(left(current_->deadline)) &&
+              current_->payload_buffer) {
+            (void)current_->payload_buffer->waitSend(left(current_->deadline));
+          }
+        } catch (const std::exception& e) {
+          on_failure_("send to rank " + std::to_string(current_->peer) + " with tag " +
+                      std::to_string(current_->tag) + " failed: " + e.what());
+        }
+      }
+      lock.lock();
+      current_.reset();
+    }
+  }
+
+  FailureHandler on_failure_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<std::unique_ptr<OutgoingMessage>> queue_;
+  std::unique_ptr<OutgoingMessage> current_;  ///< the send being waited for (guarded by mutex_)
+  bool aborted_ = false;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+// --- peers --------------------------------------------------------------------------------------
+
+/// Where a rank runs, published at the rendezvous so that a failure can name a dead peer.
+struct Peer {
+  std::string host;
+  long pid = 0;
+};
+
+inline std::string this_host() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) return "?";
+  return host;
+}
+
+inline std::string describe_self() {
+  return this_host() + " " + std::to_string(::getpid());
+}
+
+inline Peer parse_peer(const std::string& text) {
+  Peer peer;
+  const auto space = text.rfind(' ');
+  if (space == std::string::npos) return peer;
+  peer.host = text.substr(0, space);
+  try {
+    peer.pid = std::stol(text.substr(space + 1));
+  } catch (...) {
+    peer.pid = 0;
+  }
+  return peer;
+}
+
+/// Whether process `pid` of this host has ended (a zombie not yet reaped counts as ended).
+inline bool process_gone(long pid) {
+  if (::kill(static_cast<pid_t>(pid), 0) != 0) return errno == ESRCH;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const auto close = line.rfind(')');  // the command name may hold spaces and parentheses
+  if (close == std::string::npos || close + 2 >= line.size()) return false;
+  const char state = line[close + 2];
+  return state == 'Z' || state == 'X';
+}
+
+/// The ranks of `peers` that ran on this host and whose process is gone.
+inline std::vector<int> dead_peers(const std::vector<Peer>& peers, int me) {
+  std::vector<int> dead;
+  const std::string host = this_host();
+  for (std::size_t r = 0; r < peers.size(); ++r) {
+    if (static_cast<int>(r) == me || peers[r].host != host || peers[r].pid <= 0) continue;
+    if (process_gone(peers[r].pid)) dead.push_back(static_cast<int>(r));
+  }
+  return dead;
+}
+
+// --- reductions ---------------------------------------------------------------------------------
+
+/// 16-bit floats are combined in float and rounded once per step; integers wrap in two's
+/// complement (their unsigned twin), as in NCCL and LocalComm.
+template <class T>
+struct accumulator {
+  using type = T;
+};
+template <>
+struct accumulator<half> {
+  using type = float;
+};
+template <>
+struct accumulator<bfloat16> {
+  using type = float;
+};
+template <std::integral T>
+struct accumulator<T> {
+  using type = std::make_unsigned_t<T>;
+};
+
+template <class T, ReduceOp Op>
+void combine_range(void* out, const void* a, const void* b, std::size_t n) {
+  using Acc = typename accumulator<T>::type;
+  using Compare = std::conditional_t<std::is_integral_v<T>, T, Acc>;
+  auto* o = static_cast<T*>(out);
+  const auto* x = static_cast<const T*>(a);
+  const auto* y = static_cast<const T*>(b);
+  for (std::size_t i = 0; i < n; ++i) {
+    if constexpr (Op == ReduceOp::sum || Op == ReduceOp::avg) {
+      o[i] = static_cast<T>(static_cast<Acc>(static_cast<Acc>(x[i]) + static_cast<Acc>(y[i])));
+    } else if constexpr (Op == ReduceOp::prod) {
+      o[i] = static_cast<T>(static_cast<Acc>(static_cast<Acc>(x[i]) * static_cast<Acc>(y[i])));
+    } else if constexpr (Op == ReduceOp::min) {
+      o[i] = static_cast<Compare>(y[i]) < static_cast<Compare>(x[i]) ? y[i] : x[i];
+    } else {
+      o[i] = static_cast<Compare>(x[i]) < static_cast<Compare>(y[i]) ? y[i] : x[i];
+    }
+  }
+}
+
+/// The function gloo's allreduce and reduce call: out[i] = a[i] op b[i] (avg sums; the caller
+/// divides afterwards).
+template <class T>
+std::function<void(void*, const void*, const void*, std::size_t)> reducer(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum:
+    case ReduceOp::avg:
+      return &combine_range<T, ReduceOp::sum>;
+    case ReduceOp::prod:
+      return &combine_range<T, ReduceOp::prod>;
+    case ReduceOp::min:
+      return &combine_range<T, ReduceOp::min>;
+    case ReduceOp::max:
+      return &combine_range<T, ReduceOp::max>;
+  }
+  return &combine_range<T, ReduceOp::sum>;
+}
+
+/// avg = sum / n, rounded once (floating-point types only; integers are rejected before this).
+template <class T>
+void divide(T* data, std::size_t count, int n) {
+  if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) {
+    for (std::size_t i = 0; i < count; ++i) {
+      data[i] = T(static_cast<float>(data[i]) / static_cast<float>(n));
+    }
+  } else if constexpr (std::is_floating_point_v<T>) {
+    for (std::size_t i = 0; i < count; ++i) data[i] = data[i] / static_cast<T>(n);
+  }
+}
+
+template <class T>
+void copy_elements(const T* src, std::size_t count, T* dst) noexcept {
+  if (count && src != dst) std::memmove(dst, src, count * sizeof(T));
+}
+
+/// Whether [a, a + n) and [b, b + m) share an element.
+template <class T>
+bool overlap(const T* a, std::size_t n, const T* b, std::size_t m) noexcept {
+  if (n == 0 || m == 0) return false;
+  const std::less<const T*> before;
+  return before(a, b + m) && before(b, a + n);
+}
+
+}  // namespace tandem::detail::gloo_comm

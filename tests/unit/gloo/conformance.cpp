@@ -1,0 +1,161 @@
+// The collective conformance suite on GlooComm, one process per rank: started by tandemrun
+// (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), each process joins with init_process_group over
+// env:// and runs the same doctest cases on its own rank. Every rank must pass; tandemrun fails
+// when any process exits non-zero.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/collective_suite.hpp"
+#include "tandem/comm/gloo.hpp"
+#include "tandem/comm/init.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+
+std::optional<tandem::GlooComm> world_comm;  // made in main, before the tests run
+
+tandem::GlooComm& comm() {
+  REQUIRE(world_comm.has_value());
+  return *world_comm;
+}
+
+/// The suite's runner for a world that already exists: this process is one rank of it.
+struct ProcessRunner {
+  template <class Fn>
+  void operator()(int world_size, Fn&& fn) {
+    REQUIRE(world_size == comm().size());
+    fn(comm());
+  }
+};
+
+/// Counts no world size up to 4 divides evenly, and an empty call; each case in one mode,
+/// rotating (gloo over loopback costs milliseconds a call on a loaded machine: a smaller matrix
+/// than LocalComm's).
+const tandem::test::Matrix matrix{{0, 1, 13, 1031}, true};
+const tandem::test::Matrix subgroup_matrix{{0, 1, 13}, true};
+
+}  // namespace
+
+TEST_CASE("GlooComm: every collective, element type and op") {
+  ProcessRunner run;
+  tandem::test::check_all_collectives(run, comm().size(), matrix);
+}
+
+TEST_CASE("GlooComm: collectives on subgroups made by split and new_group") {
+  ProcessRunner run;
+  tandem::test::check_subgroups(run, comm().size(), subgroup_matrix);
+}
+
+TEST_CASE("GlooComm: size mismatches and avg on integers are errors before anything is sent") {
+  ProcessRunner run;
+  tandem::test::check_local_errors(run, comm().size());
+}
+
+TEST_CASE("GlooComm: ranks that disagree on a collective all raise an error naming them") {
+  ProcessRunner run;
+  tandem::test::check_mismatch_errors(run, comm().size());
+}
+
+TEST_CASE("GlooComm: a mismatched recv is an error and the pair stays usable") {
+  auto& c = comm();
+  const int me = c.rank();
+  const int n = c.size();
+  const int next = (me + 1) % n;
+  const int prev = (me + n - 1) % n;
+  std::vector<float> five(5, 1.0f);
+  c.send(five, next, 7);
+  std::vector<float> four(4);
+  try {
+    c.recv(four, prev, 7);
+    FAIL("a recv of 4 elements accepted a message of 5");
+  } catch (const tandem::Error& e) {
+    CHECK(tandem::test::mentions(e.what(), "rank " + std::to_string(me) + ":", "recv",
+                                 "rank " + std::to_string(prev), "5 float32", "4 float32"));
+  }
+  std::vector<std::int32_t> ints(3, me);
+  c.send(ints, next, 8);
+  std::vector<std::int32_t> got(3, -1);
+  c.recv(got, prev, 8);
+  CHECK(got == std::vector<std::int32_t>(3, prev));
+  c.barrier();
+}
+
+TEST_CASE("GlooComm: a rank that skips a collective makes the others fail within the timeout") {
+  auto& c = comm();
+  const int me = c.rank();
+  const int skipper = c.size() / 2;
+  auto store = c.store();
+  // A group of its own with a short timeout: the timeout makes it unusable.
+  auto quick = tandem::GlooComm::rendezvous(tandem::World::single_node(me, c.size()), store,
+                                            {.timeout = 1s});
+  if (me != skipper) {
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<float> data(16);
+    try {
+      quick.all_reduce(data);
+      FAIL("rank " << me << " completed an all_reduce that rank " << skipper << " skipped");
+    } catch (const tandem::Error& e) {
+      const std::string text = e.what();
+      CHECK_MESSAGE(tandem::test::mentions(text, "rank " + std::to_string(me) + ":", "all_reduce"),
+                    text);
+      // Its own timeout, or (should another rank have given up first) the connections it closed.
+      CHECK_MESSAGE((tandem::test::mentions(text, "timed out after 1 s") ||
+                     tandem::test::mentions(text, "closed")),
+                    text);
+    }
+    CHECK(std::chrono::steady_clock::now() - start < 20s);
+    // Unusable afterwards, at once.
+    try {
+      quick.barrier();
+      FAIL("a failed communicator ran a barrier");
+    } catch (const tandem::Error& e) {
+      CHECK_MESSAGE(tandem::test::mentions(e.what(), "barrier", "unusable"), e.what());
+    }
+  }
+  // The skipper keeps its connections open until the others have given up.
+  c.barrier();
+}
+
+TEST_CASE("GlooComm: async operations complete through Work, in issue order") {
+  auto& c = comm();
+  const int n = c.size();
+  std::vector<double> a(100, 1.0), b(100, 2.0);
+  std::vector<double> gathered(100 * static_cast<std::size_t>(n));
+  auto first = c.all_reduce_async(a);
+  auto second = c.all_gather_async(std::span<const double>(b), gathered);
+  auto third = c.barrier_async();
+  third.wait();
+  CHECK(first.test());
+  CHECK(second.test());
+  CHECK_FALSE(first.failed());
+  CHECK(a[0] == static_cast<double>(n));
+  CHECK(gathered.back() == 2.0);
+}
+
+int main(int argc, char** argv) {
+  doctest::Context context(argc, argv);
+  try {
+    world_comm.emplace(tandem::init_process_group<tandem::GlooComm>("env://", {.timeout = 60s}));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gloo_conformance: %s\n", e.what());
+    return 1;
+  }
+  int result = context.run();
+  try {
+    world_comm->barrier();  // nobody leaves (closing its connections) while others still work
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gloo_conformance: final barrier: %s\n", e.what());
+    result = result ? result : 1;
+  }
+  world_comm.reset();
+  return result;
+}

@@ -1,0 +1,111 @@
+// GlooComm across processes this test starts itself (gloo_worker, one per rank, on 127.0.0.1):
+// init_process_group over tcp:// and file://, and a rank that dies mid-way. The workers decide
+// their own success (exit code); this test checks how each one ended, within a generous deadline.
+#include <doctest/doctest.h>
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tandem/launch/detail/process.hpp"
+
+#ifndef TANDEM_GLOO_WORKER
+#error "TANDEM_GLOO_WORKER must name the gloo_worker executable"
+#endif
+
+namespace {
+
+using namespace std::chrono_literals;
+namespace launch = tandem::launch::detail;
+
+extern "C" char** environ;
+
+/// Starts `n` workers running `mode url`, waits for all (at most `deadline`), returns how each
+/// ended; any still running at the deadline is killed and reported as such.
+std::vector<launch::ExitStatus> run_workers(int n, const std::string& mode, const std::string& url,
+                                            std::chrono::seconds deadline = 90s) {
+  std::vector<launch::Child> children;
+  for (int r = 0; r < n; ++r) {
+    std::vector<std::string> env;
+    for (char** e = environ; *e; ++e) {
+      const std::string entry(*e);
+      if (entry.rfind("RANK=", 0) == 0 || entry.rfind("WORLD_SIZE=", 0) == 0) continue;
+      env.push_back(entry);
+    }
+    env.push_back("RANK=" + std::to_string(r));
+    env.push_back("WORLD_SIZE=" + std::to_string(n));
+    children.push_back(launch::exec_child({TANDEM_GLOO_WORKER, mode, url}, env, {}));
+  }
+  const auto end = std::chrono::steady_clock::now() + deadline;
+  for (;;) {
+    bool all = true;
+    for (auto& child : children) all = child.poll() && all;
+    if (all) break;
+    if (std::chrono::steady_clock::now() > end) {
+      FAIL_CHECK("workers still running after " << deadline.count() << " s: killing them");
+      for (auto& child : children) child.signal(SIGKILL);
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  std::vector<launch::ExitStatus> statuses;
+  for (auto& child : children) statuses.push_back(child.status());
+  return statuses;
+}
+
+std::string tcp_url() {
+  return "tcp://127.0.0.1:" + std::to_string(launch::free_port());
+}
+
+/// A fresh directory under the system's temporary directory, removed at the end of the scope.
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "tandem-gloo-XXXXXX").string();
+    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
+    path = pattern;
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path, ignored);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("GlooComm: init_process_group over tcp:// connects, reduces and splits") {
+  for (int n : {2, 3}) {
+    CAPTURE(n);
+    for (const auto& status : run_workers(n, "init", tcp_url())) {
+      CHECK_MESSAGE(!status.failed(), status.describe());
+    }
+  }
+}
+
+TEST_CASE("GlooComm: init_process_group over file:// connects, reduces and splits") {
+  TempDir dir;
+  const std::string url = "file://" + (dir.path / "store").string();
+  for (const auto& status : run_workers(3, "init", url)) {
+    CHECK_MESSAGE(!status.failed(), status.describe());
+  }
+}
+
+TEST_CASE("GlooComm: a rank that dies mid-way gives every other rank an Error, not a hang") {
+  for (int n : {2, 4}) {
+    CAPTURE(n);
+    const auto statuses = run_workers(n, "dead-peer", tcp_url());
+    for (int r = 0; r < n; ++r) {
+      CAPTURE(r);
+      const auto& status = statuses[static_cast<std::size_t>(r)];
+      if (r == n - 1) {
+        CHECK_MESSAGE(status.signal == SIGKILL, status.describe());
+      } else {
+        CHECK_MESSAGE(!status.failed(), status.describe());
+      }
+    }
+  }
+}
