@@ -1,0 +1,255 @@
+// tandem/comm/detail/mpi_runtime.hpp - MPI's process-wide state behind MpiComm: initialisation
+// and finalisation, the thread level, datatypes and reduce ops of the element types, MPI errors.
+//   auto& runtime = tandem::detail::mpi::Runtime::instance();   // MPI_Init_thread on first use
+// Needs: an MPI (C API, MPI-3).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <type_traits>
+
+#include <mpi.h>
+
+#include "tandem/comm/communicator.hpp"
+#include "tandem/core/error.hpp"
+#include "tandem/tensor/dtype.hpp"
+
+namespace tandem::detail::mpi {
+
+/// MPI_Error_string's text for `code`, e.g. "MPI_ERR_TRUNCATE: message truncated".
+inline std::string error_string(int code) {
+  char text[MPI_MAX_ERROR_STRING] = {};
+  int length = 0;
+  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS || length <= 0) {
+    return "MPI error code " + std::to_string(code);
+  }
+  return std::string(text, static_cast<std::size_t>(length));
+}
+
+inline Error error(int rank, const char* operation, int code) {
+  return Error(rank, operation, "MPI reported " + error_string(code));
+}
+
+template <class T>
+inline constexpr bool is_float16 = std::is_same_v<T, half> || std::is_same_v<T, bfloat16>;
+
+/// a op b as LocalComm computes it (integers wrap; min and max keep the first of equals).
+template <ReduceOp Op>
+float combine(float a, float b) noexcept {
+  if constexpr (Op == ReduceOp::sum) {
+    return a + b;
+  } else if constexpr (Op == ReduceOp::prod) {
+    return a * b;
+  } else if constexpr (Op == ReduceOp::min) {
+    return b < a ? b : a;
+  } else {
+    return a < b ? b : a;
+  }
+}
+
+/// The MPI_User_function of a commutative op on 16-bit floats: each element of inout becomes
+/// in op inout, computed in float and rounded once.
+template <class T, ReduceOp Op>
+void reduce_float16(void* in, void* inout, int* length, MPI_Datatype*) {
+  const auto* a = static_cast<const unsigned char*>(in);
+  auto* b = static_cast<unsigned char*>(inout);
+  for (int i = 0; i < *length; ++i) {
+    const auto offset = static_cast<std::size_t>(i) * 2;
+    std::uint16_t x = 0;
+    std::uint16_t y = 0;
+    std::memcpy(&x, a + offset, 2);
+    std::memcpy(&y, b + offset, 2);
+    const float value =
+        combine<Op>(static_cast<float>(T::from_bits(x)), static_cast<float>(T::from_bits(y)));
+    const std::uint16_t result = T(value).bits;
+    std::memcpy(b + offset, &result, 2);
+  }
+}
+
+/// Polls with growing pauses: yields first (an operation on shared memory completes in
+/// microseconds), then sleeps up to 1 ms (a long one must not keep a core busy).
+class Backoff {
+ public:
+  [[nodiscard]] std::chrono::microseconds next() noexcept {
+    if (rounds_ < 64) {
+      ++rounds_;
+      return std::chrono::microseconds(0);
+    }
+    const int shift = rounds_ - 64 < 7 ? rounds_ - 64 : 7;
+    ++rounds_;
+    return std::chrono::microseconds(8 << shift);  // 8 us .. 1024 us
+  }
+  void pause() {
+    const auto wait = next();
+    if (wait.count() == 0) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(wait);
+    }
+  }
+  void reset() noexcept { rounds_ = 0; }
+
+ private:
+  int rounds_ = 0;
+};
+
+/// The process's MPI: initialised by the first MpiComm (unless the user did it), finalised at exit
+/// (only if initialised here). It also owns the reduce ops of half and bfloat16, and the mutex
+/// that serialises MPI calls when the thread level is below MPI_THREAD_MULTIPLE.
+class Runtime {
+ public:
+  /// MPI may be initialised once per process and must be finalised once, after its last call.
+  /// A function-local static is the one object with that lifetime: built by the first MpiComm
+  /// (thread-safely), destroyed at exit after every object whose construction finished later -
+  /// main's MpiComms and MpiComms with static storage alike. That makes it the unavoidable
+  /// singleton here.
+  static Runtime& instance() {
+    static Runtime runtime;
+    return runtime;
+  }
+
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  ~Runtime() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!owns_mpi_ || finalized) return;
+    // A communicator still alive at exit (leaked, or std::exit from inside main) may have a
+    // progress thread inside MPI: finalising under it could crash. mpirun then reports the
+    // missing MPI_Finalize, which names the real problem.
+    if (live_.load() != 0) return;
+    for (MPI_Op& op : half_ops_) MPI_Op_free(&op);
+    for (MPI_Op& op : bfloat16_ops_) MPI_Op_free(&op);
+    MPI_Finalize();
+  }
+
+  /// The thread level MPI provides (MPI_THREAD_SINGLE .. MPI_THREAD_MULTIPLE).
+  [[nodiscard]] int thread_level() const noexcept { return level_; }
+  /// Whether this runtime initialised MPI (and so finalises it at exit).
+  [[nodiscard]] bool owns_mpi() const noexcept { return owns_mpi_; }
+  /// Below MPI_THREAD_MULTIPLE, threads take turns: every MPI call holds lock().
+  [[nodiscard]] bool serialized() const noexcept { return level_ < MPI_THREAD_MULTIPLE; }
+  /// Below MPI_THREAD_SERIALIZED only the calling thread may use MPI: no progress thread, and an
+  /// `_async` operation runs to completion before it returns.
+  [[nodiscard]] bool eager() const noexcept { return level_ < MPI_THREAD_SERIALIZED; }
+
+  /// Held around each MPI call where serialized(); an empty lock otherwise.
+  [[nodiscard]] std::unique_lock<std::mutex> lock() {
+    return serialized() ? std::unique_lock<std::mutex>(mutex_) : std::unique_lock<std::mutex>();
+  }
+
+  template <class T>
+  [[nodiscard]] MPI_Op float16_op(ReduceOp op) const noexcept {
+    const auto& ops = std::is_same_v<T, half> ? half_ops_ : bfloat16_ops_;
+    switch (op) {
+      case ReduceOp::sum:
+      case ReduceOp::avg:
+        return ops[0];
+      case ReduceOp::prod:
+        return ops[1];
+      case ReduceOp::min:
+        return ops[2];
+      case ReduceOp::max:
+        return ops[3];
+    }
+    return ops[0];
+  }
+
+  void attach() noexcept { ++live_; }
+  void detach() noexcept { --live_; }
+
+ private:
+  Runtime() {
+    int initialized = 0;
+    int finalized = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (finalized) throw Error("MpiComm", "MPI has already been finalised in this process");
+    if (initialized) {
+      MPI_Query_thread(&level_);
+    } else {
+      const int code = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &level_);
+      if (code != MPI_SUCCESS) {
+        throw Error("MpiComm", "MPI_Init_thread failed: " + error_string(code));
+      }
+      owns_mpi_ = true;
+    }
+    create_ops<half>(half_ops_);
+    create_ops<bfloat16>(bfloat16_ops_);
+  }
+
+  template <class T>
+  static void create_ops(MPI_Op (&ops)[4]) {
+    MPI_Op_create(&reduce_float16<T, ReduceOp::sum>, 1, &ops[0]);
+    MPI_Op_create(&reduce_float16<T, ReduceOp::prod>, 1, &ops[1]);
+    MPI_Op_create(&reduce_float16<T, ReduceOp::min>, 1, &ops[2]);
+    MPI_Op_create(&reduce_float16<T, ReduceOp::max>, 1, &ops[3]);
+  }
+
+  int level_ = MPI_THREAD_SINGLE;
+  bool owns_mpi_ = false;
+  std::mutex mutex_;
+  std::atomic<int> live_{0};
+  MPI_Op half_ops_[4] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
+  MPI_Op bfloat16_ops_[4] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
+};
+
+/// The MPI datatype of element type T; half and bfloat16 travel as 16-bit words.
+template <class T>
+MPI_Datatype datatype() noexcept {
+  if constexpr (std::is_same_v<T, float>) {
+    return MPI_FLOAT;
+  } else if constexpr (std::is_same_v<T, double>) {
+    return MPI_DOUBLE;
+  } else if constexpr (std::is_same_v<T, std::int32_t>) {
+    return MPI_INT32_T;
+  } else if constexpr (std::is_same_v<T, std::int64_t>) {
+    return MPI_INT64_T;
+  } else if constexpr (std::is_same_v<T, std::uint8_t>) {
+    return MPI_UINT8_T;
+  } else {
+    static_assert(is_float16<T>, "tandem::MpiComm: not an element type");
+    return MPI_UINT16_T;
+  }
+}
+
+/// The MPI op of `op` for T; avg reduces with sum (the caller divides afterwards).
+template <class T>
+MPI_Op reduce_op(const Runtime& runtime, ReduceOp op) noexcept {
+  if constexpr (is_float16<T>) {
+    return runtime.float16_op<T>(op);
+  } else {
+    switch (op) {
+      case ReduceOp::sum:
+      case ReduceOp::avg:
+        return MPI_SUM;
+      case ReduceOp::prod:
+        return MPI_PROD;
+      case ReduceOp::min:
+        return MPI_MIN;
+      case ReduceOp::max:
+        return MPI_MAX;
+    }
+    return MPI_SUM;
+  }
+}
+
+/// avg's second half: data[i] /= ranks (16-bit floats divided in float, rounded once).
+template <class T>
+void divide(T* data, std::size_t count, int ranks) noexcept {
+  for (std::size_t i = 0; i < count; ++i) {
+    if constexpr (is_float16<T>) {
+      data[i] = T(static_cast<float>(data[i]) / static_cast<float>(ranks));
+    } else {
+      data[i] = data[i] / static_cast<T>(ranks);
+    }
+  }
+}
+
+}  // namespace tandem::detail::mpi

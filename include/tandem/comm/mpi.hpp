@@ -1,0 +1,866 @@
+// tandem/comm/mpi.hpp - tandem::MpiComm, the Communicator over MPI: one process per rank, started
+// by mpirun (or srun), every collective and point to point, sync and `_async`, and split.
+//   auto comm = tandem::MpiComm::world();        // MPI_COMM_WORLD's ranks, in a private copy
+//   comm.all_reduce(grads, tandem::ReduceOp::avg);
+// Needs: an MPI (C API, MPI-3; tested with OpenMPI 4.1); link tandem::mpi.
+//
+// MPI itself: the first MpiComm initialises MPI (MPI_Init_thread asking for MPI_THREAD_MULTIPLE)
+// unless the program already did, and MPI is finalised at exit only if MpiComm initialised it.
+// Every MpiComm owns its MPI communicator (a duplicate of the one it was made from, or split's
+// result; freed by its destructor), so the program's own MPI traffic never matches tandem's, and
+// reports MPI's errors as tandem::Error (MPI_ERRORS_RETURN) naming the rank, the operation and
+// MPI's error string.
+//
+// Semantics follow torch.distributed, as LocalComm's do, with MPI's rules where they differ:
+// - Size, root, peer and tag checks and avg on integers raise tandem::Error (LocalComm's texts)
+//   before anything is sent. Ranks that disagree on a collective are not detected: MPI leaves
+//   that erroneous (it may hang, fail or mix data).
+// - half and bfloat16 reduce with MPI ops of their own, computing in float and rounding once per
+//   combination of two ranks' elements; avg is sum, then division by size().
+// - send may block until the receiver has posted a matching recv (MPI standard mode); recv checks
+//   that the message held exactly t.size() elements (a longer one is MPI_ERR_TRUNCATE). Element
+//   types are not checked across ranks.
+// - `_async` operations are issued at once with MPI's non-blocking calls, in call order, and a
+//   per-communicator progress thread (started on first use) tests them and completes their Work.
+//   Like any MPI non-blocking operations they may run concurrently: two pending ones must not
+//   touch the same buffer unless both only read it. A sync collective (and split) first waits
+//   for the pending `_async` collectives; sync send/recv do not wait for anything, so that a
+//   pending recv_async cannot dead-lock a later sync operation. The tensors must stay alive and
+//   untouched until the Work completes.
+// - Sync operations are MPI's blocking calls. MPI never matches a blocking collective with a
+//   non-blocking one: every rank must call a collective in the same form (all sync, or all
+//   `_async`), or they hang - unless MpiCommOptions::nonblocking_sync makes sync collectives
+//   non-blocking calls plus a wait (slower). Point-to-point forms may be mixed freely.
+// - options().timeout: MPI has no per-operation timeout. An `_async` operation pending longer
+//   than it fails its Work with a tandem::Error, and the communicator becomes unusable (MPI
+//   cannot cancel the operation; every later call raises tandem::Error, and MPI may still write
+//   the operation's buffers: end the job). Blocking operations wait as long as MPI does: a rank
+//   that never arrives hangs them, as in MPI; bound the job with the launcher (mpirun --timeout).
+// - Thread level: with MPI_THREAD_MULTIPLE the progress thread tests requests while the calling
+//   thread makes blocking calls. With MPI_THREAD_SERIALIZED (a program that initialised MPI so)
+//   all MPI calls of the process take turns on one mutex, and every sync operation becomes a
+//   non-blocking call plus MPI_Test polling, so that none holds the mutex while it waits. Below
+//   that (SINGLE, FUNNELED) no other thread may call MPI: `_async` operations then complete
+//   before they return, on the calling thread (so a recv_async waits for its message).
+// - Destroying an MpiComm waits for its pending `_async` operations (at most options().timeout).
+//   One MpiComm is used by one thread at a time (several MpiComms may be used concurrently where
+//   MPI provides MPI_THREAD_MULTIPLE or SERIALIZED).
+#pragma once
+
+#include <algorithm>
+#include <climits>
+#include <concepts>
+#include <cstddef>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <mpi.h>
+
+#include "tandem/comm/communicator.hpp"
+#include "tandem/comm/detail/mpi_engine.hpp"
+#include "tandem/comm/detail/mpi_runtime.hpp"
+#include "tandem/comm/store.hpp"
+#include "tandem/core/error.hpp"
+#include "tandem/core/timeout.hpp"
+#include "tandem/core/world.hpp"
+#include "tandem/tensor/dtype.hpp"
+#include "tandem/tensor/tensor.hpp"
+
+namespace tandem {
+
+struct MpiCommOptions {
+  /// How long an `_async` operation may stay pending before its Work fails (and the
+  /// communicator becomes unusable); also how long a sync collective waits for the pending
+  /// `_async` ones and the destructor for all pending ones. Blocking MPI calls themselves have
+  /// no timeout (see the top of tandem/comm/mpi.hpp).
+  Timeout timeout = default_timeout;
+  /// Run sync collectives as MPI's non-blocking call plus a wait, like the `_async` ones. MPI
+  /// never matches a blocking collective with a non-blocking one, so where ranks call one
+  /// collective in different forms (one sync, another `_async`) they hang unless this is true on
+  /// every rank. It costs some speed (OpenMPI's non-blocking algorithms are slower), hence off.
+  bool nonblocking_sync = false;
+};
+
+namespace detail::mpi {
+
+template <class T>
+using elem_t = std::remove_cv_t<tensor_element_t<T>>;
+
+template <class In, class Out>
+constexpr void check_pair() {
+  using I = std::remove_cv_t<tensor_element_t<In>>;
+  using O = tensor_element_t<Out>;
+  static_assert(host_accessible<tensor_space_t<In>> && host_accessible<tensor_space_t<Out>>,
+                "tandem::MpiComm: tensors must live in host memory");
+  static_assert(!std::is_const_v<O>,
+                "tandem::MpiComm: the output tensor must be mutable (it is const)");
+  static_assert(std::same_as<I, std::remove_cv_t<O>>,
+                "tandem::MpiComm: the input and output tensors of one call must have the same "
+                "element type");
+}
+
+/// t.data() as the pointer an operation needs; null where a static_assert above has already
+/// rejected the tensor (so the compiler reports that, not a conversion error).
+template <class E, class T>
+const E* in_ptr(T& t) noexcept {
+  if constexpr (std::same_as<elem_t<T>, E>) {
+    return t.data();
+  } else {
+    return nullptr;
+  }
+}
+template <class E, class T>
+E* out_ptr(T& t) noexcept {
+  if constexpr (std::same_as<tensor_element_t<T>, E>) {
+    return t.data();
+  } else {
+    return nullptr;
+  }
+}
+
+/// Whether [a, a + na) and [b, b + nb) share an element.
+template <class T>
+bool overlaps(const T* a, std::size_t na, const T* b, std::size_t nb) noexcept {
+  if (na == 0 || nb == 0) return false;
+  const std::less<const T*> before;
+  return before(a, b + nb) && before(b, a + na);
+}
+
+/// A copy of `count` elements at `data` that lives as long as the closures holding it.
+template <class T>
+std::shared_ptr<std::vector<T>> scratch_copy(const T* data, std::size_t count) {
+  return std::make_shared<std::vector<T>>(data, data + count);
+}
+
+/// One communicator: the MPI handle, and the progress engine. Heap-allocated and owned by the
+/// MpiComm, so the engine's thread may point at it while the MpiComm moves.
+class State {
+ public:
+  State(Runtime& runtime, MPI_Comm comm, MpiCommOptions options)
+      : runtime_(runtime), comm_(comm), options_(options) {
+    runtime_.attach();
+    auto lock = runtime_.lock();
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+    void* value = nullptr;
+    int found = 0;
+    MPI_Comm_get_attr(comm_, MPI_TAG_UB, &value, &found);
+    if (found && value) tag_upper_bound_ = *static_cast<int*>(value);
+  }
+  State(const State&) = delete;
+  State& operator=(const State&) = delete;
+  ~State() {
+    engine_.reset();  // waits for pending operations
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) {
+      auto lock = runtime_.lock();
+      MPI_Comm_free(&comm_);
+    }
+    runtime_.detach();
+  }
+
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  [[nodiscard]] int size() const noexcept { return size_; }
+  [[nodiscard]] MPI_Comm comm() const noexcept { return comm_; }
+  [[nodiscard]] const MpiCommOptions& options() const noexcept { return options_; }
+  [[nodiscard]] Runtime& runtime() const noexcept { return runtime_; }
+  [[nodiscard]] int tag_upper_bound() const noexcept { return tag_upper_bound_; }
+
+  /// Raises tandem::Error if an `_async` operation timed out earlier.
+  void check_usable(const char* operation) const {
+    if (!engine_) return;
+    if (auto cause = engine_->broken()) {
+      throw Error(rank_, operation, "this communicator is unusable: " + *cause);
+    }
+  }
+
+  /// Waits for the pending `_async` collectives (a sync collective must not overtake them).
+  void drain(const char* operation) {
+    if (engine_ && !engine_->wait_for_collectives(options_.timeout)) {
+      throw Error(
+          rank_, operation,
+          "earlier `_async` collectives did not complete within " + describe(options_.timeout));
+    }
+    check_usable(operation);
+  }
+
+  /// Runs `call` to completion on this thread (a sync collective has drained first).
+  void run(Call& call) {
+    check_usable(call.operation);
+    MPI_Status status{};
+    const bool nonblocking =
+        runtime_.serialized() || (call.collective && options_.nonblocking_sync);
+    const int code = nonblocking ? start_and_wait(call, status) : call.blocking(&status);
+    if (code != MPI_SUCCESS) throw error(rank_, call.operation, code);
+    if (call.finish) call.finish(status);
+  }
+
+  /// Starts `call` and hands it to the progress engine; its Work completes when MPI has.
+  Work launch(Call call) {
+    check_usable(call.operation);
+    auto state = std::make_shared<WorkState>();
+    if (runtime_.eager()) {
+      try {
+        run(call);
+        state->complete();
+      } catch (...) {
+        state->fail(std::current_exception());
+      }
+      return Work(state);
+    }
+    // The engine first: once the request is started, nothing may throw before it is handed over.
+    if (!engine_) engine_ = std::make_unique<Engine>(runtime_, rank_, options_.timeout);
+    auto pending = std::make_unique<Pending>(std::move(call), state, Deadline(options_.timeout));
+    int code = MPI_SUCCESS;
+    {
+      auto lock = runtime_.lock();
+      code = pending->call.start(&pending->request);
+    }
+    if (code != MPI_SUCCESS) {
+      state->fail(std::make_exception_ptr(error(rank_, pending->call.operation, code)));
+      return Work(state);
+    }
+    engine_->add(std::move(pending));
+    return Work(state);
+  }
+
+  /// A blocking MPI call (MPI_Comm_split, MPI_Comm_dup), holding the lock where serialized.
+  template <class Fn>
+  void call_locked(const char* operation, Fn&& fn) {
+    int code = MPI_SUCCESS;
+    {
+      auto lock = runtime_.lock();
+      code = fn();
+    }
+    if (code != MPI_SUCCESS) throw error(rank_, operation, code);
+  }
+
+ private:
+  /// A blocking call in its non-blocking form. Where MPI calls are serialized, the request is
+  /// tested without holding the MPI lock in between, so that other threads (the progress thread
+  /// among them) get their turns.
+  int start_and_wait(Call& call, MPI_Status& status) {
+    MPI_Request request = MPI_REQUEST_NULL;
+    int code = MPI_SUCCESS;
+    {
+      auto lock = runtime_.lock();
+      code = call.start(&request);
+    }
+    if (code == MPI_SUCCESS && !runtime_.serialized()) return MPI_Wait(&request, &status);
+    Backoff backoff;
+    while (code == MPI_SUCCESS) {
+      int flag = 0;
+      {
+        auto lock = runtime_.lock();
+        code = MPI_Test(&request, &flag, &status);
+      }
+      if (flag) break;
+      backoff.pause();
+    }
+    return code;
+  }
+
+  Runtime& runtime_;
+  MPI_Comm comm_;
+  MpiCommOptions options_;
+  int rank_ = 0;
+  int size_ = 1;
+  int tag_upper_bound_ = 32767;     // MPI's guaranteed minimum, where the attribute is missing
+  std::unique_ptr<Engine> engine_;  // started by the first `_async` operation
+};
+
+}  // namespace detail::mpi
+
+/// The Communicator over MPI; see the top of this header for its semantics. Make one with
+/// MpiComm::world() (every process of the job) or MpiComm::duplicate(comm), subgroups with split.
+class MpiComm {
+ public:
+  using communicator_concept = communicator_tag;
+  using memory_space = host;
+  using options_type = MpiCommOptions;
+
+  MpiComm(MpiComm&&) noexcept = default;
+  MpiComm& operator=(MpiComm&&) noexcept = default;
+  ~MpiComm() = default;
+
+  /// Every process of the job (a duplicate of MPI_COMM_WORLD). Initialises MPI on first use.
+  /// Collective over MPI_COMM_WORLD.
+  [[nodiscard]] static MpiComm world(MpiCommOptions options = {}) {
+    return duplicate(MPI_COMM_WORLD, options);
+  }
+
+  /// A private duplicate of the program's communicator `comm` (collective over it). MPI must be
+  /// initialised already, or `comm` would not exist.
+  [[nodiscard]] static MpiComm duplicate(MPI_Comm comm, MpiCommOptions options = {}) {
+    auto& runtime = detail::mpi::Runtime::instance();
+    MPI_Comm copy = MPI_COMM_NULL;
+    int code = MPI_SUCCESS;
+    {
+      auto lock = runtime.lock();
+      code = MPI_Comm_dup(comm, &copy);
+      if (code == MPI_SUCCESS) code = MPI_Comm_set_errhandler(copy, MPI_ERRORS_RETURN);
+    }
+    if (code != MPI_SUCCESS) {
+      if (copy != MPI_COMM_NULL) MPI_Comm_free(&copy);
+      throw Error("MpiComm", "MPI_Comm_dup failed: " + detail::mpi::error_string(code));
+    }
+    return MpiComm(std::make_unique<detail::mpi::State>(runtime, copy, options));
+  }
+
+  /// For init_process_group<MpiComm>: MPI has its own rendezvous (mpirun), so this checks that
+  /// `world` is MPI_COMM_WORLD's view of this process and returns world(options).
+  [[nodiscard]] static MpiComm rendezvous(const World& world, AnyStore&,
+                                          const MpiCommOptions& options) {
+    (void)detail::mpi::Runtime::instance();
+    int rank = 0;
+    int size = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (world.rank != rank || world.world_size != size) {
+      throw Error(world.rank, "MpiComm::rendezvous",
+                  "the World says rank " + std::to_string(world.rank) + " of " +
+                      std::to_string(world.world_size) + ", but MPI_COMM_WORLD has this process " +
+                      "as rank " + std::to_string(rank) + " of " + std::to_string(size) +
+                      " (start every rank with one mpirun)");
+    }
+    return MpiComm::world(options);
+  }
+
+  /// The thread level MPI provides in this process (MPI_THREAD_SINGLE .. MPI_THREAD_MULTIPLE).
+  [[nodiscard]] static int thread_level() {
+    return detail::mpi::Runtime::instance().thread_level();
+  }
+
+  [[nodiscard]] int rank() const { return self().rank(); }
+  [[nodiscard]] int size() const { return self().size(); }
+  [[nodiscard]] const MpiCommOptions& options() const { return self().options(); }
+  /// The MPI communicator underneath (owned by this MpiComm), for calls tandem does not make.
+  [[nodiscard]] MPI_Comm native() const { return self().comm(); }
+
+  // --- all_reduce -----------------------------------------------------------------------------
+
+  /// In place: every rank's `t` becomes the reduction of all ranks' `t`.
+  template <Tensor T>
+  void all_reduce(T&& t, ReduceOp op = ReduceOp::sum) {
+    all_reduce(t, t, op);
+  }
+  template <Tensor In, Tensor Out>
+  void all_reduce(In&& in, Out&& out, ReduceOp op = ReduceOp::sum) {
+    run_sync("all_reduce", true, [&] { return all_reduce_call(in, out, op); });
+  }
+  template <Tensor T>
+  Work all_reduce_async(T&& t, ReduceOp op = ReduceOp::sum) {
+    return all_reduce_async(t, t, op);
+  }
+  template <Tensor In, Tensor Out>
+  Work all_reduce_async(In&& in, Out&& out, ReduceOp op = ReduceOp::sum) {
+    return self().launch(all_reduce_call(in, out, op));
+  }
+
+  // --- reduce (result on root only) -------------------------------------------------------------
+
+  template <Tensor T>
+  void reduce(T&& t, int root, ReduceOp op = ReduceOp::sum) {
+    run_sync("reduce", true, [&] { return reduce_call(t, root, op); });
+  }
+  template <Tensor T>
+  Work reduce_async(T&& t, int root, ReduceOp op = ReduceOp::sum) {
+    return self().launch(reduce_call(t, root, op));
+  }
+
+  // --- broadcast --------------------------------------------------------------------------------
+
+  template <Tensor T>
+  void broadcast(T&& t, int root) {
+    run_sync("broadcast", true, [&] { return broadcast_call(t, root); });
+  }
+  template <Tensor T>
+  Work broadcast_async(T&& t, int root) {
+    return self().launch(broadcast_call(t, root));
+  }
+
+  // --- all_gather: out holds size() * in.size() elements, rank r's at r * in.size() -----------
+
+  template <Tensor In, Tensor Out>
+  void all_gather(In&& in, Out&& out) {
+    run_sync("all_gather", true, [&] { return all_gather_call(in, out); });
+  }
+  template <Tensor In, Tensor Out>
+  Work all_gather_async(In&& in, Out&& out) {
+    return self().launch(all_gather_call(in, out));
+  }
+
+  // --- gather: out (size() * in.size() elements) is used on the root only -------------------
+
+  template <Tensor In, Tensor Out>
+  void gather(In&& in, Out&& out, int root) {
+    run_sync("gather", true, [&] { return gather_call(in, out, root); });
+  }
+  template <Tensor In, Tensor Out>
+  Work gather_async(In&& in, Out&& out, int root) {
+    return self().launch(gather_call(in, out, root));
+  }
+
+  // --- scatter: in (size() * out.size() elements) is used on the root only ------------------
+
+  template <Tensor In, Tensor Out>
+  void scatter(In&& in, Out&& out, int root) {
+    run_sync("scatter", true, [&] { return scatter_call(in, out, root); });
+  }
+  template <Tensor In, Tensor Out>
+  Work scatter_async(In&& in, Out&& out, int root) {
+    return self().launch(scatter_call(in, out, root));
+  }
+
+  // --- reduce_scatter: in holds size() * out.size() elements --------------------------------
+
+  template <Tensor In, Tensor Out>
+  void reduce_scatter(In&& in, Out&& out, ReduceOp op = ReduceOp::sum) {
+    run_sync("reduce_scatter", true, [&] { return reduce_scatter_call(in, out, op); });
+  }
+  template <Tensor In, Tensor Out>
+  Work reduce_scatter_async(In&& in, Out&& out, ReduceOp op = ReduceOp::sum) {
+    return self().launch(reduce_scatter_call(in, out, op));
+  }
+
+  // --- all_to_all: in and out hold size() * k elements; slot s of in goes to rank s ---------
+
+  template <Tensor In, Tensor Out>
+  void all_to_all(In&& in, Out&& out) {
+    run_sync("all_to_all", true, [&] { return all_to_all_call(in, out); });
+  }
+  template <Tensor In, Tensor Out>
+  Work all_to_all_async(In&& in, Out&& out) {
+    return self().launch(all_to_all_call(in, out));
+  }
+
+  // --- point to point ---------------------------------------------------------------------------
+
+  /// Sends `t` to `peer` with `tag` (0 .. MPI_TAG_UB); may block until `peer` posts the recv.
+  template <Tensor T>
+  void send(T&& t, int peer, int tag = 0) {
+    run_sync("send", false, [&] { return send_call(t, peer, tag); });
+  }
+  template <Tensor T>
+  Work send_async(T&& t, int peer, int tag = 0) {
+    return self().launch(send_call(t, peer, tag));
+  }
+  /// Receives the oldest message from `peer` with `tag`; it must hold exactly t.size() elements.
+  template <Tensor T>
+  void recv(T&& t, int peer, int tag = 0) {
+    run_sync("recv", false, [&] { return recv_call(t, peer, tag); });
+  }
+  template <Tensor T>
+  Work recv_async(T&& t, int peer, int tag = 0) {
+    return self().launch(recv_call(t, peer, tag));
+  }
+
+  // --- barrier and split --------------------------------------------------------------------
+
+  void barrier() {
+    run_sync("barrier", true, [&] { return barrier_call(); });
+  }
+  Work barrier_async() { return self().launch(barrier_call()); }
+
+  /// Collective: ranks with the same `color` form a new group, ordered by (key, rank here);
+  /// no_color gives nullopt. The new group has this group's options.
+  [[nodiscard]] std::optional<MpiComm> split(int color, int key = 0) {
+    if (color < 0 && color != no_color) {
+      throw error("split",
+                  "color " + std::to_string(color) + " is negative (use tandem::no_color)");
+    }
+    auto& me = self();
+    me.drain("split");
+    MPI_Comm made = MPI_COMM_NULL;
+    me.call_locked("split", [&] {
+      return MPI_Comm_split(me.comm(), color == no_color ? MPI_UNDEFINED : color, key, &made);
+    });
+    if (made == MPI_COMM_NULL) return std::nullopt;
+    int code = MPI_SUCCESS;
+    {
+      auto lock = me.runtime().lock();
+      code = MPI_Comm_set_errhandler(made, MPI_ERRORS_RETURN);
+    }
+    auto state = std::make_unique<detail::mpi::State>(me.runtime(), made, me.options());
+    if (code != MPI_SUCCESS) throw detail::mpi::error(rank(), "split", code);
+    return MpiComm(std::move(state));
+  }
+
+ private:
+  using Call = detail::mpi::Call;
+
+  explicit MpiComm(std::unique_ptr<detail::mpi::State> state) : self_(std::move(state)) {}
+
+  /// A sync operation: after the pending `_async` collectives where it is one, so that its
+  /// checks and copies see their results.
+  template <class Build>
+  void run_sync(const char* op, bool collective, Build build) {
+    auto& me = self();
+    me.check_usable(op);
+    if (collective) me.drain(op);
+    auto call = build();
+    me.run(call);
+  }
+
+  detail::mpi::State& self() const {
+    if (!self_) throw Error("MpiComm", "this communicator was moved from");
+    return *self_;
+  }
+
+  [[nodiscard]] Error error(const char* op, const std::string& cause) const {
+    return Error(rank(), op, cause);
+  }
+
+  [[nodiscard]] int to_int(std::size_t count, const char* op) const {
+    if (count > static_cast<std::size_t>(INT_MAX)) {
+      throw error(op, std::to_string(count) + " elements per rank exceed MPI's limit of " +
+                          std::to_string(INT_MAX) + " in one call");
+    }
+    return static_cast<int>(count);
+  }
+
+  void check_root(int root, const char* op) const {
+    if (root < 0 || root >= size()) {
+      throw error(op, "root " + std::to_string(root) + " is not a rank of this group of " +
+                          std::to_string(size()) + " ranks");
+    }
+  }
+
+  template <class E>
+  void check_reduce_op(ReduceOp op, const char* name) const {
+    if (op == ReduceOp::avg && !dtype_traits<E>::is_floating) {
+      throw error(name, std::string("avg needs a floating-point element type, not ") +
+                            dtype_traits<E>::name);
+    }
+  }
+
+  template <class T>
+  void check_peer(int peer, int tag, const char* name) const {
+    static_assert(host_accessible<tensor_space_t<T>>,
+                  "tandem::MpiComm: tensors must live in host memory");
+    if (peer < 0 || peer >= size()) {
+      throw error(name, "peer " + std::to_string(peer) + " is not a rank of this group of " +
+                            std::to_string(size()) + " ranks");
+    }
+    if (tag < 0 || tag > tag_upper_bound()) {
+      throw error(name, "tag " + std::to_string(tag) + " is outside MPI's range 0 to " +
+                            std::to_string(tag_upper_bound()));
+    }
+  }
+
+  [[nodiscard]] int tag_upper_bound() const { return self().tag_upper_bound(); }
+
+  /// The avg division after a sum, where `op` asks for it.
+  template <class E>
+  std::function<void(const MPI_Status&)> average(ReduceOp op, E* data, std::size_t count) const {
+    if (op != ReduceOp::avg || count == 0) return {};
+    const int ranks = size();
+    return [data, count, ranks](const MPI_Status&) { detail::mpi::divide(data, count, ranks); };
+  }
+
+  // --- the calls: checks here, on the calling thread, before anything is sent ------------------
+
+  template <class In, class Out>
+  Call all_reduce_call(In& in, Out& out, ReduceOp op) const {
+    using E = detail::mpi::elem_t<Out>;
+    detail::mpi::check_pair<In, Out>();
+    check_reduce_op<E>(op, "all_reduce");
+    if (static_cast<std::size_t>(in.size()) != static_cast<std::size_t>(out.size())) {
+      throw error("all_reduce", "in has " + std::to_string(in.size()) + " elements and out " +
+                                    std::to_string(out.size()) + "; they must be equal");
+    }
+    const auto count = static_cast<std::size_t>(out.size());
+    const int n = to_int(count, "all_reduce");
+    const E* source = detail::mpi::in_ptr<E>(in);
+    E* target = detail::mpi::out_ptr<E>(out);
+    const void* sendbuf = source;
+    if (source == target) {
+      sendbuf = MPI_IN_PLACE;
+    } else if (detail::mpi::overlaps(source, count, target, count)) {
+      std::memmove(target, source, count * sizeof(E));
+      sendbuf = MPI_IN_PLACE;
+    }
+    const MPI_Datatype type = detail::mpi::datatype<E>();
+    const MPI_Op mpi_op = detail::mpi::reduce_op<E>(self().runtime(), op);
+    const MPI_Comm comm = native();
+    return {
+        "all_reduce", true,
+        [=](MPI_Status*) { return MPI_Allreduce(sendbuf, target, n, type, mpi_op, comm); },
+        [=](MPI_Request* r) { return MPI_Iallreduce(sendbuf, target, n, type, mpi_op, comm, r); },
+        average(op, target, count)};
+  }
+
+  template <class T>
+  Call reduce_call(T& t, int root, ReduceOp op) const {
+    using E = detail::mpi::elem_t<T>;
+    detail::mpi::check_pair<T, T>();
+    check_root(root, "reduce");
+    check_reduce_op<E>(op, "reduce");
+    const auto count = static_cast<std::size_t>(t.size());
+    const int n = to_int(count, "reduce");
+    E* data = detail::mpi::out_ptr<E>(t);
+    const bool is_root = rank() == root;
+    const void* sendbuf = is_root ? MPI_IN_PLACE : static_cast<const void*>(data);
+    void* recvbuf = is_root ? data : nullptr;
+    const MPI_Datatype type = detail::mpi::datatype<E>();
+    const MPI_Op mpi_op = detail::mpi::reduce_op<E>(self().runtime(), op);
+    const MPI_Comm comm = native();
+    return {"reduce", true,
+            [=](MPI_Status*) { return MPI_Reduce(sendbuf, recvbuf, n, type, mpi_op, root, comm); },
+            [=](MPI_Request* r) {
+              return MPI_Ireduce(sendbuf, recvbuf, n, type, mpi_op, root, comm, r);
+            },
+            is_root ? average(op, data, count) : nullptr};
+  }
+
+  template <class T>
+  Call broadcast_call(T& t, int root) const {
+    using E = detail::mpi::elem_t<T>;
+    detail::mpi::check_pair<T, T>();
+    check_root(root, "broadcast");
+    const int n = to_int(static_cast<std::size_t>(t.size()), "broadcast");
+    E* data = detail::mpi::out_ptr<E>(t);
+    const MPI_Datatype type = detail::mpi::datatype<E>();
+    const MPI_Comm comm = native();
+    return {"broadcast", true, [=](MPI_Status*) { return MPI_Bcast(data, n, type, root, comm); },
+            [=](MPI_Request* r) { return MPI_Ibcast(data, n, type, root, comm, r); }, nullptr};
+  }
+
+  /// all_gather and gather: out holds size() * in.size() elements (checked where `uses_out`).
+  template <class In, class Out>
+  void check_gather_like(In& in, Out& out, const char* name, bool uses_out) const {
+    detail::mpi::check_pair<In, Out>();
+    const auto count = static_cast<std::size_t>(in.size());
+    const auto expected = count * static_cast<std::size_t>(size());
+    if (uses_out && static_cast<std::size_t>(out.size()) != expected) {
+      throw error(name, "out has " + std::to_string(out.size()) + " elements, but size() * " +
+                            "in.size() = " + std::to_string(size()) + " * " +
+                            std::to_string(count) + " = " + std::to_string(expected));
+    }
+  }
+
+  /// scatter and reduce_scatter: in holds size() * out.size() elements (checked where `uses_in`).
+  template <class In, class Out>
+  void check_scatter_like(In& in, Out& out, const char* name, bool uses_in) const {
+    detail::mpi::check_pair<In, Out>();
+    const auto count = static_cast<std::size_t>(out.size());
+    const auto expected = count * static_cast<std::size_t>(size());
+    if (uses_in && static_cast<std::size_t>(in.size()) != expected) {
+      throw error(name, "in has " + std::to_string(in.size()) + " elements, but size() * " +
+                            "out.size() = " + std::to_string(size()) + " * " +
+                            std::to_string(count) + " = " + std::to_string(expected));
+    }
+  }
+
+  /// The send buffer of a gather into `out` whose slot `slot` is this rank's: MPI_IN_PLACE when
+  /// `in` is that slot, a copy when `in` overlaps `out` elsewhere (kept alive in `keep`).
+  template <class E>
+  static const void* gather_source(const E* in, std::size_t count, E* out, std::size_t total,
+                                   std::size_t slot, std::shared_ptr<std::vector<E>>& keep) {
+    if (in == out + slot * count) return MPI_IN_PLACE;
+    if (!detail::mpi::overlaps(in, count, static_cast<const E*>(out), total)) return in;
+    keep = detail::mpi::scratch_copy(in, count);
+    return keep->data();
+  }
+
+  template <class In, class Out>
+  Call all_gather_call(In& in, Out& out) const {
+    using E = detail::mpi::elem_t<Out>;
+    check_gather_like(in, out, "all_gather", true);
+    const auto count = static_cast<std::size_t>(in.size());
+    const int n = to_int(count, "all_gather");
+    E* target = detail::mpi::out_ptr<E>(out);
+    std::shared_ptr<std::vector<E>> keep;
+    const void* sendbuf =
+        gather_source(detail::mpi::in_ptr<E>(in), count, target,
+                      static_cast<std::size_t>(out.size()), static_cast<std::size_t>(rank()), keep);
+    const MPI_Datatype type = detail::mpi::datatype<E>();
+    const MPI_Comm comm = native();
+    return {
+        "all_gather", true,
+        [=](MPI_Status*) { return MPI_Allgather(sendbuf, n, type, target, n, type, comm); },
+        [=](MPI_Request* r) { return MPI_Iallgather(sendbuf, n, type, target, n, type, comm, r); },
+        [keep](const MPI_Status&) {}};
+  }
+
+  template <class In, class Out>
+  Call gather_call(In& in, Out& out, int root) const {
+    using E = detail::mpi::elem_t<Out>;
+    check_root(root, "gather");
+    const bool is_root = rank() == root;
+    check_gather_like(in, out, "gather", is_root);
+    const auto count = static_cast<std::size_t>(in.size());
+    const int n = to_int(count, "gather");
+    const E* source = detail::mpi::in_ptr<E>(in);
+    E* target = is_root ? detail::mpi::out_ptr<E>(out) : nullptr;
+    std::shared_ptr<std::vector<E>> keep;
+    const void* sendbuf =
+        is_root ? gather_source(source, count, target, static_cast<std::size_t>(out.size()),
+                                static_cast<std::size_t>(root), keep)
+                : source;
+    const MPI_Datatype type = detail::mpi::datatype<E>();
+    const MPI_Comm comm = native();
+    return {"gather", true,
+            [=](MPI_Status*) { return MPI_Gather(sendbuf, n, type, target, n, type, root, comm); },
+            [=](MPI_Request* r) {
+              return MPI_Igather(sendbuf, n, type, target, n, type, root, comm, r);
+            },
+            [keep](const MPI_Status&) {}};
+  }
+
+  template <class In, class Out>
+  Call scatter_call(In& in, Out& out, int root) const {
+    using E = detail::mpi::elem_t<Out>;
+    check_root(root, "scatter");
+    const bool is_root = rank() == root;
+    check_scatter_like(in, out, "scatter", is_root);
+    const auto count = static_cast<std::size_t>(out.size());
+    const int n = to_int(count, "scatter");
+    const E* source = is_root ? detail::mpi::in_ptr<E>(in) : nullptr;
+    E* target = detail::mpi::out_ptr<E>(out);
+    void* recvbuf = target;
+    std::shared_ptr<std::vector<E>> keep;
+    if (is_root) {
+      const auto total = static_cast<std::size_t>(in.size());
+      if (target == source + static_cast<std::size_t>(root) * count) {
+        recvbuf = MPI_IN_PLACE;
+      } else if (detail::mpi::overlaps(static_cast<const E*>(target), count, source, total)) {
+        keep = detail::mpi::scratch_copy(source, total);
+        source = keep->data();
+      }
+    }
+    const MPI_Datatype type = detail::mpi::datatype<E>();
+    const MPI_Comm comm = native();
+    return {"scatter", true,
+            [=](MPI_Status*) { return MPI_Scatter(source, n, type, recvbuf, n, type, root, comm); },
+            [=](MPI_Request* r) {
+              return MPI_Iscatter(source, n, type, recvbuf, n, type, root, comm, r);
+            },
+            [keep](const MPI_Status&) {}};
+  }
+
+  template <class In, class Out>
+  Call reduce_scatter_call(In& in, Out& out, ReduceOp op) const {
+    using E = detail::mpi::elem_t<Out>;
+    check_reduce_op<E>(op, "reduce_scatter");
+    check_scatter_like(in, out, "reduce_scatter", true);
+    const auto count = static_cast<std::size_t>(out.size());
+    const int n = to_int(count, "reduce_scatter");
+    const E* source = detail::mpi::in_ptr<E>(in);
+    E* target = detail::mpi::out_ptr<E>(out);
+    const MPI_Datatype type = detail::mpi::datatype<E>();
+    const MPI_Op mpi_op = detail::mpi::reduce_op<E>(self().runtime(), op);
+    const MPI_Comm comm = native();
+    const int ranks = size();
+    const bool average = op == ReduceOp::avg;
+    // MPI's in-place form leaves the result at the start of the buffer, not in this rank's slot:
+    // an output inside the input goes through scratch instead.
+    std::shared_ptr<std::vector<E>> keep;
+    E* result = target;
+    if (detail::mpi::overlaps(static_cast<const E*>(target), count, source,
+                              static_cast<std::size_t>(in.size()))) {
+      keep = std::make_shared<std::vector<E>>(count);
+      result = keep->data();
+    }
+    return {"reduce_scatter", true,
+            [=](MPI_Status*) {
+              return MPI_Reduce_scatter_block(source, result, n, type, mpi_op, comm);
+            },
+            [=](MPI_Request* r) {
+              return MPI_Ireduce_scatter_block(source, result, n, type, mpi_op, comm, r);
+            },
+            [=](const MPI_Status&) {
+              if (keep) std::memcpy(target, keep->data(), count * sizeof(E));
+              if (average) detail::mpi::divide(target, count, ranks);
+            }};
+  }
+
+  template <class In, class Out>
+  Call all_to_all_call(In& in, Out& out) const {
+    using E = detail::mpi::elem_t<Out>;
+    detail::mpi::check_pair<In, Out>();
+    const auto total = static_cast<std::size_t>(in.size());
+    if (static_cast<std::size_t>(out.size()) != total ||
+        total % static_cast<std::size_t>(size()) != 0) {
+      throw error("all_to_all",
+                  "in has " + std::to_string(in.size()) + " elements and out " +
+                      std::to_string(out.size()) +
+                      "; both must be the same multiple of size() = " + std::to_string(size()));
+    }
+    const int n = to_int(total / static_cast<std::size_t>(size()), "all_to_all");
+    const E* source = detail::mpi::in_ptr<E>(in);
+    E* target = detail::mpi::out_ptr<E>(out);
+    // In place (or overlapping) through a copy of the input: simpler and safer than relying on
+    // each MPI's in-place all-to-all.
+    std::shared_ptr<std::vector<E>> keep;
+    if (detail::mpi::overlaps(source, total, static_cast<const E*>(target), total)) {
+      keep = detail::mpi::scratch_copy(source, total);
+      source = keep->data();
+    }
+    const MPI_Datatype type = detail::mpi::datatype<E>();
+    const MPI_Comm comm = native();
+    return {
+        "all_to_all", true,
+        [=](MPI_Status*) { return MPI_Alltoall(source, n, type, target, n, type, comm); },
+        [=](MPI_Request* r) { return MPI_Ialltoall(source, n, type, target, n, type, comm, r); },
+        [keep](const MPI_Status&) {}};
+  }
+
+  template <class T>
+  Call send_call(T& t, int peer, int tag) const {
+    using E = detail::mpi::elem_t<T>;
+    check_peer<T>(peer, tag, "send");
+    const int n = to_int(static_cast<std::size_t>(t.size()), "send");
+    const E* data = detail::mpi::in_ptr<E>(t);
+    const MPI_Datatype type = detail::mpi::datatype<E>();
+    const MPI_Comm comm = native();
+    return {"send", false, [=](MPI_Status*) { return MPI_Send(data, n, type, peer, tag, comm); },
+            [=](MPI_Request* r) { return MPI_Isend(data, n, type, peer, tag, comm, r); }, nullptr};
+  }
+
+  template <class T>
+  Call recv_call(T& t, int peer, int tag) const {
+    using E = detail::mpi::elem_t<T>;
+    detail::mpi::check_pair<T, T>();
+    check_peer<T>(peer, tag, "recv");
+    const int n = to_int(static_cast<std::size_t>(t.size()), "recv");
+    E* data = detail::mpi::out_ptr<E>(t);
+    const MPI_Datatype type = detail::mpi::datatype<E>();
+    const MPI_Comm comm = native();
+    const int me = rank();
+    return {"recv", false,
+            [=](MPI_Status* status) { return MPI_Recv(data, n, type, peer, tag, comm, status); },
+            [=](MPI_Request* r) { return MPI_Irecv(data, n, type, peer, tag, comm, r); },
+            [=](const MPI_Status& status) {
+              int got = 0;
+              MPI_Get_count(&status, type, &got);
+              if (got != n) {
+                throw Error(me, "recv",
+                            "expected " + std::to_string(n) + " " + dtype_traits<E>::name +
+                                " elements from rank " + std::to_string(peer) + " with tag " +
+                                std::to_string(tag) + ", but the message held " +
+                                std::to_string(got));
+              }
+            }};
+  }
+
+  Call barrier_call() const {
+    const MPI_Comm comm = native();
+    return {"barrier", true, [=](MPI_Status*) { return MPI_Barrier(comm); },
+            [=](MPI_Request* r) { return MPI_Ibarrier(comm, r); }, nullptr};
+  }
+
+  std::unique_ptr<detail::mpi::State> self_;
+};
+
+static_assert(Communicator<MpiComm>);
+
+}  // namespace tandem
