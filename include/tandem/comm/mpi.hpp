@@ -20,30 +20,45 @@
 // - send may block until the receiver has posted a matching recv (MPI standard mode); recv checks
 //   that the message held exactly t.size() elements (a longer one is MPI_ERR_TRUNCATE). Element
 //   types are not checked across ranks.
-// - `_async` operations are issued at once with MPI's non-blocking calls, in call order, and a
-//   per-communicator progress thread (started on first use) tests them and completes their Work.
-//   Like any MPI non-blocking operations they may run concurrently: two pending ones must not
-//   touch the same buffer unless both only read it. A sync collective (and split) first waits
-//   for the pending `_async` collectives; sync send/recv do not wait for anything, so that a
-//   pending recv_async cannot dead-lock a later sync operation. The tensors must stay alive and
-//   untouched until the Work completes.
-// - Sync operations are MPI's blocking calls. MPI never matches a blocking collective with a
-//   non-blocking one: every rank must call a collective in the same form (all sync, or all
-//   `_async`), or they hang - unless MpiCommOptions::nonblocking_sync makes sync collectives
-//   non-blocking calls plus a wait (slower). Point-to-point forms may be mixed freely.
-// - options().timeout: MPI has no per-operation timeout. An `_async` operation pending longer
-//   than it fails its Work with a tandem::Error, and the communicator becomes unusable (MPI
-//   cannot cancel the operation; every later call raises tandem::Error, and MPI may still write
-//   the operation's buffers: end the job). Blocking operations wait as long as MPI does: a rank
-//   that never arrives hangs them, as in MPI; bound the job with the launcher (mpirun --timeout).
-// - Thread level: with MPI_THREAD_MULTIPLE the progress thread tests requests while the calling
-//   thread makes blocking calls. With MPI_THREAD_SERIALIZED (a program that initialised MPI so)
-//   all MPI calls of the process take turns on one mutex, and every sync operation becomes a
-//   non-blocking call plus MPI_Test polling, so that none holds the mutex while it waits. Below
-//   that (SINGLE, FUNNELED) no other thread may call MPI: `_async` operations then complete
-//   before they return, on the calling thread (so a recv_async waits for its message).
-// - Destroying an MpiComm waits for its pending `_async` operations (at most options().timeout).
-//   One MpiComm is used by one thread at a time (several MpiComms may be used concurrently where
+// - Every collective, sync or `_async`, is MPI's blocking call (MPI_Allreduce, MPI_Bcast, ...),
+//   as in PyTorch's ProcessGroupMPI: MPI never matches a blocking collective with a non-blocking
+//   one, and this way ranks may call one collective in different forms (rank 0 all_reduce, rank
+//   1 all_reduce_async) and it still matches. A sync collective (and split) first waits for the
+//   pending `_async` collectives, then makes its call on the calling thread. An `_async`
+//   collective is queued to the communicator's worker thread (started on first use), which
+//   makes the calls one at a time in call order, then runs what follows (avg's division) and
+//   completes the Work; meanwhile the calling thread goes on (computing, or sending). The
+//   tensors must stay alive and untouched until the Work completes.
+// - Point to point: send and recv are MPI_Send and MPI_Recv on the calling thread; send_async
+//   and recv_async are MPI_Isend and MPI_Irecv, started at once, and a progress thread (started
+//   on first use) tests them and completes their Work. Both forms match each other. Sync
+//   send/recv do not wait for anything, so that a pending recv_async cannot dead-lock a later
+//   sync operation, and sync collectives do not wait for pending point-to-point operations.
+// - options().timeout: a sync operation's MPI call has no timeout - a rank that never arrives
+//   hangs it, as in MPI; bound the job with the launcher (mpirun --timeout). An `_async`
+//   operation not complete within the timeout of its call fails its Work with a tandem::Error,
+//   and so do the `_async` collectives queued behind it; the communicator becomes unusable
+//   (every later call raises tandem::Error). MPI cannot cancel an operation: the worker stays
+//   blocked in the collective, and MPI may still write its buffers, until the other ranks join
+//   it or the job ends - end the job (MPI_Abort). A sync collective waits at most the timeout
+//   for the pending `_async` ones.
+// - Destroying an MpiComm waits for its pending `_async` operations, at most options().timeout
+//   for the collectives and as long again for point to point, then frees its MPI communicator.
+//   Where a collective is still inside MPI then (a rank never joined it), its Work fails and its
+//   worker thread is detached and left blocked in MPI, never joined: it frees the communicator
+//   itself if MPI ever returns; until then its communicator and state are leaked and MPI is not
+//   finalised at exit (finalising under a thread inside MPI is erroneous; mpirun then reports
+//   the missing MPI_Finalize, which names the real problem).
+//   Point-to-point requests still pending are abandoned (leaked, never freed).
+// - Thread level: with MPI_THREAD_MULTIPLE the worker, the progress thread and the calling
+//   thread call MPI at the same time. With MPI_THREAD_SERIALIZED (a program that initialised MPI
+//   so) all MPI calls of the process take turns on one mutex, so no thread may block inside MPI:
+//   every operation, sync or `_async`, is MPI's non-blocking call - sync ones polled with
+//   MPI_Test on the calling thread, `_async` ones completed by the progress thread - and forms
+//   still mix freely across ranks, at the speed of MPI's non-blocking collectives. Below that
+//   (SINGLE, FUNNELED) no other thread may call MPI: `_async` operations are the blocking calls,
+//   complete before they return, on the calling thread (so a recv_async waits for its message).
+// - One MpiComm is used by one thread at a time (several MpiComms may be used concurrently where
 //   MPI provides MPI_THREAD_MULTIPLE or SERIALIZED).
 #pragma once
 
@@ -76,16 +91,11 @@
 namespace tandem {
 
 struct MpiCommOptions {
-  /// How long an `_async` operation may stay pending before its Work fails (and the
-  /// communicator becomes unusable); also how long a sync collective waits for the pending
-  /// `_async` ones and the destructor for all pending ones. Blocking MPI calls themselves have
-  /// no timeout (see the top of tandem/comm/mpi.hpp).
+  /// How long an `_async` operation may stay pending (queued or inside MPI) before its Work
+  /// fails and the communicator becomes unusable; also how long a sync collective waits for the
+  /// pending `_async` ones and the destructor for all pending ones. A sync operation's own MPI
+  /// call has no timeout (see the top of tandem/comm/mpi.hpp).
   Timeout timeout = default_timeout;
-  /// Run sync collectives as MPI's non-blocking call plus a wait, like the `_async` ones. MPI
-  /// never matches a blocking collective with a non-blocking one, so where ranks call one
-  /// collective in different forms (one sync, another `_async`) they hang unless this is true on
-  /// every rank. It costs some speed (OpenMPI's non-blocking algorithms are slower), hence off.
-  bool nonblocking_sync = false;
 };
 
 namespace detail::mpi {
@@ -139,8 +149,8 @@ std::shared_ptr<std::vector<T>> scratch_copy(const T* data, std::size_t count) {
   return std::make_shared<std::vector<T>>(data, data + count);
 }
 
-/// One communicator: the MPI handle, and the progress engine. Heap-allocated and owned by the
-/// MpiComm, so the engine's thread may point at it while the MpiComm moves.
+/// One communicator: the MPI handle, the collective worker and the progress engine.
+/// Heap-allocated and owned by the MpiComm, so their threads may point at it while it moves.
 class State {
  public:
   State(Runtime& runtime, MPI_Comm comm, MpiCommOptions options)
@@ -157,7 +167,12 @@ class State {
   State(const State&) = delete;
   State& operator=(const State&) = delete;
   ~State() {
-    engine_.reset();  // waits for pending operations
+    // Both wait for their pending operations, at most the timeout each. A worker left inside a
+    // blocking collective (detached) frees the communicator and releases the runtime itself.
+    const bool worker_left = worker_ && !worker_->stop();
+    worker_.reset();
+    engine_.reset();
+    if (worker_left) return;
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) {
@@ -176,34 +191,37 @@ class State {
 
   /// Raises tandem::Error if an `_async` operation timed out earlier.
   void check_usable(const char* operation) const {
-    if (!engine_) return;
-    if (auto cause = engine_->broken()) {
-      throw Error(rank_, operation, "this communicator is unusable: " + *cause);
-    }
+    std::optional<std::string> cause;
+    if (worker_) cause = worker_->broken();
+    if (!cause && engine_) cause = engine_->broken();
+    if (cause) throw Error(rank_, operation, "this communicator is unusable: " + *cause);
   }
 
   /// Waits for the pending `_async` collectives (a sync collective must not overtake them).
   void drain(const char* operation) {
-    if (engine_ && !engine_->wait_for_collectives(options_.timeout)) {
+    const bool drained = (!worker_ || worker_->wait_idle(options_.timeout)) &&
+                         (!engine_ || engine_->wait_for_collectives(options_.timeout));
+    check_usable(operation);
+    if (!drained) {
       throw Error(
           rank_, operation,
           "earlier `_async` collectives did not complete within " + describe(options_.timeout));
     }
-    check_usable(operation);
   }
 
-  /// Runs `call` to completion on this thread (a sync collective has drained first).
+  /// Runs `call` to completion on this thread (a sync collective has drained first): MPI's
+  /// blocking form, or where MPI calls are serialized its non-blocking form and polling.
   void run(Call& call) {
     check_usable(call.operation);
     MPI_Status status{};
-    const bool nonblocking =
-        runtime_.serialized() || (call.collective && options_.nonblocking_sync);
-    const int code = nonblocking ? start_and_wait(call, status) : call.blocking(&status);
+    const int code = runtime_.serialized() ? start_and_wait(call, status) : call.blocking(&status);
     if (code != MPI_SUCCESS) throw error(rank_, call.operation, code);
     if (call.finish) call.finish(status);
   }
 
-  /// Starts `call` and hands it to the progress engine; its Work completes when MPI has.
+  /// Hands `call` on; its Work completes when MPI has: a collective to the worker (blocking
+  /// form) where MPI provides MPI_THREAD_MULTIPLE, anything else started here (non-blocking
+  /// form) and completed by the progress engine; below MPI_THREAD_SERIALIZED, run here at once.
   Work launch(Call call) {
     check_usable(call.operation);
     auto state = std::make_shared<WorkState>();
@@ -214,6 +232,11 @@ class State {
       } catch (...) {
         state->fail(std::current_exception());
       }
+      return Work(state);
+    }
+    if (call.collective && !runtime_.serialized()) {
+      if (!worker_) worker_ = std::make_unique<Worker>(runtime_, comm_, rank_, options_.timeout);
+      worker_->add(std::move(call), state);
       return Work(state);
     }
     // The engine first: once the request is started, nothing may throw before it is handed over.
@@ -274,7 +297,8 @@ class State {
   int rank_ = 0;
   int size_ = 1;
   int tag_upper_bound_ = 32767;     // MPI's guaranteed minimum, where the attribute is missing
-  std::unique_ptr<Engine> engine_;  // started by the first `_async` operation
+  std::unique_ptr<Worker> worker_;  // started by the first `_async` collective
+  std::unique_ptr<Engine> engine_;  // started by the first non-blocking `_async` operation
 };
 
 }  // namespace detail::mpi

@@ -29,11 +29,6 @@ TEST_CASE("MpiComm: collectives on subgroups made by split and new_group") {
   tandem::test::check_subgroups(run, tandem::test::job_size(), counts);
 }
 
-TEST_CASE("MpiComm with nonblocking_sync: every collective, element type and op") {
-  tandem::test::MpiRunner run{{.nonblocking_sync = true}};
-  tandem::test::check_all_collectives(run, tandem::test::job_size(), {{0, 13}});
-}
-
 TEST_CASE("MpiComm: size mismatches and avg on integers are errors before anything is sent") {
   tandem::test::MpiRunner run;
   tandem::test::check_local_errors(run, tandem::test::job_size());

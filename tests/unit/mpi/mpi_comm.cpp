@@ -1,6 +1,7 @@
 // MpiComm's own behaviour under mpirun (2 and 3 processes): the world and World::from_env,
 // private communicators, split and new_group, the half / bfloat16 reduce ops, Work, MPI errors
-// as tandem::Error, the `_async` timeout, and init_process_group<MpiComm>.
+// as tandem::Error, sync and `_async` forms of one collective mixed across ranks, the `_async`
+// timeout and destruction with a collective left in MPI, and init_process_group<MpiComm>.
 #include <doctest/doctest.h>
 
 #include <cerrno>
@@ -13,11 +14,13 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include <mpi.h>
 
+#include "mixed_forms.hpp"
 #include "mpi_support.hpp"
 #include "support/collective_suite.hpp"
 #include "tandem/comm/init.hpp"
@@ -364,8 +367,10 @@ TEST_CASE("An `_async` operation a rank skips fails after the timeout and breaks
           return;
         }
         auto work = comm.all_reduce_async(data);
+        auto behind = comm.barrier_async();  // queued behind it: never starts, fails with it
         expect_error([&] { work.wait(); }, rank_text(comm), "all_reduce", "300 ms", "unusable");
         CHECK(work.failed());
+        expect_error([&] { behind.wait(); }, rank_text(comm), "barrier", "unusable", "all_reduce");
         expect_error([&] { comm.barrier(); }, rank_text(comm), "barrier", "unusable", "all_reduce");
         expect_error([&] { (void)comm.broadcast_async(data, 0); }, "broadcast", "unusable");
         late.barrier();
@@ -445,50 +450,77 @@ TEST_CASE("Large messages (4 MiB) take MPI's rendezvous path, sync and async") {
   });
 }
 
-TEST_CASE("With nonblocking_sync, ranks may call one collective sync on some, async on others") {
-  tandem::test::on_every_rank(
-      [](tandem::MpiComm& comm) {
-        const int me = comm.rank();
-        const int n = comm.size();
-        const auto un = static_cast<std::size_t>(n);
-        const bool sync = me == 0;  // rank 0 calls every collective sync, the others async
-        auto both = [&](auto&& call_sync, auto&& call_async) {
-          if (sync) {
-            call_sync();
-          } else {
-            call_async().wait();
-          }
-        };
-        std::vector<float> data{static_cast<float>(me + 1), 2.0f};
-        both([&] { comm.all_reduce(data); }, [&] { return comm.all_reduce_async(data); });
-        CHECK(data[0] == static_cast<float>(n * (n + 1) / 2));
-        CHECK(data[1] == static_cast<float>(2 * n));
+TEST_CASE("Ranks may call one collective sync on some and `_async` on others") {
+  tandem::test::on_every_rank([](tandem::MpiComm& comm) { tandem::test::check_mixed_forms(comm); });
+}
 
-        std::vector<float> root_value{me == n - 1 ? 42.0f : 0.0f};
-        both([&] { comm.broadcast(root_value, n - 1); },
-             [&] { return comm.broadcast_async(root_value, n - 1); });
-        CHECK(root_value[0] == 42.0f);
+TEST_CASE("Mixed forms on a subgroup, with the parent's `_async` collectives in flight") {
+  tandem::test::on_every_rank([](tandem::MpiComm& comm) {
+    const int me = comm.rank();
+    // Split is a sync collective: it waits for the parent's pending all_reduce first.
+    std::vector<std::int64_t> parent{me};
+    auto parent_work = comm.all_reduce_async(parent);
+    auto reversed = comm.split(0, -me);
+    REQUIRE(reversed.has_value());
+    CHECK(parent_work.test());
+    CHECK(parent[0] == comm.size() * (comm.size() - 1) / 2);
+    CHECK(reversed->rank() == comm.size() - 1 - me);
+    tandem::test::check_mixed_forms(*reversed, 2);
+  });
+}
 
-        std::vector<float> mine{static_cast<float>(me)};
-        std::vector<float> all(un);
-        both([&] { comm.all_gather(mine, all); }, [&] { return comm.all_gather_async(mine, all); });
-        for (int r = 0; r < n; ++r)
-          CHECK(all[static_cast<std::size_t>(r)] == static_cast<float>(r));
+TEST_CASE("An `_async` collective runs on the worker while the calling thread goes on") {
+  tandem::test::on_every_rank([](tandem::MpiComm& comm) {
+    const int me = comm.rank();
+    const int n = comm.size();
+    std::vector<float> data{static_cast<float>(me)};
+    std::vector<std::int32_t> token{me == 0 ? 7 : -1};
+    if (me == 0) {
+      auto work = comm.all_reduce_async(data);
+      // Rank 1 joins the all_reduce only once it has this message, sent from this thread while
+      // the worker waits inside MPI for rank 1.
+      CHECK_FALSE(work.test());
+      comm.send(token, 1, 21);
+      CHECK(work.wait_for(60s));
+    } else {
+      if (me == 1) comm.recv(token, 0, 21);
+      comm.all_reduce(data);
+    }
+    if (me <= 1) CHECK(token[0] == 7);
+    CHECK(data[0] == static_cast<float>(n * (n - 1) / 2));
+  });
+}
 
-        std::vector<float> slots(un, 1.0f);
-        std::vector<float> slot(1);
-        both([&] { comm.reduce_scatter(slots, slot); },
-             [&] { return comm.reduce_scatter_async(slots, slot); });
-        CHECK(slot[0] == static_cast<float>(n));
-
-        std::vector<float> to_each(un, static_cast<float>(me));
-        std::vector<float> from_each(un);
-        both([&] { comm.all_to_all(to_each, from_each); },
-             [&] { return comm.all_to_all_async(to_each, from_each); });
-        for (int r = 0; r < n; ++r) {
-          CHECK(from_each[static_cast<std::size_t>(r)] == static_cast<float>(r));
-        }
-        both([&] { comm.barrier(); }, [&] { return comm.barrier_async(); });
-      },
-      {.nonblocking_sync = true});
+TEST_CASE("Destroying an MpiComm whose `_async` collective a rank never joined does not hang") {
+  auto late = tandem::MpiComm::world();
+  auto& runtime = tandem::detail::mpi::Runtime::instance();
+  const int me = late.rank();
+  const int n = late.size();
+  const int skipper = n - 1;
+  const int attached = runtime.live();
+  // Outlives the detached worker's MPI call, which writes it once the skipper joins.
+  std::vector<float> data(16, 1.0f);
+  try {
+    // Options are per rank: the skipper's own collective must not time out while it joins.
+    auto comm = tandem::MpiComm::world({.timeout = me == skipper ? 60000ms : 200ms});
+    if (me != skipper) {
+      auto work = comm.all_reduce_async(data);
+      { auto doomed = std::move(comm); }  // waits 200 ms at most, then detaches the worker
+      CHECK(work.failed());
+      expect_error([&] { work.wait(); }, rank_text(late), "all_reduce", "unusable");
+      // The worker is still inside MPI: its communicator still counts as attached.
+      CHECK(runtime.live() == attached + 1);
+      late.barrier();  // lets the skipper join the collective
+      const tandem::Deadline deadline(60s);
+      while (runtime.live() != attached && !deadline.expired()) std::this_thread::sleep_for(1ms);
+      CHECK(runtime.live() == attached);  // MPI let the worker go; it freed the communicator
+    } else {
+      late.barrier();
+      comm.all_reduce_async(data).wait();  // matches the detached workers' collectives
+    }
+  } catch (const std::exception& e) {
+    tandem::test::abort_job(e.what());
+  }
+  CHECK(data[0] == static_cast<float>(n));
+  late.barrier();
 }

@@ -13,6 +13,7 @@
 
 #include <mpi.h>
 
+#include "mixed_forms.hpp"
 #include "mpi_support.hpp"
 #include "support/collective_suite.hpp"
 #include "tandem/comm/mpi.hpp"
@@ -35,6 +36,10 @@ TEST_CASE("MpiComm below MPI_THREAD_MULTIPLE: every collective, element type and
 TEST_CASE("MpiComm below MPI_THREAD_MULTIPLE: subgroups") {
   tandem::test::MpiRunner run;
   tandem::test::check_subgroups(run, tandem::test::job_size(), {{0, 13}});
+}
+
+TEST_CASE("MpiComm below MPI_THREAD_MULTIPLE: ranks may mix sync and `_async` forms") {
+  tandem::test::on_every_rank([](tandem::MpiComm& comm) { tandem::test::check_mixed_forms(comm); });
 }
 
 TEST_CASE("MpiComm below MPI_THREAD_MULTIPLE: recv_async completes once the message is sent") {

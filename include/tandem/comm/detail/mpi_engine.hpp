@@ -1,11 +1,15 @@
 // tandem/comm/detail/mpi_engine.hpp - how MpiComm runs one MPI operation: a Call (its blocking
-// and non-blocking forms and what follows completion) and the Engine, a per-communicator thread
-// that completes the tandem::Work of `_async` operations by testing their MPI requests.
-//   engine.add(std::make_unique<Pending>(std::move(call), state, Deadline(timeout)));
+// and non-blocking forms and what follows completion), the Worker, a per-communicator thread that
+// runs `_async` collectives in MPI's blocking form one at a time, and the Engine, a progress
+// thread that completes the Work of non-blocking requests (point to point; and collectives too
+// where MPI calls are serialized) by testing them.
+//   worker.add(std::move(call), state);   engine.add(std::make_unique<Pending>(...));
 // Needs: an MPI (C API, MPI-3) and threads.
 #pragma once
 
 #include <condition_variable>
+#include <cstdint>
+#include <deque>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -37,7 +41,7 @@ struct Call {
   std::function<void(const MPI_Status&)> finish;
 };
 
-/// An `_async` operation in flight.
+/// An `_async` operation in flight as an MPI request.
 struct Pending {
   Pending(Call c, std::shared_ptr<WorkState> s, Deadline d)
       : call(std::move(c)), state(std::move(s)), deadline(d) {}
@@ -197,6 +201,249 @@ class Engine {
   bool stopping_ = false;
   Deadline stop_deadline_{Timeout::zero()};
   std::thread thread_;  // last: started once everything above is ready
+};
+
+/// An `_async` collective queued for (or inside) the Worker's blocking call.
+struct Queued {
+  Queued(Call c, std::shared_ptr<WorkState> s, Deadline d, std::uint64_t n)
+      : call(std::move(c)), state(std::move(s)), deadline(d), number(n) {}
+
+  Call call;
+  std::shared_ptr<WorkState> state;
+  Deadline deadline;
+  std::uint64_t number;  // in queueing order: tells the watchdog a new front from an old one
+  bool started = false;  // the worker has entered its MPI call
+  bool settled = false;  // its Work has completed or failed (by the worker or on a timeout)
+};
+
+/// The `_async` collectives of one communicator, run in MPI's blocking form (as PyTorch's
+/// ProcessGroupMPI does): MPI never matches a blocking collective with a non-blocking one, so
+/// running every collective blocking lets ranks mix sync and `_async` forms freely. A worker
+/// thread takes them in queueing order, one at a time, runs the call and its `finish` and then
+/// completes the Work. Needs MPI_THREAD_MULTIPLE (the caller's thread calls MPI meanwhile).
+///
+/// A blocked MPI call cannot be cancelled. A watchdog thread fails the Work of a collective not
+/// complete at its deadline (and of every one queued behind it) and breaks the queue: nothing
+/// more runs, the worker stays in MPI until MPI lets it go. Stopping waits for the queue at most
+/// the timeout; a worker still inside MPI then is detached, and frees the communicator and
+/// releases the runtime itself if MPI ever returns (until then MPI is not finalised at exit).
+class Worker {
+ public:
+  Worker(Runtime& runtime, MPI_Comm comm, int rank, Timeout timeout)
+      : shared_(std::make_shared<Shared>(runtime, comm, rank, timeout)) {
+    // The worker co-owns the shared state, so that it may outlive this object when detached.
+    worker_ = std::thread([shared = shared_] { work(shared); });
+    try {
+      watchdog_ = std::thread([this] { watch(); });
+    } catch (...) {
+      {
+        std::lock_guard lock(shared_->mutex);
+        shared_->stopping = true;
+      }
+      shared_->changed.notify_all();
+      worker_.join();
+      throw;
+    }
+  }
+
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  ~Worker() { (void)stop(); }
+
+  /// Queues `call`; `state` completes (or fails) once the worker has run it. Fails `state` at
+  /// once where the queue is broken.
+  void add(Call call, std::shared_ptr<WorkState> state) {
+    std::optional<Error> refused;
+    {
+      std::lock_guard lock(shared_->mutex);
+      if (shared_->broken) {
+        refused = unusable(call.operation);
+      } else {
+        shared_->queue.push_back(std::make_unique<Queued>(
+            std::move(call), state, Deadline(shared_->timeout), shared_->next_number++));
+      }
+    }
+    if (refused) {
+      state->fail(std::make_exception_ptr(*refused));
+    } else {
+      shared_->changed.notify_all();
+    }
+  }
+
+  /// Blocks until every queued collective has run (or the queue broke); false at `timeout`.
+  bool wait_idle(Timeout timeout) {
+    const Deadline deadline(timeout);  // saturates: Timeout::max() means forever
+    std::unique_lock lock(shared_->mutex);
+    return shared_->changed.wait_until(
+        lock, deadline.at(), [&] { return shared_->queue.empty() || shared_->broken.has_value(); });
+  }
+
+  /// Why the communicator is unusable, if it is.
+  [[nodiscard]] std::optional<std::string> broken() const {
+    std::lock_guard lock(shared_->mutex);
+    return shared_->broken;
+  }
+
+  /// Waits for the queue, at most the timeout, and ends both threads. True when the worker
+  /// ended; false when it was still inside an MPI call and has been detached (it then frees the
+  /// communicator and releases the runtime itself, once MPI returns). Idempotent.
+  bool stop() {
+    if (!watchdog_.joinable()) return !detached_;
+    Failures failed;
+    {
+      const Deadline deadline(shared_->timeout);
+      std::unique_lock lock(shared_->mutex);
+      shared_->stopping = true;
+      shared_->changed.notify_all();
+      if (!shared_->changed.wait_until(lock, deadline.at(),
+                                       [&] { return shared_->queue.empty(); })) {
+        failed = break_queue("the communicator was destroyed, and waited " +
+                             describe(shared_->timeout) + " for it");
+        detached_ = true;
+        shared_->release_comm = true;
+      }
+      shared_->watching = false;
+    }
+    shared_->changed.notify_all();
+    settle(failed);
+    watchdog_.join();
+    if (detached_) {
+      worker_.detach();
+    } else {
+      worker_.join();
+    }
+    return !detached_;
+  }
+
+ private:
+  struct Shared {
+    Shared(Runtime& r, MPI_Comm c, int k, Timeout t) : runtime(r), comm(c), rank(k), timeout(t) {}
+
+    Runtime& runtime;
+    MPI_Comm comm;
+    int rank;
+    Timeout timeout;
+    std::mutex mutex;
+    std::condition_variable changed;
+    std::deque<std::unique_ptr<Queued>> queue;  // the front one is the worker's
+    std::uint64_t next_number = 0;
+    std::optional<std::string> broken;
+    bool stopping = false;      // no more add(); the worker ends once the queue is empty
+    bool watching = true;       // the watchdog runs until stop() has decided
+    bool release_comm = false;  // detached: the worker frees `comm` and releases the runtime
+  };
+
+  static void work(const std::shared_ptr<Shared>& shared) {
+    std::unique_lock lock(shared->mutex);
+    for (;;) {
+      shared->changed.wait(lock, [&] { return shared->stopping || !shared->queue.empty(); });
+      if (shared->queue.empty()) break;
+      Queued& job = *shared->queue.front();
+      job.started = true;
+      lock.unlock();
+      MPI_Status status{};
+      const int code = job.call.blocking(&status);
+      lock.lock();
+      if (!job.settled) {  // else its Work failed on a timeout: leave its buffers alone
+        job.settled = true;
+        lock.unlock();
+        try {
+          if (code != MPI_SUCCESS) throw error(shared->rank, job.call.operation, code);
+          if (job.call.finish) job.call.finish(status);
+          job.state->complete();
+        } catch (...) {
+          job.state->fail(std::current_exception());
+        }
+        lock.lock();
+      }
+      // Off the queue only now: a sync collective waiting for the queue sees finish's results.
+      shared->queue.pop_front();
+      shared->changed.notify_all();
+    }
+    if (!shared->release_comm) return;
+    lock.unlock();
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&shared->comm);
+    shared->runtime.detach();
+  }
+
+  /// Fails the queue's front collective when its deadline passes (the front has the earliest
+  /// deadline: all are queued with one timeout, in order).
+  void watch() {
+    std::unique_lock lock(shared_->mutex);
+    for (;;) {
+      shared_->changed.wait(lock, [&] {
+        return !shared_->watching ||
+               (!shared_->broken && !shared_->queue.empty() && !shared_->queue.front()->settled);
+      });
+      if (!shared_->watching) return;
+      const std::uint64_t front = shared_->queue.front()->number;
+      const auto deadline = shared_->queue.front()->deadline.at();
+      const bool moved_on = shared_->changed.wait_until(lock, deadline, [&] {
+        return !shared_->watching || shared_->broken || shared_->queue.empty() ||
+               shared_->queue.front()->number != front || shared_->queue.front()->settled;
+      });
+      if (moved_on) continue;
+      Failures failed = break_queue("it did not complete within " + describe(shared_->timeout) +
+                                    " (a rank may not have called it)");
+      lock.unlock();
+      shared_->changed.notify_all();
+      settle(failed);
+      lock.lock();
+    }
+  }
+
+  using Failures = std::vector<std::pair<std::shared_ptr<WorkState>, Error>>;
+
+  /// Under the lock: the front collective fails because `why`; the communicator becomes unusable
+  /// (before any Work fails, so that whoever sees a failure also finds it so) and the ones queued
+  /// behind the front fail unstarted. Returns the failures to settle outside the lock.
+  Failures break_queue(const std::string& why) {
+    auto& queue = shared_->queue;
+    const char* operation = queue.front()->call.operation;
+    if (!shared_->broken) {
+      shared_->broken = std::string("an earlier `_async` ") + operation + " failed: " + why +
+                        ", and MPI cannot cancel a collective";
+    }
+    Failures failed;
+    for (auto it = queue.begin(); it != queue.end();) {
+      Queued& job = **it;
+      if (!job.settled) {
+        job.settled = true;
+        if (it == queue.begin()) {
+          failed.emplace_back(job.state,
+                              Error(shared_->rank, operation,
+                                    why + ". MPI cannot cancel a collective: this communicator "
+                                          "is now unusable and MPI may still write the "
+                                          "operation's buffers, so end the job (MPI_Abort)"));
+        } else {
+          failed.emplace_back(job.state, unusable(job.call.operation));
+        }
+      }
+      if (job.started) {
+        ++it;  // the worker removes it once MPI returns
+      } else {
+        it = queue.erase(it);
+      }
+    }
+    return failed;
+  }
+
+  /// Under the lock, once broken.
+  [[nodiscard]] Error unusable(const char* operation) const {
+    return Error(shared_->rank, operation, "this communicator is unusable: " + *shared_->broken);
+  }
+
+  static void settle(Failures& failed) {
+    for (auto& [state, error] : failed) state->fail(std::make_exception_ptr(std::move(error)));
+  }
+
+  std::shared_ptr<Shared> shared_;
+  bool detached_ = false;
+  std::thread worker_;
+  std::thread watchdog_;
 };
 
 }  // namespace tandem::detail::mpi

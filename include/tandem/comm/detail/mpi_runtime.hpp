@@ -120,9 +120,10 @@ class Runtime {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!owns_mpi_ || finalized) return;
-    // A communicator still alive at exit (leaked, or std::exit from inside main) may have a
-    // progress thread inside MPI: finalising under it could crash. mpirun then reports the
-    // missing MPI_Finalize, which names the real problem.
+    // A communicator still alive at exit (leaked, or std::exit from inside main), or a
+    // collective worker it left blocked in MPI, may have a thread inside MPI: finalising under
+    // it could crash or hang. mpirun then reports the missing MPI_Finalize, which names the real
+    // problem.
     if (live_.load() != 0) return;
     for (MPI_Op& op : half_ops_) MPI_Op_free(&op);
     for (MPI_Op& op : bfloat16_ops_) MPI_Op_free(&op);
@@ -161,8 +162,11 @@ class Runtime {
     return ops[0];
   }
 
+  /// Each communicator state attaches while it (or a worker thread it left in MPI) may call MPI.
   void attach() noexcept { ++live_; }
   void detach() noexcept { --live_; }
+  /// How many are attached now.
+  [[nodiscard]] int live() const noexcept { return live_.load(); }
 
  private:
   Runtime() {
