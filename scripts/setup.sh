@@ -11,7 +11,7 @@ packages=(
   iproute2 procps       # multi-node launcher tests (network namespaces), process inspection
   libgloo-dev           # the Gloo backend
   libopenmpi-dev openmpi-bin   # the MPI backend
-  python3               # golden-data and benchmark peers
+  python3 python3-torch # benchmark peer (torch.distributed) and golden data; Debian's torch 1.13
 )
 
 sudo_cmd=()
