@@ -1,4 +1,4 @@
-# cmake -DMODE=installed|subdirectory|readme -DTANDEM_SOURCE_DIR=.. -DCONSUMER_SOURCE_DIR=..
+# cmake -DMODE=installed|components|subdirectory|readme -DTANDEM_SOURCE_DIR=.. -DCONSUMER_SOURCE_DIR=..
 #       -DWORK_DIR=.. -DGENERATOR=.. -DCXX_COMPILER=.. -P run_consumer.cmake
 # Builds and runs the consumer project in a clean directory; any failing step fails the test.
 file(REMOVE_RECURSE "${WORK_DIR}")
@@ -10,10 +10,15 @@ endfunction()
 
 set(common -G "${GENERATOR}" -DCMAKE_CXX_COMPILER=${CXX_COMPILER} -DCMAKE_BUILD_TYPE=Release)
 
-if(MODE STREQUAL "installed")
+if(MODE STREQUAL "installed" OR MODE STREQUAL "components")
   set(prefix "${WORK_DIR}/prefix")
+  set(backends -DTANDEM_WITH_GLOO=OFF -DTANDEM_WITH_MPI=OFF)
+  if(MODE STREQUAL "components")
+    set(backends -DTANDEM_WITH_GLOO=ON -DTANDEM_WITH_MPI=ON)
+    set(CONSUMER_SOURCE_DIR "${CONSUMER_SOURCE_DIR}/../components")
+  endif()
   run(${CMAKE_COMMAND} -S "${TANDEM_SOURCE_DIR}" -B "${WORK_DIR}/tandem-build" ${common}
-      -DCMAKE_INSTALL_PREFIX=${prefix} -DTANDEM_WITH_CUDA=OFF)
+      -DCMAKE_INSTALL_PREFIX=${prefix} -DTANDEM_WITH_CUDA=OFF ${backends})
   run(${CMAKE_COMMAND} --install "${WORK_DIR}/tandem-build")
   # Headers and package files are all an install may hold: a header-only library ships no binary.
   file(GLOB_RECURSE installed_binaries "${prefix}/*.a" "${prefix}/*.so")

@@ -773,6 +773,12 @@ void check_local_errors(Runner& run, int world_size) {
   failures.report();
 }
 
+/// The conformance suite of backend Comm: the cases every communicator must pass, and the cases
+/// its capability traits promise (a backend without a capability says so at compile time).
+template <class Comm, class Runner>
+void check_conformance(Runner& run, int world_size, const Matrix& matrix,
+                       const Matrix& subgroup_matrix);
+
 /// Ranks that call one collective with different arguments: every rank raises a tandem::Error
 /// naming the operation and the disagreeing ranks (for backends that detect it).
 template <class Runner>
@@ -913,6 +919,29 @@ void check_abort(Runner& run, int world_size) {
   CHECK(elapsed < 10s);
   CHECK_MESSAGE(mentions(raised, "rank " + std::to_string(failing), "boom from the test"), raised);
   failures.report();
+}
+
+template <class Comm, class Runner>
+void check_conformance(Runner& run, int world_size, const Matrix& matrix,
+                       const Matrix& subgroup_matrix) {
+  {
+    INFO("every collective, element type and op");
+    check_all_collectives(run, world_size, matrix);
+  }
+  {
+    INFO("collectives on subgroups made by split and new_group");
+    check_subgroups(run, world_size, subgroup_matrix);
+  }
+  {
+    INFO("size mismatches and avg on integers are errors before anything is sent");
+    check_local_errors(run, world_size);
+  }
+  if constexpr (detects_mismatched_collectives<Comm>) {
+    if (world_size >= 2) {
+      INFO("ranks that disagree on a collective all raise an error naming them");
+      check_mismatch_errors(run, world_size);
+    }
+  }
 }
 
 }  // namespace tandem::test

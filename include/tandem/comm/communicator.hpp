@@ -29,11 +29,16 @@ enum class ReduceOp { sum, avg, prod, min, max };
 
 constexpr const char* name(ReduceOp op) noexcept {
   switch (op) {
-    case ReduceOp::sum: return "sum";
-    case ReduceOp::avg: return "avg";
-    case ReduceOp::prod: return "prod";
-    case ReduceOp::min: return "min";
-    case ReduceOp::max: return "max";
+    case ReduceOp::sum:
+      return "sum";
+    case ReduceOp::avg:
+      return "avg";
+    case ReduceOp::prod:
+      return "prod";
+    case ReduceOp::min:
+      return "min";
+    case ReduceOp::max:
+      return "max";
   }
   return "unknown";
 }
@@ -104,7 +109,9 @@ class [[nodiscard]] Work {
   /// Whether the operation has finished, successfully or not. Never blocks or throws.
   [[nodiscard]] bool test() const { return !state_ || state_->done(); }
   /// Blocks at most `timeout`; true when the operation finished in time (a failure rethrows).
-  [[nodiscard]] bool wait_for(Timeout timeout) const { return !state_ || state_->wait_for(timeout); }
+  [[nodiscard]] bool wait_for(Timeout timeout) const {
+    return !state_ || state_->wait_for(timeout);
+  }
   /// Whether the operation has finished with a failure (wait() would rethrow it).
   [[nodiscard]] bool failed() const { return state_ && state_->failed(); }
 
@@ -134,44 +141,50 @@ inline constexpr bool enable_communicator = requires {
 /// Counts are the tensors' size() in elements; out of all_gather and gather, in of scatter,
 /// reduce_scatter and all_to_all hold size() ranks' worth of elements, in rank order.
 template <class C>
-concept Communicator =
-    enable_communicator<C> && std::movable<C> && memory_space<typename C::memory_space> &&
+concept Communicator = enable_communicator<C> && std::movable<C> &&
+    memory_space<typename C::memory_space> &&
     requires(C& c, const C& cc, View<float, typename C::memory_space> out,
              View<const float, typename C::memory_space> in) {
-      { cc.rank() } -> std::same_as<int>;
-      { cc.size() } -> std::same_as<int>;
-      c.all_reduce(out, ReduceOp::sum);
-      c.all_reduce(in, out, ReduceOp::sum);
-      c.reduce(out, 0, ReduceOp::sum);
-      c.broadcast(out, 0);
-      c.all_gather(in, out);
-      c.gather(in, out, 0);
-      c.scatter(in, out, 0);
-      c.reduce_scatter(in, out, ReduceOp::sum);
-      c.all_to_all(in, out);
-      c.send(in, 0, 0);
-      c.recv(out, 0, 0);
-      c.barrier();
-      { c.all_reduce_async(out, ReduceOp::sum) } -> std::same_as<Work>;
-      { c.all_reduce_async(in, out, ReduceOp::sum) } -> std::same_as<Work>;
-      { c.reduce_async(out, 0, ReduceOp::sum) } -> std::same_as<Work>;
-      { c.broadcast_async(out, 0) } -> std::same_as<Work>;
-      { c.all_gather_async(in, out) } -> std::same_as<Work>;
-      { c.gather_async(in, out, 0) } -> std::same_as<Work>;
-      { c.scatter_async(in, out, 0) } -> std::same_as<Work>;
-      { c.reduce_scatter_async(in, out, ReduceOp::sum) } -> std::same_as<Work>;
-      { c.all_to_all_async(in, out) } -> std::same_as<Work>;
-      { c.send_async(in, 0, 0) } -> std::same_as<Work>;
-      { c.recv_async(out, 0, 0) } -> std::same_as<Work>;
-      { c.barrier_async() } -> std::same_as<Work>;
-      { c.split(0, 0) } -> std::same_as<std::optional<C>>;
-    };
+  { cc.rank() } -> std::same_as<int>;
+  { cc.size() } -> std::same_as<int>;
+  c.all_reduce(out, ReduceOp::sum);
+  c.all_reduce(in, out, ReduceOp::sum);
+  c.reduce(out, 0, ReduceOp::sum);
+  c.broadcast(out, 0);
+  c.all_gather(in, out);
+  c.gather(in, out, 0);
+  c.scatter(in, out, 0);
+  c.reduce_scatter(in, out, ReduceOp::sum);
+  c.all_to_all(in, out);
+  c.send(in, 0, 0);
+  c.recv(out, 0, 0);
+  c.barrier();
+  { c.all_reduce_async(out, ReduceOp::sum) } -> std::same_as<Work>;
+  { c.all_reduce_async(in, out, ReduceOp::sum) } -> std::same_as<Work>;
+  { c.reduce_async(out, 0, ReduceOp::sum) } -> std::same_as<Work>;
+  { c.broadcast_async(out, 0) } -> std::same_as<Work>;
+  { c.all_gather_async(in, out) } -> std::same_as<Work>;
+  { c.gather_async(in, out, 0) } -> std::same_as<Work>;
+  { c.scatter_async(in, out, 0) } -> std::same_as<Work>;
+  { c.reduce_scatter_async(in, out, ReduceOp::sum) } -> std::same_as<Work>;
+  { c.all_to_all_async(in, out) } -> std::same_as<Work>;
+  { c.send_async(in, 0, 0) } -> std::same_as<Work>;
+  { c.recv_async(out, 0, 0) } -> std::same_as<Work>;
+  { c.barrier_async() } -> std::same_as<Work>;
+  { c.split(0, 0) } -> std::same_as<std::optional<C>>;
+};
 
 /// Capability trait: whether backend Comm moves and reduces elements of type T. A backend that
 /// cannot specialises it to false, so that code (and the conformance suite) learns it at compile
 /// time instead of from a runtime error.
 template <class Comm, class T>
 inline constexpr bool supports_element = element_type<T>;
+
+/// Capability trait: whether Comm turns ranks that disagree on a collective (operation, element
+/// type, count or root) into a tandem::Error on every rank. Where it is false such a program is
+/// undefined - it may hang or corrupt memory - as with MPI and NCCL.
+template <class Comm>
+inline constexpr bool detects_mismatched_collectives = false;
 
 /// The subgroup of `ranks` (in that order: ranks[i] becomes rank i of the group). Collective:
 /// every rank of `comm` calls it with the same list; ranks not in it get nullopt.

@@ -1196,4 +1196,8 @@ class GlooComm {
 
 static_assert(Communicator<GlooComm>);
 
+/// With GlooCommOptions::check_agreement (the default) the ranks compare their calls first.
+template <>
+inline constexpr bool detects_mismatched_collectives<GlooComm> = true;
+
 }  // namespace tandem

@@ -739,6 +739,10 @@ class LocalComm {
 
 static_assert(Communicator<LocalComm>);
 
+/// Every rank sees the others' arguments in shared memory, so disagreements are always caught.
+template <>
+inline constexpr bool detects_mismatched_collectives<LocalComm> = true;
+
 namespace detail::local {
 
 inline std::string describe_exception(const std::exception_ptr& error) {

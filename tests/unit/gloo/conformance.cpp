@@ -45,24 +45,11 @@ const tandem::test::Matrix subgroup_matrix{{0, 1, 13}, true};
 
 }  // namespace
 
-TEST_CASE("GlooComm: every collective, element type and op") {
-  ProcessRunner run;
-  tandem::test::check_all_collectives(run, comm().size(), matrix);
-}
+static_assert(tandem::detects_mismatched_collectives<tandem::GlooComm>);
 
-TEST_CASE("GlooComm: collectives on subgroups made by split and new_group") {
+TEST_CASE("GlooComm: the conformance suite") {
   ProcessRunner run;
-  tandem::test::check_subgroups(run, comm().size(), subgroup_matrix);
-}
-
-TEST_CASE("GlooComm: size mismatches and avg on integers are errors before anything is sent") {
-  ProcessRunner run;
-  tandem::test::check_local_errors(run, comm().size());
-}
-
-TEST_CASE("GlooComm: ranks that disagree on a collective all raise an error naming them") {
-  ProcessRunner run;
-  tandem::test::check_mismatch_errors(run, comm().size());
+  tandem::test::check_conformance<tandem::GlooComm>(run, comm().size(), matrix, subgroup_matrix);
 }
 
 TEST_CASE("GlooComm: a mismatched recv is an error and the pair stays usable") {

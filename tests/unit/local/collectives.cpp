@@ -22,35 +22,13 @@ struct LocalRunner {
 
 }  // namespace
 
-TEST_CASE("LocalComm: every collective, element type and op at world sizes 1 to 8") {
+static_assert(tandem::detects_mismatched_collectives<tandem::LocalComm>);
+
+TEST_CASE("LocalComm: the conformance suite at world sizes 1 to 8") {
   LocalRunner run;
   for (int n = 1; n <= 8; ++n) {
     CAPTURE(n);
-    tandem::test::check_all_collectives(run, n);
-  }
-}
-
-TEST_CASE("LocalComm: collectives on subgroups made by split and new_group") {
-  LocalRunner run;
-  for (int n : {1, 2, 3, 5, 8}) {
-    CAPTURE(n);
-    tandem::test::check_subgroups(run, n);
-  }
-}
-
-TEST_CASE("LocalComm: size mismatches and avg on integers are errors before anything is sent") {
-  LocalRunner run;
-  for (int n : {1, 3}) {
-    CAPTURE(n);
-    tandem::test::check_local_errors(run, n);
-  }
-}
-
-TEST_CASE("LocalComm: ranks that disagree on a collective all raise an error naming them") {
-  LocalRunner run;
-  for (int n : {2, 4}) {
-    CAPTURE(n);
-    tandem::test::check_mismatch_errors(run, n);
+    tandem::test::check_conformance<tandem::LocalComm>(run, n, {}, {{0, 1, 13}});
   }
 }
 
