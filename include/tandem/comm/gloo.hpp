@@ -30,7 +30,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -39,12 +38,10 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <numeric>
 #include <optional>
 #include <string>
 #include <thread>
 #include <tuple>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -64,7 +61,11 @@
 #include <gloo/types.h>
 
 #include "tandem/comm/communicator.hpp"
+#include "tandem/comm/detail/collective_op.hpp"
+#include "tandem/comm/detail/frontend.hpp"
 #include "tandem/comm/detail/gloo_support.hpp"
+#include "tandem/comm/detail/issue_order.hpp"
+#include "tandem/comm/detail/reduction.hpp"
 #include "tandem/comm/store.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/core/timeout.hpp"
@@ -90,54 +91,7 @@ struct GlooCommOptions {
 
 namespace detail::gloo_comm {
 
-enum class Op : std::int64_t {
-  all_reduce,
-  reduce,
-  broadcast,
-  all_gather,
-  gather,
-  scatter,
-  reduce_scatter,
-  all_to_all,
-  barrier,
-  split,
-};
-
-constexpr const char* name(Op op) noexcept {
-  switch (op) {
-    case Op::all_reduce:
-      return "all_reduce";
-    case Op::reduce:
-      return "reduce";
-    case Op::broadcast:
-      return "broadcast";
-    case Op::all_gather:
-      return "all_gather";
-    case Op::gather:
-      return "gather";
-    case Op::scatter:
-      return "scatter";
-    case Op::reduce_scatter:
-      return "reduce_scatter";
-    case Op::all_to_all:
-      return "all_to_all";
-    case Op::barrier:
-      return "barrier";
-    case Op::split:
-      return "split";
-  }
-  return "unknown";
-}
-
-constexpr bool is_typed(Op op) noexcept {
-  return op != Op::barrier && op != Op::split;
-}
-constexpr bool has_root(Op op) noexcept {
-  return op == Op::reduce || op == Op::broadcast || op == Op::gather || op == Op::scatter;
-}
-constexpr bool has_reduce_op(Op op) noexcept {
-  return op == Op::all_reduce || op == Op::reduce || op == Op::reduce_scatter;
-}
+using Op = CollectiveOp;
 
 /// What one rank was called with, as exchanged before a collective (fixed-size integers).
 struct Call {
@@ -150,77 +104,6 @@ struct Call {
   std::int64_t key = 0;    ///< split only
 };
 static_assert(sizeof(Call) == 7 * sizeof(std::int64_t));
-
-inline std::string rank_list(const std::vector<int>& ranks) {
-  std::string text = ranks.size() == 1 ? "rank " : "ranks ";
-  for (std::size_t i = 0; i < ranks.size(); ++i) {
-    if (i) text += ", ";
-    text += std::to_string(ranks[i]);
-  }
-  return text;
-}
-
-/// "" when all ranks have the same value, otherwise "ranks 0, 2: float32; rank 1: int32".
-template <class Value, class Show>
-std::string disagreement(const std::vector<Value>& values, Show show) {
-  std::vector<std::pair<Value, std::vector<int>>> distinct;
-  for (std::size_t r = 0; r < values.size(); ++r) {
-    auto found = std::find_if(distinct.begin(), distinct.end(),
-                              [&](const auto& entry) { return entry.first == values[r]; });
-    if (found == distinct.end()) {
-      distinct.push_back({values[r], {static_cast<int>(r)}});
-    } else {
-      found->second.push_back(static_cast<int>(r));
-    }
-  }
-  if (distinct.size() < 2) return {};
-  std::string text;
-  for (const auto& [value, ranks] : distinct) {
-    if (!text.empty()) text += "; ";
-    text += rank_list(ranks) + ": " + show(value);
-  }
-  return text;
-}
-
-/// The first way the ranks' calls disagree, or "" (LocalComm's texts).
-inline std::string check_agreement(const std::vector<Call>& calls) {
-  auto field = [&](std::int64_t Call::*member) {
-    std::vector<std::int64_t> values;
-    for (const auto& c : calls) values.push_back(c.*member);
-    return values;
-  };
-  auto show_int = [](std::int64_t v) { return std::to_string(v); };
-  auto show_op = [](std::int64_t v) { return std::string(name(static_cast<Op>(v))); };
-  if (auto text = disagreement(field(&Call::op), show_op); !text.empty()) {
-    return "ranks called different operations: " + text;
-  }
-  const auto op = static_cast<Op>(calls.front().op);
-  if (is_typed(op)) {
-    auto show_type = [](std::int64_t v) {
-      return std::string(tandem::name(static_cast<dtype>(v)));
-    };
-    if (auto text = disagreement(field(&Call::type), show_type); !text.empty()) {
-      return "ranks disagree on the element type: " + text;
-    }
-    if (auto text = disagreement(field(&Call::count), show_int); !text.empty()) {
-      return "ranks disagree on the element count: " + text;
-    }
-  }
-  if (has_root(op)) {
-    if (auto text = disagreement(field(&Call::root), show_int); !text.empty()) {
-      return "ranks disagree on the root: " + text;
-    }
-  }
-  if (has_reduce_op(op)) {
-    auto show_reduce = [](std::int64_t v) {
-      return std::string(tandem::name(static_cast<ReduceOp>(v)));
-    };
-    if (auto text = disagreement(field(&Call::reduce_op), show_reduce); !text.empty()) {
-      return "ranks disagree on the reduce op: " + text;
-    }
-  }
-  return {};
-}
 
 /// gloo's "[path/file.cc:123] message" without the source location.
 inline std::string gloo_message(const std::string& what) {
@@ -306,10 +189,10 @@ inline std::uint64_t payload_slot(int tag) {
 }
 
 /// One rank's communicator state. Heap-allocated and owned by the GlooComm, so the worker's
-/// tasks may point at it while the GlooComm moves. Operations run one at a time (on the caller's
-/// thread after the worker has drained, or on the worker); only the outbox thread runs beside
-/// them, and it touches nothing but its messages and `broken_`.
-class Rank {
+/// tasks may point at it while the GlooComm moves. Operations run one at a time (IssueOrder: on
+/// the caller's thread after the worker has drained, or on the worker); only the outbox thread
+/// runs beside them, and it touches nothing but its messages and `broken_`.
+class Rank : public IssueOrder {
  public:
   Rank(Connected connected, std::shared_ptr<::gloo::transport::Device> device, AnyStore store,
        std::string name, GlooCommOptions options)
@@ -322,10 +205,8 @@ class Rank {
         rank_(context_->rank),
         size_(context_->size),
         outbox_([this](const std::string& cause) { mark_broken(cause); }) {}
-  Rank(const Rank&) = delete;
-  Rank& operator=(const Rank&) = delete;
   ~Rank() {
-    worker_.reset();  // runs what is still queued
+    stop();  // runs what is still queued
     // The outbox (a member) waits for its sends next, each bounded by the timeout.
   }
 
@@ -333,29 +214,6 @@ class Rank {
   [[nodiscard]] int size() const noexcept { return size_; }
   [[nodiscard]] const GlooCommOptions& options() const noexcept { return options_; }
   [[nodiscard]] const AnyStore& store() const noexcept { return store_; }
-
-  /// Runs `body` now, after every `_async` operation issued before.
-  template <class Body>
-  void now(Body&& body) {
-    if (worker_) worker_->drain();
-    body();
-  }
-
-  /// Queues `body` on the worker; the Work completes when it has run.
-  template <class Body>
-  Work later(Body body) {
-    auto state = std::make_shared<WorkState>();
-    if (!worker_) worker_ = std::make_unique<Worker>();
-    worker_->post([state, body = std::move(body)]() mutable {
-      try {
-        body();
-        state->complete();
-      } catch (...) {
-        state->fail(std::current_exception());
-      }
-    });
-    return Work(state);
-  }
 
   // --- the algorithms: raw pointers and element counts ---------------------------------------
 
@@ -531,7 +389,7 @@ class Rank {
     mine.key = key;
     std::vector<Call> calls;
     guarded("split", [&] { calls = exchange(mine); });
-    if (auto text = check_agreement(calls); !text.empty()) throw Error(rank_, "split", text);
+    if (auto text = call_disagreement(calls); !text.empty()) throw Error(rank_, "split", text);
     const std::uint64_t sequence = ++splits_;  // the same on every rank: split is collective
     if (color == no_color) return nullptr;
     std::vector<int> members;
@@ -715,7 +573,7 @@ class Rank {
     const char* op_name = name(op);
     std::string disagree;
     guarded(op_name, [&] {
-      if (options_.check_agreement) disagree = check_agreement(exchange(mine));
+      if (options_.check_agreement) disagree = call_disagreement(exchange(mine));
       if (disagree.empty()) body();
     });
     if (!disagree.empty()) throw Error(rank_, op_name, disagree);
@@ -789,58 +647,17 @@ class Rank {
   std::mutex mutex_;
   std::optional<std::string> broken_;  ///< guarded by mutex_ (the outbox thread sets it too)
 
-  Outbox outbox_;                   // after the context: destroyed (and joined) before it
-  std::unique_ptr<Worker> worker_;  // started by the first `_async` operation
+  Outbox outbox_;  // after the context: destroyed (and joined) before it
 };
-
-template <class In, class Out>
-constexpr void check_pair() {
-  using I = std::remove_cv_t<tensor_element_t<In>>;
-  using O = tensor_element_t<Out>;
-  static_assert(host_accessible<tensor_space_t<In>> && host_accessible<tensor_space_t<Out>>,
-                "tandem::GlooComm: tensors must live in host memory");
-  static_assert(!std::is_const_v<O>,
-                "tandem::GlooComm: the output tensor must be mutable (it is const)");
-  static_assert(std::same_as<I, std::remove_cv_t<O>>,
-                "tandem::GlooComm: the input and output tensors of one call must have the same "
-                "element type");
-}
-
-template <class T>
-constexpr void check_one() {
-  check_pair<T, T>();
-}
-
-template <class T>
-using elem_t = std::remove_cv_t<tensor_element_t<T>>;
-
-/// t.data() as the pointer an operation needs; null where a static_assert above has already
-/// rejected the tensor (so the compiler reports that, not a conversion error).
-template <class E, class T>
-const E* in_ptr(T& t) noexcept {
-  if constexpr (std::same_as<elem_t<T>, E>) {
-    return t.data();
-  } else {
-    return nullptr;
-  }
-}
-template <class E, class T>
-E* out_ptr(T& t) noexcept {
-  if constexpr (std::same_as<tensor_element_t<T>, E>) {
-    return t.data();
-  } else {
-    return nullptr;
-  }
-}
 
 }  // namespace detail::gloo_comm
 
 /// A communicator whose ranks are processes connected by Gloo over TCP. Models
-/// tandem::Communicator and tandem::ProcessGroupBackend; see the top of this header.
-class GlooComm {
+/// tandem::Communicator and tandem::ProcessGroupBackend; see the top of this header. Its public
+/// operations (and memory_space, host) come from detail::CollectiveFrontend; split's new group
+/// has its own gloo connections.
+class GlooComm : public detail::CollectiveFrontend<GlooComm, host> {
  public:
-  using communicator_concept = communicator_tag;
-  using memory_space = host;
   using options_type = GlooCommOptions;
 
   GlooComm(GlooComm&&) noexcept = default;
@@ -864,223 +681,13 @@ class GlooComm {
                                                               name, options));
   }
 
-  [[nodiscard]] int rank() const { return self().rank(); }
-  [[nodiscard]] int size() const { return self().size(); }
   [[nodiscard]] const GlooCommOptions& options() const { return self().options(); }
   /// The store this group met in (shared: copies see the same keys).
   [[nodiscard]] AnyStore store() const { return self().store(); }
 
-  // --- all_reduce -----------------------------------------------------------------------------
-
-  /// In place: every rank's `t` becomes the reduction of all ranks' `t`.
-  template <Tensor T>
-  void all_reduce(T&& t, ReduceOp op = ReduceOp::sum) {
-    all_reduce(t, t, op);
-  }
-  template <Tensor In, Tensor Out>
-  void all_reduce(In&& in, Out&& out, ReduceOp op = ReduceOp::sum) {
-    using E = detail::gloo_comm::elem_t<Out>;
-    const auto [i, o, count] = prepare_all_reduce(in, out, op);
-    self().now([&, i = i, o = o, count = count] { self().all_reduce<E>(i, o, count, op); });
-  }
-  template <Tensor T>
-  Work all_reduce_async(T&& t, ReduceOp op = ReduceOp::sum) {
-    return all_reduce_async(t, t, op);
-  }
-  template <Tensor In, Tensor Out>
-  Work all_reduce_async(In&& in, Out&& out, ReduceOp op = ReduceOp::sum) {
-    using E = detail::gloo_comm::elem_t<Out>;
-    const auto [i, o, count] = prepare_all_reduce(in, out, op);
-    auto* me = &self();
-    return me->later([me, i = i, o = o, count = count, op] { me->all_reduce<E>(i, o, count, op); });
-  }
-
-  // --- reduce (result on root only) -------------------------------------------------------------
-
-  template <Tensor T>
-  void reduce(T&& t, int root, ReduceOp op = ReduceOp::sum) {
-    using E = detail::gloo_comm::elem_t<T>;
-    E* data = prepare_rooted(t, root, op, "reduce");
-    self().now([&] { self().reduce<E>(data, t.size(), root, op); });
-  }
-  template <Tensor T>
-  Work reduce_async(T&& t, int root, ReduceOp op = ReduceOp::sum) {
-    using E = detail::gloo_comm::elem_t<T>;
-    E* data = prepare_rooted(t, root, op, "reduce");
-    auto* me = &self();
-    const std::size_t count = t.size();
-    return me->later([=] { me->reduce<E>(data, count, root, op); });
-  }
-
-  // --- broadcast --------------------------------------------------------------------------------
-
-  template <Tensor T>
-  void broadcast(T&& t, int root) {
-    using E = detail::gloo_comm::elem_t<T>;
-    E* data = prepare_rooted(t, root, ReduceOp::sum, "broadcast");
-    self().now([&] { self().broadcast<E>(data, t.size(), root); });
-  }
-  template <Tensor T>
-  Work broadcast_async(T&& t, int root) {
-    using E = detail::gloo_comm::elem_t<T>;
-    E* data = prepare_rooted(t, root, ReduceOp::sum, "broadcast");
-    auto* me = &self();
-    const std::size_t count = t.size();
-    return me->later([=] { me->broadcast<E>(data, count, root); });
-  }
-
-  // --- all_gather: out holds size() * in.size() elements, rank r's at r * in.size() -----------
-
-  template <Tensor In, Tensor Out>
-  void all_gather(In&& in, Out&& out) {
-    using E = detail::gloo_comm::elem_t<Out>;
-    const auto [i, o, count] = prepare_gather_like(in, out, "all_gather", true);
-    self().now([&, i = i, o = o, count = count] { self().all_gather<E>(i, o, count); });
-  }
-  template <Tensor In, Tensor Out>
-  Work all_gather_async(In&& in, Out&& out) {
-    using E = detail::gloo_comm::elem_t<Out>;
-    const auto [i, o, count] = prepare_gather_like(in, out, "all_gather", true);
-    auto* me = &self();
-    return me->later([me, i = i, o = o, count = count] { me->all_gather<E>(i, o, count); });
-  }
-
-  // --- gather: out (size() * in.size() elements) is used on the root only -------------------
-
-  template <Tensor In, Tensor Out>
-  void gather(In&& in, Out&& out, int root) {
-    using E = detail::gloo_comm::elem_t<Out>;
-    check_root(root, "gather");
-    const auto [i, o, count] = prepare_gather_like(in, out, "gather", rank() == root);
-    self().now([&, i = i, o = o, count = count] { self().gather<E>(i, o, count, root); });
-  }
-  template <Tensor In, Tensor Out>
-  Work gather_async(In&& in, Out&& out, int root) {
-    using E = detail::gloo_comm::elem_t<Out>;
-    check_root(root, "gather");
-    const auto [i, o, count] = prepare_gather_like(in, out, "gather", rank() == root);
-    auto* me = &self();
-    return me->later([me, i = i, o = o, count = count, root] { me->gather<E>(i, o, count, root); });
-  }
-
-  // --- scatter: in (size() * out.size() elements) is used on the root only ------------------
-
-  template <Tensor In, Tensor Out>
-  void scatter(In&& in, Out&& out, int root) {
-    using E = detail::gloo_comm::elem_t<Out>;
-    check_root(root, "scatter");
-    const auto [i, o, count] = prepare_scatter_like(in, out, "scatter", rank() == root);
-    self().now([&, i = i, o = o, count = count] { self().scatter<E>(i, o, count, root); });
-  }
-  template <Tensor In, Tensor Out>
-  Work scatter_async(In&& in, Out&& out, int root) {
-    using E = detail::gloo_comm::elem_t<Out>;
-    check_root(root, "scatter");
-    const auto [i, o, count] = prepare_scatter_like(in, out, "scatter", rank() == root);
-    auto* me = &self();
-    return me->later(
-        [me, i = i, o = o, count = count, root] { me->scatter<E>(i, o, count, root); });
-  }
-
-  // --- reduce_scatter: in holds size() * out.size() elements --------------------------------
-
-  template <Tensor In, Tensor Out>
-  void reduce_scatter(In&& in, Out&& out, ReduceOp op = ReduceOp::sum) {
-    using E = detail::gloo_comm::elem_t<Out>;
-    check_reduce_op<E>(op, "reduce_scatter");
-    const auto [i, o, count] = prepare_scatter_like(in, out, "reduce_scatter", true);
-    self().now([&, i = i, o = o, count = count] { self().reduce_scatter<E>(i, o, count, op); });
-  }
-  template <Tensor In, Tensor Out>
-  Work reduce_scatter_async(In&& in, Out&& out, ReduceOp op = ReduceOp::sum) {
-    using E = detail::gloo_comm::elem_t<Out>;
-    check_reduce_op<E>(op, "reduce_scatter");
-    const auto [i, o, count] = prepare_scatter_like(in, out, "reduce_scatter", true);
-    auto* me = &self();
-    return me->later(
-        [me, i = i, o = o, count = count, op] { me->reduce_scatter<E>(i, o, count, op); });
-  }
-
-  // --- all_to_all: in and out hold size() * k elements; slot s of in goes to rank s ---------
-
-  template <Tensor In, Tensor Out>
-  void all_to_all(In&& in, Out&& out) {
-    using E = detail::gloo_comm::elem_t<Out>;
-    const auto [i, o, count] = prepare_all_to_all(in, out);
-    self().now([&, i = i, o = o, count = count] { self().all_to_all<E>(i, o, count); });
-  }
-  template <Tensor In, Tensor Out>
-  Work all_to_all_async(In&& in, Out&& out) {
-    using E = detail::gloo_comm::elem_t<Out>;
-    const auto [i, o, count] = prepare_all_to_all(in, out);
-    auto* me = &self();
-    return me->later([me, i = i, o = o, count = count] { me->all_to_all<E>(i, o, count); });
-  }
-
-  // --- point to point ---------------------------------------------------------------------------
-
-  /// Copies `t` and returns (eager); the copy reaches `peer` once it posts the matching recv.
-  template <Tensor T>
-  void send(T&& t, int peer, int tag = 0) {
-    using E = detail::gloo_comm::elem_t<T>;
-    check_peer<T>(peer, "send");
-    const E* data = detail::gloo_comm::in_ptr<E>(t);
-    self().now([&] { self().send<E>(data, t.size(), peer, tag); });
-  }
-  template <Tensor T>
-  Work send_async(T&& t, int peer, int tag = 0) {
-    using E = detail::gloo_comm::elem_t<T>;
-    check_peer<T>(peer, "send");
-    const E* data = detail::gloo_comm::in_ptr<E>(t);
-    auto* me = &self();
-    const std::size_t count = t.size();
-    return me->later([=] { me->send<E>(data, count, peer, tag); });
-  }
-  /// Waits for the oldest message from `peer` with `tag`; its type and count must match `t`.
-  template <Tensor T>
-  void recv(T&& t, int peer, int tag = 0) {
-    using E = detail::gloo_comm::elem_t<T>;
-    detail::gloo_comm::check_one<T>();
-    check_peer<T>(peer, "recv");
-    E* data = detail::gloo_comm::out_ptr<E>(t);
-    self().now([&] { self().recv<E>(data, t.size(), peer, tag); });
-  }
-  template <Tensor T>
-  Work recv_async(T&& t, int peer, int tag = 0) {
-    using E = detail::gloo_comm::elem_t<T>;
-    detail::gloo_comm::check_one<T>();
-    check_peer<T>(peer, "recv");
-    E* data = detail::gloo_comm::out_ptr<E>(t);
-    auto* me = &self();
-    const std::size_t count = t.size();
-    return me->later([=] { me->recv<E>(data, count, peer, tag); });
-  }
-
-  // --- barrier and split --------------------------------------------------------------------
-
-  void barrier() {
-    self().now([&] { self().barrier(); });
-  }
-  Work barrier_async() {
-    auto* me = &self();
-    return me->later([me] { me->barrier(); });
-  }
-
-  /// Collective: ranks with the same `color` form a new group, ordered by (key, rank here);
-  /// no_color gives nullopt (but still takes part). The new group has this group's options and
-  /// its own gloo connections.
-  [[nodiscard]] std::optional<GlooComm> split(int color, int key = 0) {
-    if (color < 0 && color != no_color) {
-      throw Error(rank(), "split",
-                  "color " + std::to_string(color) + " is negative (use tandem::no_color)");
-    }
-    std::unique_ptr<detail::gloo_comm::Rank> made;
-    self().now([&] { made = self().split(color, key); });
-    if (!made) return std::nullopt;
-    return GlooComm(std::move(made));
-  }
-
  private:
+  friend class detail::CollectiveFrontend<GlooComm, host>;
+
   explicit GlooComm(std::unique_ptr<detail::gloo_comm::Rank> self) : self_(std::move(self)) {}
 
   detail::gloo_comm::Rank& self() const {
@@ -1088,107 +695,11 @@ class GlooComm {
     return *self_;
   }
 
-  [[nodiscard]] Error error(const char* op, const std::string& cause) const {
-    return Error(rank(), op, cause);
-  }
-
-  void check_root(int root, const char* op) const {
-    if (root < 0 || root >= size()) {
-      throw error(op, "root " + std::to_string(root) + " is not a rank of this group of " +
-                          std::to_string(size()) + " ranks");
-    }
-  }
-
-  template <class E>
-  void check_reduce_op(ReduceOp op, const char* name) const {
-    if (op == ReduceOp::avg && !dtype_traits<E>::is_floating) {
-      throw error(name, std::string("avg needs a floating-point element type, not ") +
-                            dtype_traits<E>::name);
-    }
-  }
-
-  template <class In, class Out>
-  struct Prepared {
-    const detail::gloo_comm::elem_t<Out>* in;
-    detail::gloo_comm::elem_t<Out>* out;
-    std::size_t count;
-  };
-
-  template <class In, class Out>
-  Prepared<In, Out> prepare_all_reduce(In& in, Out& out, ReduceOp op) const {
-    detail::gloo_comm::check_pair<In, Out>();
-    check_reduce_op<detail::gloo_comm::elem_t<Out>>(op, "all_reduce");
-    if (static_cast<std::size_t>(in.size()) != static_cast<std::size_t>(out.size())) {
-      throw error("all_reduce", "in has " + std::to_string(in.size()) + " elements and out " +
-                                    std::to_string(out.size()) + "; they must be equal");
-    }
-    return {detail::gloo_comm::in_ptr<detail::gloo_comm::elem_t<Out>>(in),
-            detail::gloo_comm::out_ptr<detail::gloo_comm::elem_t<Out>>(out),
-            static_cast<std::size_t>(out.size())};
-  }
-
-  template <class T>
-  detail::gloo_comm::elem_t<T>* prepare_rooted(T& t, int root, ReduceOp op,
-                                               const char* name) const {
-    detail::gloo_comm::check_one<T>();
-    check_root(root, name);
-    check_reduce_op<detail::gloo_comm::elem_t<T>>(op, name);
-    return detail::gloo_comm::out_ptr<detail::gloo_comm::elem_t<T>>(t);
-  }
-
-  /// all_gather and gather: out holds size() * in.size() elements (checked where `uses_out`).
-  template <class In, class Out>
-  Prepared<In, Out> prepare_gather_like(In& in, Out& out, const char* name, bool uses_out) const {
-    detail::gloo_comm::check_pair<In, Out>();
-    const auto count = static_cast<std::size_t>(in.size());
-    const auto expected = count * static_cast<std::size_t>(size());
-    if (uses_out && static_cast<std::size_t>(out.size()) != expected) {
-      throw error(name, "out has " + std::to_string(out.size()) + " elements, but size() * " +
-                            "in.size() = " + std::to_string(size()) + " * " +
-                            std::to_string(count) + " = " + std::to_string(expected));
-    }
-    return {detail::gloo_comm::in_ptr<detail::gloo_comm::elem_t<Out>>(in),
-            detail::gloo_comm::out_ptr<detail::gloo_comm::elem_t<Out>>(out), count};
-  }
-
-  /// scatter and reduce_scatter: in holds size() * out.size() elements (checked where `uses_in`).
-  template <class In, class Out>
-  Prepared<In, Out> prepare_scatter_like(In& in, Out& out, const char* name, bool uses_in) const {
-    detail::gloo_comm::check_pair<In, Out>();
-    const auto count = static_cast<std::size_t>(out.size());
-    const auto expected = count * static_cast<std::size_t>(size());
-    if (uses_in && static_cast<std::size_t>(in.size()) != expected) {
-      throw error(name, "in has " + std::to_string(in.size()) + " elements, but size() * " +
-                            "out.size() = " + std::to_string(size()) + " * " +
-                            std::to_string(count) + " = " + std::to_string(expected));
-    }
-    return {detail::gloo_comm::in_ptr<detail::gloo_comm::elem_t<Out>>(in),
-            detail::gloo_comm::out_ptr<detail::gloo_comm::elem_t<Out>>(out), count};
-  }
-
-  template <class In, class Out>
-  Prepared<In, Out> prepare_all_to_all(In& in, Out& out) const {
-    detail::gloo_comm::check_pair<In, Out>();
-    const auto total = static_cast<std::size_t>(in.size());
-    if (static_cast<std::size_t>(out.size()) != total ||
-        total % static_cast<std::size_t>(size()) != 0) {
-      throw error("all_to_all",
-                  "in has " + std::to_string(in.size()) + " elements and out " +
-                      std::to_string(out.size()) +
-                      "; both must be the same multiple of size() = " + std::to_string(size()));
-    }
-    return {detail::gloo_comm::in_ptr<detail::gloo_comm::elem_t<Out>>(in),
-            detail::gloo_comm::out_ptr<detail::gloo_comm::elem_t<Out>>(out), total};
-  }
-
-  template <class T>
-  void check_peer(int peer, const char* name) const {
-    static_assert(host_accessible<tensor_space_t<T>>,
-                  "tandem::GlooComm: tensors must live in host memory");
-    if (peer < 0 || peer >= size()) {
-      throw error(name, "peer " + std::to_string(peer) + " is not a rank of this group of " +
-                            std::to_string(size()) + " ranks");
-    }
+  /// split's collective part (see CollectiveFrontend::split).
+  std::optional<GlooComm> split_group(int color, int key) {
+    auto made = self().split(color, key);
+    if (!made) return std::nullopt;
+    return GlooComm(std::move(made));
   }
 
   std::unique_ptr<detail::gloo_comm::Rank> self_;

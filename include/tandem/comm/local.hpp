@@ -30,19 +30,20 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
-#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "tandem/comm/communicator.hpp"
+#include "tandem/comm/detail/frontend.hpp"
+#include "tandem/comm/detail/issue_order.hpp"
 #include "tandem/comm/detail/local_group.hpp"
+#include "tandem/comm/detail/reduction.hpp"
 #include "tandem/comm/store.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/core/timeout.hpp"
@@ -60,15 +61,14 @@ void run_local(int n, Fn fn, LocalCommOptions options = {});
 
 namespace detail::local {
 
-/// One rank's view of a group: its rank, the shared group, and its async worker. Heap-allocated
-/// and owned by the LocalComm, so the worker's tasks may point at it while the LocalComm moves.
-class Rank {
+/// One rank's view of a group: its rank, the shared group, and its async worker (IssueOrder).
+/// Heap-allocated and owned by the LocalComm, so the worker's tasks may point at it while the
+/// LocalComm moves.
+class Rank : public IssueOrder {
  public:
   Rank(std::shared_ptr<Group> group, int rank) : group_(std::move(group)), rank_(rank) {}
-  Rank(const Rank&) = delete;
-  Rank& operator=(const Rank&) = delete;
   ~Rank() {
-    worker_.reset();  // runs what is still queued
+    stop();  // runs what is still queued
     // Unwinding under run_local: the abort that follows tells the others why, so do not
     // report the plainer "rank r left" first.
     if (std::uncaught_exceptions() == 0 || !group_->family()->managed()) group_->leave(rank_);
@@ -77,29 +77,6 @@ class Rank {
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] int size() const noexcept { return group_->size(); }
   [[nodiscard]] const std::shared_ptr<Group>& group() const noexcept { return group_; }
-
-  /// Runs `body` now, after every `_async` operation issued before.
-  template <class Body>
-  void now(Body&& body) {
-    if (worker_) worker_->drain();
-    body();
-  }
-
-  /// Queues `body` on the worker; the Work completes when it has run.
-  template <class Body>
-  Work later(Body body) {
-    auto state = std::make_shared<WorkState>();
-    if (!worker_) worker_ = std::make_unique<Worker>();
-    worker_->post([state, body = std::move(body)]() mutable {
-      try {
-        body();
-        state->complete();
-      } catch (...) {
-        state->fail(std::current_exception());
-      }
-    });
-    return Work(state);
-  }
 
   // --- the algorithms: raw pointers, element counts, called on the rank's thread or worker ---
 
@@ -189,8 +166,7 @@ class Rank {
   void all_to_all(const T* in, T* out, std::size_t total) {
     Deadline deadline(group_->options().timeout);
     std::vector<T> copy;
-    const std::less<const T*> before;
-    if (total && before(in, out + total) && before(out, in + total)) {  // overlap: send a copy
+    if (overlap(in, total, static_cast<const T*>(out), total)) {  // send a copy
       copy.assign(in, in + total);
       in = copy.data();
     }
@@ -268,58 +244,16 @@ class Rank {
 
   std::shared_ptr<Group> group_;
   int rank_;
-  std::unique_ptr<Worker> worker_;  // started by the first `_async` operation
 };
-
-template <class In, class Out>
-constexpr void check_pair() {
-  using I = std::remove_cv_t<tensor_element_t<In>>;
-  using O = tensor_element_t<Out>;
-  static_assert(host_accessible<tensor_space_t<In>> && host_accessible<tensor_space_t<Out>>,
-                "tandem::LocalComm: tensors must live in host memory");
-  static_assert(!std::is_const_v<O>,
-                "tandem::LocalComm: the output tensor must be mutable (it is const)");
-  static_assert(std::same_as<I, std::remove_cv_t<O>>,
-                "tandem::LocalComm: the input and output tensors of one call must have the same "
-                "element type");
-}
-
-template <class T>
-constexpr void check_one() {
-  check_pair<T, T>();
-}
-
-template <class T>
-using elem_t = std::remove_cv_t<tensor_element_t<T>>;
-
-/// t.data() as the pointer an operation needs; null where a static_assert above has already
-/// rejected the tensor (so the compiler reports that, not a conversion error).
-template <class E, class T>
-const E* in_ptr(T& t) noexcept {
-  if constexpr (std::same_as<elem_t<T>, E>) {
-    return t.data();
-  } else {
-    return nullptr;
-  }
-}
-template <class E, class T>
-E* out_ptr(T& t) noexcept {
-  if constexpr (std::same_as<tensor_element_t<T>, E>) {
-    return t.data();
-  } else {
-    return nullptr;
-  }
-}
 
 }  // namespace detail::local
 
 /// A communicator whose ranks are threads of one process. Models tandem::Communicator; see the
 /// top of this header for its semantics. Make one per rank with LocalComm::create_group, or let
-/// run_local start the threads.
-class LocalComm {
+/// run_local start the threads. Its public operations (and memory_space, host) come from
+/// detail::CollectiveFrontend.
+class LocalComm : public detail::CollectiveFrontend<LocalComm, host> {
  public:
-  using communicator_concept = communicator_tag;
-  using memory_space = host;
   using options_type = LocalCommOptions;
 
   LocalComm(LocalComm&&) noexcept = default;
@@ -353,220 +287,10 @@ class LocalComm {
     return pending_groups().take(std::stoull(published.substr(colon + 1)), world.rank);
   }
 
-  [[nodiscard]] int rank() const { return self().rank(); }
-  [[nodiscard]] int size() const { return self().size(); }
   [[nodiscard]] const LocalCommOptions& options() const { return self().group()->options(); }
 
-  // --- all_reduce -----------------------------------------------------------------------------
-
-  /// In place: every rank's `t` becomes the reduction of all ranks' `t`.
-  template <Tensor T>
-  void all_reduce(T&& t, ReduceOp op = ReduceOp::sum) {
-    all_reduce(t, t, op);
-  }
-  template <Tensor In, Tensor Out>
-  void all_reduce(In&& in, Out&& out, ReduceOp op = ReduceOp::sum) {
-    using E = detail::local::elem_t<Out>;
-    const auto [i, o, count] = prepare_all_reduce(in, out, op);
-    self().now([&, i = i, o = o, count = count] { self().all_reduce<E>(i, o, count, op); });
-  }
-  template <Tensor T>
-  Work all_reduce_async(T&& t, ReduceOp op = ReduceOp::sum) {
-    return all_reduce_async(t, t, op);
-  }
-  template <Tensor In, Tensor Out>
-  Work all_reduce_async(In&& in, Out&& out, ReduceOp op = ReduceOp::sum) {
-    using E = detail::local::elem_t<Out>;
-    const auto [i, o, count] = prepare_all_reduce(in, out, op);
-    auto* me = &self();
-    return me->later([me, i = i, o = o, count = count, op] { me->all_reduce<E>(i, o, count, op); });
-  }
-
-  // --- reduce (result on root only) -------------------------------------------------------------
-
-  template <Tensor T>
-  void reduce(T&& t, int root, ReduceOp op = ReduceOp::sum) {
-    using E = detail::local::elem_t<T>;
-    E* data = prepare_rooted(t, root, op, "reduce");
-    self().now([&] { self().reduce<E>(data, t.size(), root, op); });
-  }
-  template <Tensor T>
-  Work reduce_async(T&& t, int root, ReduceOp op = ReduceOp::sum) {
-    using E = detail::local::elem_t<T>;
-    E* data = prepare_rooted(t, root, op, "reduce");
-    auto* me = &self();
-    const std::size_t count = t.size();
-    return me->later([=] { me->reduce<E>(data, count, root, op); });
-  }
-
-  // --- broadcast --------------------------------------------------------------------------------
-
-  template <Tensor T>
-  void broadcast(T&& t, int root) {
-    using E = detail::local::elem_t<T>;
-    E* data = prepare_rooted(t, root, ReduceOp::sum, "broadcast");
-    self().now([&] { self().broadcast<E>(data, t.size(), root); });
-  }
-  template <Tensor T>
-  Work broadcast_async(T&& t, int root) {
-    using E = detail::local::elem_t<T>;
-    E* data = prepare_rooted(t, root, ReduceOp::sum, "broadcast");
-    auto* me = &self();
-    const std::size_t count = t.size();
-    return me->later([=] { me->broadcast<E>(data, count, root); });
-  }
-
-  // --- all_gather: out holds size() * in.size() elements, rank r's at r * in.size() -----------
-
-  template <Tensor In, Tensor Out>
-  void all_gather(In&& in, Out&& out) {
-    using E = detail::local::elem_t<Out>;
-    const auto [i, o, count] = prepare_gather_like(in, out, "all_gather", true);
-    self().now([&, i = i, o = o, count = count] { self().all_gather<E>(i, o, count); });
-  }
-  template <Tensor In, Tensor Out>
-  Work all_gather_async(In&& in, Out&& out) {
-    using E = detail::local::elem_t<Out>;
-    const auto [i, o, count] = prepare_gather_like(in, out, "all_gather", true);
-    auto* me = &self();
-    return me->later([me, i = i, o = o, count = count] { me->all_gather<E>(i, o, count); });
-  }
-
-  // --- gather: out (size() * in.size() elements) is used on the root only -------------------
-
-  template <Tensor In, Tensor Out>
-  void gather(In&& in, Out&& out, int root) {
-    using E = detail::local::elem_t<Out>;
-    check_root(root, "gather");
-    const auto [i, o, count] = prepare_gather_like(in, out, "gather", rank() == root);
-    self().now([&, i = i, o = o, count = count] { self().gather<E>(i, o, count, root); });
-  }
-  template <Tensor In, Tensor Out>
-  Work gather_async(In&& in, Out&& out, int root) {
-    using E = detail::local::elem_t<Out>;
-    check_root(root, "gather");
-    const auto [i, o, count] = prepare_gather_like(in, out, "gather", rank() == root);
-    auto* me = &self();
-    return me->later([me, i = i, o = o, count = count, root] { me->gather<E>(i, o, count, root); });
-  }
-
-  // --- scatter: in (size() * out.size() elements) is used on the root only ------------------
-
-  template <Tensor In, Tensor Out>
-  void scatter(In&& in, Out&& out, int root) {
-    using E = detail::local::elem_t<Out>;
-    check_root(root, "scatter");
-    const auto [i, o, count] = prepare_scatter_like(in, out, "scatter", rank() == root);
-    self().now([&, i = i, o = o, count = count] { self().scatter<E>(i, o, count, root); });
-  }
-  template <Tensor In, Tensor Out>
-  Work scatter_async(In&& in, Out&& out, int root) {
-    using E = detail::local::elem_t<Out>;
-    check_root(root, "scatter");
-    const auto [i, o, count] = prepare_scatter_like(in, out, "scatter", rank() == root);
-    auto* me = &self();
-    return me->later(
-        [me, i = i, o = o, count = count, root] { me->scatter<E>(i, o, count, root); });
-  }
-
-  // --- reduce_scatter: in holds size() * out.size() elements --------------------------------
-
-  template <Tensor In, Tensor Out>
-  void reduce_scatter(In&& in, Out&& out, ReduceOp op = ReduceOp::sum) {
-    using E = detail::local::elem_t<Out>;
-    check_reduce_op<E>(op, "reduce_scatter");
-    const auto [i, o, count] = prepare_scatter_like(in, out, "reduce_scatter", true);
-    self().now([&, i = i, o = o, count = count] { self().reduce_scatter<E>(i, o, count, op); });
-  }
-  template <Tensor In, Tensor Out>
-  Work reduce_scatter_async(In&& in, Out&& out, ReduceOp op = ReduceOp::sum) {
-    using E = detail::local::elem_t<Out>;
-    check_reduce_op<E>(op, "reduce_scatter");
-    const auto [i, o, count] = prepare_scatter_like(in, out, "reduce_scatter", true);
-    auto* me = &self();
-    return me->later(
-        [me, i = i, o = o, count = count, op] { me->reduce_scatter<E>(i, o, count, op); });
-  }
-
-  // --- all_to_all: in and out hold size() * k elements; slot s of in goes to rank s ---------
-
-  template <Tensor In, Tensor Out>
-  void all_to_all(In&& in, Out&& out) {
-    using E = detail::local::elem_t<Out>;
-    const auto [i, o, count] = prepare_all_to_all(in, out);
-    self().now([&, i = i, o = o, count = count] { self().all_to_all<E>(i, o, count); });
-  }
-  template <Tensor In, Tensor Out>
-  Work all_to_all_async(In&& in, Out&& out) {
-    using E = detail::local::elem_t<Out>;
-    const auto [i, o, count] = prepare_all_to_all(in, out);
-    auto* me = &self();
-    return me->later([me, i = i, o = o, count = count] { me->all_to_all<E>(i, o, count); });
-  }
-
-  // --- point to point ---------------------------------------------------------------------------
-
-  /// Copies `t` to `peer`'s mailbox for `tag` and returns (eager); recv on `peer` takes it.
-  template <Tensor T>
-  void send(T&& t, int peer, int tag = 0) {
-    using E = detail::local::elem_t<T>;
-    check_peer<T>(peer, "send");
-    const E* data = detail::local::in_ptr<E>(t);
-    self().now([&] { self().send<E>(data, t.size(), peer, tag); });
-  }
-  template <Tensor T>
-  Work send_async(T&& t, int peer, int tag = 0) {
-    using E = detail::local::elem_t<T>;
-    check_peer<T>(peer, "send");
-    const E* data = detail::local::in_ptr<E>(t);
-    auto* me = &self();
-    const std::size_t count = t.size();
-    return me->later([=] { me->send<E>(data, count, peer, tag); });
-  }
-  /// Waits for the oldest message from `peer` with `tag`; its type and count must match `t`.
-  template <Tensor T>
-  void recv(T&& t, int peer, int tag = 0) {
-    using E = detail::local::elem_t<T>;
-    detail::local::check_one<T>();
-    check_peer<T>(peer, "recv");
-    E* data = detail::local::out_ptr<E>(t);
-    self().now([&] { self().recv<E>(data, t.size(), peer, tag); });
-  }
-  template <Tensor T>
-  Work recv_async(T&& t, int peer, int tag = 0) {
-    using E = detail::local::elem_t<T>;
-    detail::local::check_one<T>();
-    check_peer<T>(peer, "recv");
-    E* data = detail::local::out_ptr<E>(t);
-    auto* me = &self();
-    const std::size_t count = t.size();
-    return me->later([=] { me->recv<E>(data, count, peer, tag); });
-  }
-
-  // --- barrier and split --------------------------------------------------------------------
-
-  void barrier() {
-    self().now([&] { self().barrier(); });
-  }
-  Work barrier_async() {
-    auto* me = &self();
-    return me->later([me] { me->barrier(); });
-  }
-
-  /// Collective: ranks with the same `color` form a new group, ordered by (key, rank here);
-  /// no_color gives nullopt. The new group has this group's options.
-  [[nodiscard]] std::optional<LocalComm> split(int color, int key = 0) {
-    if (color < 0 && color != no_color) {
-      throw Error(rank(), "split",
-                  "color " + std::to_string(color) + " is negative (use tandem::no_color)");
-    }
-    std::pair<std::shared_ptr<detail::local::Group>, int> made;
-    self().now([&] { made = self().split(color, key); });
-    if (!made.first) return std::nullopt;
-    return LocalComm(std::move(made.first), made.second);
-  }
-
  private:
+  friend class detail::CollectiveFrontend<LocalComm, host>;
   template <class Fn>
   requires std::invocable<Fn&, LocalComm&>
   friend void run_local(int n, Fn fn, LocalCommOptions options);
@@ -632,106 +356,11 @@ class LocalComm {
     return *self_;
   }
 
-  [[nodiscard]] Error error(const char* op, const std::string& cause) const {
-    return Error(rank(), op, cause);
-  }
-
-  void check_root(int root, const char* op) const {
-    if (root < 0 || root >= size()) {
-      throw error(op, "root " + std::to_string(root) + " is not a rank of this group of " +
-                          std::to_string(size()) + " ranks");
-    }
-  }
-
-  template <class E>
-  void check_reduce_op(ReduceOp op, const char* name) const {
-    if (op == ReduceOp::avg && !dtype_traits<E>::is_floating) {
-      throw error(name, std::string("avg needs a floating-point element type, not ") +
-                            dtype_traits<E>::name);
-    }
-  }
-
-  template <class In, class Out>
-  struct Prepared {
-    const detail::local::elem_t<Out>* in;
-    detail::local::elem_t<Out>* out;
-    std::size_t count;
-  };
-
-  template <class In, class Out>
-  Prepared<In, Out> prepare_all_reduce(In& in, Out& out, ReduceOp op) const {
-    detail::local::check_pair<In, Out>();
-    check_reduce_op<detail::local::elem_t<Out>>(op, "all_reduce");
-    if (static_cast<std::size_t>(in.size()) != static_cast<std::size_t>(out.size())) {
-      throw error("all_reduce", "in has " + std::to_string(in.size()) + " elements and out " +
-                                    std::to_string(out.size()) + "; they must be equal");
-    }
-    return {detail::local::in_ptr<detail::local::elem_t<Out>>(in),
-            detail::local::out_ptr<detail::local::elem_t<Out>>(out),
-            static_cast<std::size_t>(out.size())};
-  }
-
-  template <class T>
-  detail::local::elem_t<T>* prepare_rooted(T& t, int root, ReduceOp op, const char* name) const {
-    detail::local::check_one<T>();
-    check_root(root, name);
-    check_reduce_op<detail::local::elem_t<T>>(op, name);
-    return detail::local::out_ptr<detail::local::elem_t<T>>(t);
-  }
-
-  /// all_gather and gather: out holds size() * in.size() elements (checked where `uses_out`).
-  template <class In, class Out>
-  Prepared<In, Out> prepare_gather_like(In& in, Out& out, const char* name, bool uses_out) const {
-    detail::local::check_pair<In, Out>();
-    const auto count = static_cast<std::size_t>(in.size());
-    const auto expected = count * static_cast<std::size_t>(size());
-    if (uses_out && static_cast<std::size_t>(out.size()) != expected) {
-      throw error(name, "out has " + std::to_string(out.size()) + " elements, but size() * " +
-                            "in.size() = " + std::to_string(size()) + " * " +
-                            std::to_string(count) + " = " + std::to_string(expected));
-    }
-    return {detail::local::in_ptr<detail::local::elem_t<Out>>(in),
-            detail::local::out_ptr<detail::local::elem_t<Out>>(out), count};
-  }
-
-  /// scatter and reduce_scatter: in holds size() * out.size() elements (checked where `uses_in`).
-  template <class In, class Out>
-  Prepared<In, Out> prepare_scatter_like(In& in, Out& out, const char* name, bool uses_in) const {
-    detail::local::check_pair<In, Out>();
-    const auto count = static_cast<std::size_t>(out.size());
-    const auto expected = count * static_cast<std::size_t>(size());
-    if (uses_in && static_cast<std::size_t>(in.size()) != expected) {
-      throw error(name, "in has " + std::to_string(in.size()) + " elements, but size() * " +
-                            "out.size() = " + std::to_string(size()) + " * " +
-                            std::to_string(count) + " = " + std::to_string(expected));
-    }
-    return {detail::local::in_ptr<detail::local::elem_t<Out>>(in),
-            detail::local::out_ptr<detail::local::elem_t<Out>>(out), count};
-  }
-
-  template <class In, class Out>
-  Prepared<In, Out> prepare_all_to_all(In& in, Out& out) const {
-    detail::local::check_pair<In, Out>();
-    const auto total = static_cast<std::size_t>(in.size());
-    if (static_cast<std::size_t>(out.size()) != total ||
-        total % static_cast<std::size_t>(size()) != 0) {
-      throw error("all_to_all",
-                  "in has " + std::to_string(in.size()) + " elements and out " +
-                      std::to_string(out.size()) +
-                      "; both must be the same multiple of size() = " + std::to_string(size()));
-    }
-    return {detail::local::in_ptr<detail::local::elem_t<Out>>(in),
-            detail::local::out_ptr<detail::local::elem_t<Out>>(out), total};
-  }
-
-  template <class T>
-  void check_peer(int peer, const char* name) const {
-    static_assert(host_accessible<tensor_space_t<T>>,
-                  "tandem::LocalComm: tensors must live in host memory");
-    if (peer < 0 || peer >= size()) {
-      throw error(name, "peer " + std::to_string(peer) + " is not a rank of this group of " +
-                            std::to_string(size()) + " ranks");
-    }
+  /// split's collective part (see CollectiveFrontend::split).
+  std::optional<LocalComm> split_group(int color, int key) {
+    auto [group, rank] = self().split(color, key);
+    if (!group) return std::nullopt;
+    return LocalComm(std::move(group), rank);
   }
 
   std::unique_ptr<detail::local::Rank> self_;

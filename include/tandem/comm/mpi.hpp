@@ -64,7 +64,6 @@
 
 #include <algorithm>
 #include <climits>
-#include <concepts>
 #include <cstddef>
 #include <cstring>
 #include <exception>
@@ -72,15 +71,16 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include <mpi.h>
 
 #include "tandem/comm/communicator.hpp"
+#include "tandem/comm/detail/collective_args.hpp"
 #include "tandem/comm/detail/mpi_engine.hpp"
 #include "tandem/comm/detail/mpi_runtime.hpp"
+#include "tandem/comm/detail/reduction.hpp"
 #include "tandem/comm/store.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/core/timeout.hpp"
@@ -99,49 +99,6 @@ struct MpiCommOptions {
 };
 
 namespace detail::mpi {
-
-template <class T>
-using elem_t = std::remove_cv_t<tensor_element_t<T>>;
-
-template <class In, class Out>
-constexpr void check_pair() {
-  using I = std::remove_cv_t<tensor_element_t<In>>;
-  using O = tensor_element_t<Out>;
-  static_assert(host_accessible<tensor_space_t<In>> && host_accessible<tensor_space_t<Out>>,
-                "tandem::MpiComm: tensors must live in host memory");
-  static_assert(!std::is_const_v<O>,
-                "tandem::MpiComm: the output tensor must be mutable (it is const)");
-  static_assert(std::same_as<I, std::remove_cv_t<O>>,
-                "tandem::MpiComm: the input and output tensors of one call must have the same "
-                "element type");
-}
-
-/// t.data() as the pointer an operation needs; null where a static_assert above has already
-/// rejected the tensor (so the compiler reports that, not a conversion error).
-template <class E, class T>
-const E* in_ptr(T& t) noexcept {
-  if constexpr (std::same_as<elem_t<T>, E>) {
-    return t.data();
-  } else {
-    return nullptr;
-  }
-}
-template <class E, class T>
-E* out_ptr(T& t) noexcept {
-  if constexpr (std::same_as<tensor_element_t<T>, E>) {
-    return t.data();
-  } else {
-    return nullptr;
-  }
-}
-
-/// Whether [a, a + na) and [b, b + nb) share an element.
-template <class T>
-bool overlaps(const T* a, std::size_t na, const T* b, std::size_t nb) noexcept {
-  if (na == 0 || nb == 0) return false;
-  const std::less<const T*> before;
-  return before(a, b + nb) && before(b, a + na);
-}
 
 /// A copy of `count` elements at `data` that lives as long as the closures holding it.
 template <class T>
@@ -497,10 +454,7 @@ class MpiComm {
   /// Collective: ranks with the same `color` form a new group, ordered by (key, rank here);
   /// no_color gives nullopt. The new group has this group's options.
   [[nodiscard]] std::optional<MpiComm> split(int color, int key = 0) {
-    if (color < 0 && color != no_color) {
-      throw error("split",
-                  "color " + std::to_string(color) + " is negative (use tandem::no_color)");
-    }
+    detail::check_color(rank(), color);
     auto& me = self();
     me.drain("split");
     MPI_Comm made = MPI_COMM_NULL;
@@ -551,33 +505,8 @@ class MpiComm {
     return static_cast<int>(count);
   }
 
-  void check_root(int root, const char* op) const {
-    if (root < 0 || root >= size()) {
-      throw error(op, "root " + std::to_string(root) + " is not a rank of this group of " +
-                          std::to_string(size()) + " ranks");
-    }
-  }
-
-  template <class E>
-  void check_reduce_op(ReduceOp op, const char* name) const {
-    if (op == ReduceOp::avg && !dtype_traits<E>::is_floating) {
-      throw error(name, std::string("avg needs a floating-point element type, not ") +
-                            dtype_traits<E>::name);
-    }
-  }
-
-  template <class T>
-  void check_peer(int peer, int tag, const char* name) const {
-    static_assert(host_accessible<tensor_space_t<T>>,
-                  "tandem::MpiComm: tensors must live in host memory");
-    if (peer < 0 || peer >= size()) {
-      throw error(name, "peer " + std::to_string(peer) + " is not a rank of this group of " +
-                            std::to_string(size()) + " ranks");
-    }
-    if (tag < 0 || tag > tag_upper_bound()) {
-      throw error(name, "tag " + std::to_string(tag) + " is outside MPI's range 0 to " +
-                            std::to_string(tag_upper_bound()));
-    }
+  void check_tag(int tag, const char* op) const {
+    detail::check_tag(rank(), tag, tag_upper_bound(), "MPI's range", op);
   }
 
   [[nodiscard]] int tag_upper_bound() const { return self().tag_upper_bound(); }
@@ -587,28 +516,23 @@ class MpiComm {
   std::function<void(const MPI_Status&)> average(ReduceOp op, E* data, std::size_t count) const {
     if (op != ReduceOp::avg || count == 0) return {};
     const int ranks = size();
-    return [data, count, ranks](const MPI_Status&) { detail::mpi::divide(data, count, ranks); };
+    return [data, count, ranks](const MPI_Status&) { detail::divide(data, count, ranks); };
   }
 
   // --- the calls: checks here, on the calling thread, before anything is sent ------------------
 
   template <class In, class Out>
   Call all_reduce_call(In& in, Out& out, ReduceOp op) const {
-    using E = detail::mpi::elem_t<Out>;
-    detail::mpi::check_pair<In, Out>();
-    check_reduce_op<E>(op, "all_reduce");
-    if (static_cast<std::size_t>(in.size()) != static_cast<std::size_t>(out.size())) {
-      throw error("all_reduce", "in has " + std::to_string(in.size()) + " elements and out " +
-                                    std::to_string(out.size()) + "; they must be equal");
-    }
-    const auto count = static_cast<std::size_t>(out.size());
+    using E = detail::elem_t<Out>;
+    const auto args = detail::all_reduce_args<host>(rank(), in, out, op);
+    const auto count = args.count;
     const int n = to_int(count, "all_reduce");
-    const E* source = detail::mpi::in_ptr<E>(in);
-    E* target = detail::mpi::out_ptr<E>(out);
+    const E* source = args.in;
+    E* target = args.out;
     const void* sendbuf = source;
     if (source == target) {
       sendbuf = MPI_IN_PLACE;
-    } else if (detail::mpi::overlaps(source, count, target, count)) {
+    } else if (detail::overlap(source, count, target, count)) {
       std::memmove(target, source, count * sizeof(E));
       sendbuf = MPI_IN_PLACE;
     }
@@ -624,13 +548,10 @@ class MpiComm {
 
   template <class T>
   Call reduce_call(T& t, int root, ReduceOp op) const {
-    using E = detail::mpi::elem_t<T>;
-    detail::mpi::check_pair<T, T>();
-    check_root(root, "reduce");
-    check_reduce_op<E>(op, "reduce");
+    using E = detail::elem_t<T>;
+    E* data = detail::rooted_args<host>(rank(), size(), t, root, op, "reduce");
     const auto count = static_cast<std::size_t>(t.size());
     const int n = to_int(count, "reduce");
-    E* data = detail::mpi::out_ptr<E>(t);
     const bool is_root = rank() == root;
     const void* sendbuf = is_root ? MPI_IN_PLACE : static_cast<const void*>(data);
     void* recvbuf = is_root ? data : nullptr;
@@ -647,41 +568,13 @@ class MpiComm {
 
   template <class T>
   Call broadcast_call(T& t, int root) const {
-    using E = detail::mpi::elem_t<T>;
-    detail::mpi::check_pair<T, T>();
-    check_root(root, "broadcast");
+    using E = detail::elem_t<T>;
+    E* data = detail::rooted_args<host>(rank(), size(), t, root, ReduceOp::sum, "broadcast");
     const int n = to_int(static_cast<std::size_t>(t.size()), "broadcast");
-    E* data = detail::mpi::out_ptr<E>(t);
     const MPI_Datatype type = detail::mpi::datatype<E>();
     const MPI_Comm comm = native();
     return {"broadcast", true, [=](MPI_Status*) { return MPI_Bcast(data, n, type, root, comm); },
             [=](MPI_Request* r) { return MPI_Ibcast(data, n, type, root, comm, r); }, nullptr};
-  }
-
-  /// all_gather and gather: out holds size() * in.size() elements (checked where `uses_out`).
-  template <class In, class Out>
-  void check_gather_like(In& in, Out& out, const char* name, bool uses_out) const {
-    detail::mpi::check_pair<In, Out>();
-    const auto count = static_cast<std::size_t>(in.size());
-    const auto expected = count * static_cast<std::size_t>(size());
-    if (uses_out && static_cast<std::size_t>(out.size()) != expected) {
-      throw error(name, "out has " + std::to_string(out.size()) + " elements, but size() * " +
-                            "in.size() = " + std::to_string(size()) + " * " +
-                            std::to_string(count) + " = " + std::to_string(expected));
-    }
-  }
-
-  /// scatter and reduce_scatter: in holds size() * out.size() elements (checked where `uses_in`).
-  template <class In, class Out>
-  void check_scatter_like(In& in, Out& out, const char* name, bool uses_in) const {
-    detail::mpi::check_pair<In, Out>();
-    const auto count = static_cast<std::size_t>(out.size());
-    const auto expected = count * static_cast<std::size_t>(size());
-    if (uses_in && static_cast<std::size_t>(in.size()) != expected) {
-      throw error(name, "in has " + std::to_string(in.size()) + " elements, but size() * " +
-                            "out.size() = " + std::to_string(size()) + " * " +
-                            std::to_string(count) + " = " + std::to_string(expected));
-    }
   }
 
   /// The send buffer of a gather into `out` whose slot `slot` is this rank's: MPI_IN_PLACE when
@@ -690,22 +583,22 @@ class MpiComm {
   static const void* gather_source(const E* in, std::size_t count, E* out, std::size_t total,
                                    std::size_t slot, std::shared_ptr<std::vector<E>>& keep) {
     if (in == out + slot * count) return MPI_IN_PLACE;
-    if (!detail::mpi::overlaps(in, count, static_cast<const E*>(out), total)) return in;
+    if (!detail::overlap(in, count, static_cast<const E*>(out), total)) return in;
     keep = detail::mpi::scratch_copy(in, count);
     return keep->data();
   }
 
   template <class In, class Out>
   Call all_gather_call(In& in, Out& out) const {
-    using E = detail::mpi::elem_t<Out>;
-    check_gather_like(in, out, "all_gather", true);
-    const auto count = static_cast<std::size_t>(in.size());
+    using E = detail::elem_t<Out>;
+    const auto args = detail::all_gather_args<host>(rank(), size(), in, out);
+    const auto count = args.count;
     const int n = to_int(count, "all_gather");
-    E* target = detail::mpi::out_ptr<E>(out);
+    E* target = args.out;
     std::shared_ptr<std::vector<E>> keep;
     const void* sendbuf =
-        gather_source(detail::mpi::in_ptr<E>(in), count, target,
-                      static_cast<std::size_t>(out.size()), static_cast<std::size_t>(rank()), keep);
+        gather_source(args.in, count, target, static_cast<std::size_t>(out.size()),
+                      static_cast<std::size_t>(rank()), keep);
     const MPI_Datatype type = detail::mpi::datatype<E>();
     const MPI_Comm comm = native();
     return {
@@ -717,14 +610,13 @@ class MpiComm {
 
   template <class In, class Out>
   Call gather_call(In& in, Out& out, int root) const {
-    using E = detail::mpi::elem_t<Out>;
-    check_root(root, "gather");
+    using E = detail::elem_t<Out>;
+    const auto args = detail::gather_args<host>(rank(), size(), in, out, root);
     const bool is_root = rank() == root;
-    check_gather_like(in, out, "gather", is_root);
-    const auto count = static_cast<std::size_t>(in.size());
+    const auto count = args.count;
     const int n = to_int(count, "gather");
-    const E* source = detail::mpi::in_ptr<E>(in);
-    E* target = is_root ? detail::mpi::out_ptr<E>(out) : nullptr;
+    const E* source = args.in;
+    E* target = is_root ? args.out : nullptr;
     std::shared_ptr<std::vector<E>> keep;
     const void* sendbuf =
         is_root ? gather_source(source, count, target, static_cast<std::size_t>(out.size()),
@@ -742,21 +634,20 @@ class MpiComm {
 
   template <class In, class Out>
   Call scatter_call(In& in, Out& out, int root) const {
-    using E = detail::mpi::elem_t<Out>;
-    check_root(root, "scatter");
+    using E = detail::elem_t<Out>;
+    const auto args = detail::scatter_args<host>(rank(), size(), in, out, root);
     const bool is_root = rank() == root;
-    check_scatter_like(in, out, "scatter", is_root);
-    const auto count = static_cast<std::size_t>(out.size());
+    const auto count = args.count;
     const int n = to_int(count, "scatter");
-    const E* source = is_root ? detail::mpi::in_ptr<E>(in) : nullptr;
-    E* target = detail::mpi::out_ptr<E>(out);
+    const E* source = is_root ? args.in : nullptr;
+    E* target = args.out;
     void* recvbuf = target;
     std::shared_ptr<std::vector<E>> keep;
     if (is_root) {
       const auto total = static_cast<std::size_t>(in.size());
       if (target == source + static_cast<std::size_t>(root) * count) {
         recvbuf = MPI_IN_PLACE;
-      } else if (detail::mpi::overlaps(static_cast<const E*>(target), count, source, total)) {
+      } else if (detail::overlap(static_cast<const E*>(target), count, source, total)) {
         keep = detail::mpi::scratch_copy(source, total);
         source = keep->data();
       }
@@ -773,13 +664,12 @@ class MpiComm {
 
   template <class In, class Out>
   Call reduce_scatter_call(In& in, Out& out, ReduceOp op) const {
-    using E = detail::mpi::elem_t<Out>;
-    check_reduce_op<E>(op, "reduce_scatter");
-    check_scatter_like(in, out, "reduce_scatter", true);
-    const auto count = static_cast<std::size_t>(out.size());
+    using E = detail::elem_t<Out>;
+    const auto args = detail::reduce_scatter_args<host>(rank(), size(), in, out, op);
+    const auto count = args.count;
     const int n = to_int(count, "reduce_scatter");
-    const E* source = detail::mpi::in_ptr<E>(in);
-    E* target = detail::mpi::out_ptr<E>(out);
+    const E* source = args.in;
+    E* target = args.out;
     const MPI_Datatype type = detail::mpi::datatype<E>();
     const MPI_Op mpi_op = detail::mpi::reduce_op<E>(self().runtime(), op);
     const MPI_Comm comm = native();
@@ -789,8 +679,8 @@ class MpiComm {
     // an output inside the input goes through scratch instead.
     std::shared_ptr<std::vector<E>> keep;
     E* result = target;
-    if (detail::mpi::overlaps(static_cast<const E*>(target), count, source,
-                              static_cast<std::size_t>(in.size()))) {
+    if (detail::overlap(static_cast<const E*>(target), count, source,
+                        static_cast<std::size_t>(in.size()))) {
       keep = std::make_shared<std::vector<E>>(count);
       result = keep->data();
     }
@@ -803,29 +693,22 @@ class MpiComm {
             },
             [=](const MPI_Status&) {
               if (keep) std::memcpy(target, keep->data(), count * sizeof(E));
-              if (average) detail::mpi::divide(target, count, ranks);
+              if (average) detail::divide(target, count, ranks);
             }};
   }
 
   template <class In, class Out>
   Call all_to_all_call(In& in, Out& out) const {
-    using E = detail::mpi::elem_t<Out>;
-    detail::mpi::check_pair<In, Out>();
-    const auto total = static_cast<std::size_t>(in.size());
-    if (static_cast<std::size_t>(out.size()) != total ||
-        total % static_cast<std::size_t>(size()) != 0) {
-      throw error("all_to_all",
-                  "in has " + std::to_string(in.size()) + " elements and out " +
-                      std::to_string(out.size()) +
-                      "; both must be the same multiple of size() = " + std::to_string(size()));
-    }
+    using E = detail::elem_t<Out>;
+    const auto args = detail::all_to_all_args<host>(rank(), size(), in, out);
+    const auto total = args.count;
     const int n = to_int(total / static_cast<std::size_t>(size()), "all_to_all");
-    const E* source = detail::mpi::in_ptr<E>(in);
-    E* target = detail::mpi::out_ptr<E>(out);
+    const E* source = args.in;
+    E* target = args.out;
     // In place (or overlapping) through a copy of the input: simpler and safer than relying on
     // each MPI's in-place all-to-all.
     std::shared_ptr<std::vector<E>> keep;
-    if (detail::mpi::overlaps(source, total, static_cast<const E*>(target), total)) {
+    if (detail::overlap(source, total, static_cast<const E*>(target), total)) {
       keep = detail::mpi::scratch_copy(source, total);
       source = keep->data();
     }
@@ -840,10 +723,10 @@ class MpiComm {
 
   template <class T>
   Call send_call(T& t, int peer, int tag) const {
-    using E = detail::mpi::elem_t<T>;
-    check_peer<T>(peer, tag, "send");
+    using E = detail::elem_t<T>;
+    const E* data = detail::send_args<host>(rank(), size(), t, peer);
+    check_tag(tag, "send");
     const int n = to_int(static_cast<std::size_t>(t.size()), "send");
-    const E* data = detail::mpi::in_ptr<E>(t);
     const MPI_Datatype type = detail::mpi::datatype<E>();
     const MPI_Comm comm = native();
     return {"send", false, [=](MPI_Status*) { return MPI_Send(data, n, type, peer, tag, comm); },
@@ -852,11 +735,10 @@ class MpiComm {
 
   template <class T>
   Call recv_call(T& t, int peer, int tag) const {
-    using E = detail::mpi::elem_t<T>;
-    detail::mpi::check_pair<T, T>();
-    check_peer<T>(peer, tag, "recv");
+    using E = detail::elem_t<T>;
+    E* data = detail::recv_args<host>(rank(), size(), t, peer);
+    check_tag(tag, "recv");
     const int n = to_int(static_cast<std::size_t>(t.size()), "recv");
-    E* data = detail::mpi::out_ptr<E>(t);
     const MPI_Datatype type = detail::mpi::datatype<E>();
     const MPI_Comm comm = native();
     const int me = rank();

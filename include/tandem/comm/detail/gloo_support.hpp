@@ -1,7 +1,7 @@
 // tandem/comm/detail/gloo_support.hpp - the pieces under tandem::GlooComm that do not run
-// collectives: tandem's stores seen through gloo's rendezvous::Store interface, the worker thread
-// of the `_async` operations, the outbox that owns eager point-to-point sends until they are
-// delivered, the element-wise reductions gloo calls back, and what is known about the peers.
+// collectives: tandem's stores seen through gloo's rendezvous::Store interface, the outbox that
+// owns eager point-to-point sends until they are delivered, the reduce functions gloo calls back,
+// and what is known about the peers.
 // Not a public header: include tandem/comm/gloo.hpp.
 // Needs: Gloo (libgloo-dev) and POSIX (getpid, kill, gethostname).
 #pragma once
@@ -12,11 +12,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <concepts>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <deque>
 #include <exception>
 #include <fstream>
@@ -26,7 +24,6 @@
 #include <string>
 #include <string_view>
 #include <thread>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -34,6 +31,7 @@
 #include <gloo/transport/unbound_buffer.h>
 
 #include "tandem/comm/communicator.hpp"
+#include "tandem/comm/detail/reduction.hpp"
 #include "tandem/comm/store.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/core/timeout.hpp"
@@ -65,61 +63,6 @@ class StoreAdapter final : public ::gloo::rendezvous::Store {
  private:
   AnyStore store_;
   Timeout timeout_;
-};
-
-/// The thread that runs one communicator's `_async` operations in issue order.
-class Worker {
- public:
-  Worker() : thread_([this] { loop(); }) {}
-  Worker(const Worker&) = delete;
-  Worker& operator=(const Worker&) = delete;
-  ~Worker() {
-    {
-      std::lock_guard lock(mutex_);
-      stopping_ = true;
-    }
-    changed_.notify_all();
-    thread_.join();
-  }
-
-  void post(std::function<void()> task) {
-    {
-      std::lock_guard lock(mutex_);
-      tasks_.push_back(std::move(task));
-    }
-    changed_.notify_all();
-  }
-
-  /// Waits until every task posted so far has run. Each task is bounded by the communicator's
-  /// timeout (gloo enforces it on every wait), so this wait is too.
-  void drain() {
-    std::unique_lock lock(mutex_);
-    changed_.wait(lock, [&] { return tasks_.empty() && !busy_; });
-  }
-
- private:
-  void loop() {
-    std::unique_lock lock(mutex_);
-    for (;;) {
-      changed_.wait(lock, [&] { return stopping_ || !tasks_.empty(); });
-      if (tasks_.empty()) return;  // stopping, and everything posted has run
-      auto task = std::move(tasks_.front());
-      tasks_.pop_front();
-      busy_ = true;
-      lock.unlock();
-      task();  // never throws: the task completes its WorkState
-      lock.lock();
-      busy_ = false;
-      changed_.notify_all();
-    }
-  }
-
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  std::deque<std::function<void()>> tasks_;
-  bool busy_ = false;
-  bool stopping_ = false;
-  std::thread thread_;  // last: starts after the members above exist
 };
 
 /// The fixed-size header in front of every point-to-point message: the receiver checks it
@@ -283,43 +226,13 @@ inline std::vector<int> dead_peers(const std::vector<Peer>& peers, int me) {
 
 // --- reductions ---------------------------------------------------------------------------------
 
-/// 16-bit floats are combined in float and rounded once per step; integers wrap in two's
-/// complement (their unsigned twin), as in NCCL and LocalComm.
-template <class T>
-struct accumulator {
-  using type = T;
-};
-template <>
-struct accumulator<half> {
-  using type = float;
-};
-template <>
-struct accumulator<bfloat16> {
-  using type = float;
-};
-template <std::integral T>
-struct accumulator<T> {
-  using type = std::make_unsigned_t<T>;
-};
-
+/// out[i] = a[i] op b[i] (reduction.hpp's combine_elements), as gloo's reduce function.
 template <class T, ReduceOp Op>
 void combine_range(void* out, const void* a, const void* b, std::size_t n) {
-  using Acc = typename accumulator<T>::type;
-  using Compare = std::conditional_t<std::is_integral_v<T>, T, Acc>;
   auto* o = static_cast<T*>(out);
   const auto* x = static_cast<const T*>(a);
   const auto* y = static_cast<const T*>(b);
-  for (std::size_t i = 0; i < n; ++i) {
-    if constexpr (Op == ReduceOp::sum || Op == ReduceOp::avg) {
-      o[i] = static_cast<T>(static_cast<Acc>(static_cast<Acc>(x[i]) + static_cast<Acc>(y[i])));
-    } else if constexpr (Op == ReduceOp::prod) {
-      o[i] = static_cast<T>(static_cast<Acc>(static_cast<Acc>(x[i]) * static_cast<Acc>(y[i])));
-    } else if constexpr (Op == ReduceOp::min) {
-      o[i] = static_cast<Compare>(y[i]) < static_cast<Compare>(x[i]) ? y[i] : x[i];
-    } else {
-      o[i] = static_cast<Compare>(x[i]) < static_cast<Compare>(y[i]) ? y[i] : x[i];
-    }
-  }
+  for (std::size_t i = 0; i < n; ++i) o[i] = combine_elements<Op>(x[i], y[i]);
 }
 
 /// The function gloo's allreduce and reduce call: out[i] = a[i] op b[i] (avg sums; the caller
@@ -338,31 +251,6 @@ std::function<void(void*, const void*, const void*, std::size_t)> reducer(Reduce
       return &combine_range<T, ReduceOp::max>;
   }
   return &combine_range<T, ReduceOp::sum>;
-}
-
-/// avg = sum / n, rounded once (floating-point types only; integers are rejected before this).
-template <class T>
-void divide(T* data, std::size_t count, int n) {
-  if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) {
-    for (std::size_t i = 0; i < count; ++i) {
-      data[i] = T(static_cast<float>(data[i]) / static_cast<float>(n));
-    }
-  } else if constexpr (std::is_floating_point_v<T>) {
-    for (std::size_t i = 0; i < count; ++i) data[i] = data[i] / static_cast<T>(n);
-  }
-}
-
-template <class T>
-void copy_elements(const T* src, std::size_t count, T* dst) noexcept {
-  if (count && src != dst) std::memmove(dst, src, count * sizeof(T));
-}
-
-/// Whether [a, a + n) and [b, b + m) share an element.
-template <class T>
-bool overlap(const T* a, std::size_t n, const T* b, std::size_t m) noexcept {
-  if (n == 0 || m == 0) return false;
-  const std::less<const T*> before;
-  return before(a, b + m) && before(b, a + n);
 }
 
 }  // namespace tandem::detail::gloo_comm

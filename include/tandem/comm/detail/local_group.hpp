@@ -1,7 +1,6 @@
 // tandem/comm/detail/local_group.hpp - the shared state behind tandem::LocalComm: a group of
 // ranks that are threads of one process, its generation-counted barrier that also exchanges each
-// rank's call description (and checks that the ranks agree), its point-to-point mailbox, the
-// per-rank worker thread of the `_async` operations, and the element-wise reduction kernels.
+// rank's call description (and checks that the ranks agree), and its point-to-point mailbox.
 // Not a public header: include tandem/comm/local.hpp.
 // Needs: the standard library.
 #pragma once
@@ -12,20 +11,18 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
-#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <numeric>
 #include <optional>
 #include <string>
-#include <thread>
 #include <tuple>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "tandem/comm/communicator.hpp"
+#include "tandem/comm/detail/collective_op.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/core/timeout.hpp"
 #include "tandem/tensor/dtype.hpp"
@@ -40,54 +37,7 @@ struct LocalCommOptions {
 
 namespace detail::local {
 
-enum class Op : std::uint8_t {
-  all_reduce,
-  reduce,
-  broadcast,
-  all_gather,
-  gather,
-  scatter,
-  reduce_scatter,
-  all_to_all,
-  barrier,
-  split,
-};
-
-constexpr const char* name(Op op) noexcept {
-  switch (op) {
-    case Op::all_reduce:
-      return "all_reduce";
-    case Op::reduce:
-      return "reduce";
-    case Op::broadcast:
-      return "broadcast";
-    case Op::all_gather:
-      return "all_gather";
-    case Op::gather:
-      return "gather";
-    case Op::scatter:
-      return "scatter";
-    case Op::reduce_scatter:
-      return "reduce_scatter";
-    case Op::all_to_all:
-      return "all_to_all";
-    case Op::barrier:
-      return "barrier";
-    case Op::split:
-      return "split";
-  }
-  return "unknown";
-}
-
-constexpr bool is_typed(Op op) noexcept {
-  return op != Op::barrier && op != Op::split;
-}
-constexpr bool has_root(Op op) noexcept {
-  return op == Op::reduce || op == Op::broadcast || op == Op::gather || op == Op::scatter;
-}
-constexpr bool has_reduce_op(Op op) noexcept {
-  return op == Op::all_reduce || op == Op::reduce || op == Op::reduce_scatter;
-}
+using Op = CollectiveOp;
 
 /// What one rank published for one collective (phase 0) or one step inside it (phase > 0).
 struct Desc {
@@ -113,37 +63,6 @@ struct Round {
   std::vector<std::shared_ptr<Group>> split_groups;  ///< per old rank (null: no_color)
   std::vector<int> split_ranks;                      ///< per old rank, its rank in the new group
 };
-
-inline std::string rank_list(const std::vector<int>& ranks) {
-  std::string text = ranks.size() == 1 ? "rank " : "ranks ";
-  for (std::size_t i = 0; i < ranks.size(); ++i) {
-    if (i) text += ", ";
-    text += std::to_string(ranks[i]);
-  }
-  return text;
-}
-
-/// "" when all ranks have the same value, otherwise "ranks 0, 2: float32; rank 1: int32".
-template <class Value, class Show>
-std::string disagreement(const std::vector<Value>& values, Show show) {
-  std::vector<std::pair<Value, std::vector<int>>> distinct;
-  for (std::size_t r = 0; r < values.size(); ++r) {
-    auto found = std::find_if(distinct.begin(), distinct.end(),
-                              [&](const auto& entry) { return entry.first == values[r]; });
-    if (found == distinct.end()) {
-      distinct.push_back({values[r], {static_cast<int>(r)}});
-    } else {
-      found->second.push_back(static_cast<int>(r));
-    }
-  }
-  if (distinct.size() < 2) return {};
-  std::string text;
-  for (const auto& [value, ranks] : distinct) {
-    if (!text.empty()) text += "; ";
-    text += rank_list(ranks) + ": " + show(value);
-  }
-  return text;
-}
 
 /// Shared by a group made by create_group and every group split from it: a failure of one rank
 /// (run_local's abort) wakes every rank blocked in any of them.
@@ -333,47 +252,12 @@ class Group {
   }
 
   std::string check_agreement() const {
-    auto field = [&](auto get) {
-      std::vector<decltype(get(descs_.front()))> values;
-      for (const auto& d : descs_) values.push_back(get(d));
-      return values;
-    };
-    auto show_int = [](auto v) { return std::to_string(v); };
-    const auto ops = field([](const Desc& d) { return d.op; });
-    if (auto text = disagreement(ops, [](Op op) { return std::string(name(op)); }); !text.empty()) {
-      return "ranks called different operations: " + text;
-    }
-    const auto phases = field([](const Desc& d) { return d.phase; });
+    if (auto text = operation_disagreement(descs_); !text.empty()) return text;
+    const auto phases = field_values(descs_, [](const Desc& d) { return d.phase; });
     if (auto text = disagreement(phases, show_int); !text.empty()) {
       return "ranks are at different steps: " + text;
     }
-    const Op op = descs_.front().op;
-    if (is_typed(op)) {
-      const auto types = field([](const Desc& d) { return d.type; });
-      if (auto text = disagreement(types, [](dtype t) { return std::string(name(t)); });
-          !text.empty()) {
-        return "ranks disagree on the element type: " + text;
-      }
-      const auto counts = field([](const Desc& d) { return d.count; });
-      if (auto text = disagreement(counts, show_int); !text.empty()) {
-        return "ranks disagree on the element count: " + text;
-      }
-    }
-    if (has_root(op)) {
-      const auto roots = field([](const Desc& d) { return d.root; });
-      if (auto text = disagreement(roots, show_int); !text.empty()) {
-        return "ranks disagree on the root: " + text;
-      }
-    }
-    if (has_reduce_op(op)) {
-      const auto reduce_ops = field([](const Desc& d) { return d.reduce_op; });
-      if (auto text =
-              disagreement(reduce_ops, [](ReduceOp o) { return std::string(tandem::name(o)); });
-          !text.empty()) {
-        return "ranks disagree on the reduce op: " + text;
-      }
-    }
-    return {};
+    return argument_disagreement(descs_);
   }
 
   void make_split(Round& round) const {
@@ -442,168 +326,6 @@ inline void Family::abort(const std::string& reason) {
   for (const auto& weak : groups) {
     if (auto group = weak.lock()) group->fail(reason);
   }
-}
-
-/// The thread that runs one rank's `_async` operations in issue order.
-class Worker {
- public:
-  Worker() : thread_([this] { loop(); }) {}
-  Worker(const Worker&) = delete;
-  Worker& operator=(const Worker&) = delete;
-  ~Worker() {
-    {
-      std::lock_guard lock(mutex_);
-      stopping_ = true;
-    }
-    changed_.notify_all();
-    thread_.join();
-  }
-
-  void post(std::function<void()> task) {
-    {
-      std::lock_guard lock(mutex_);
-      tasks_.push_back(std::move(task));
-    }
-    changed_.notify_all();
-  }
-
-  /// Waits until every task posted so far has finished. Each task is itself bounded by the
-  /// group's timeout, so this wait is too.
-  void drain() {
-    std::unique_lock lock(mutex_);
-    changed_.wait(lock, [&] { return tasks_.empty() && !busy_; });
-  }
-
- private:
-  void loop() {
-    std::unique_lock lock(mutex_);
-    for (;;) {
-      changed_.wait(lock, [&] { return stopping_ || !tasks_.empty(); });
-      if (tasks_.empty()) return;  // stopping, and everything posted has run
-      auto task = std::move(tasks_.front());
-      tasks_.pop_front();
-      busy_ = true;
-      lock.unlock();
-      task();  // never throws: the task completes its WorkState
-      lock.lock();
-      busy_ = false;
-      changed_.notify_all();
-    }
-  }
-
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  std::deque<std::function<void()>> tasks_;
-  bool busy_ = false;
-  bool stopping_ = false;
-  std::thread thread_;  // last: starts after the members above exist
-};
-
-// --- element-wise reductions --------------------------------------------------------------------
-
-/// The type a reduction accumulates in: float for the 16-bit floats, the unsigned twin for signed
-/// integers (sums and products wrap in two's complement, as in NCCL, instead of overflowing).
-template <class T>
-struct accumulator {
-  using type = T;
-};
-template <>
-struct accumulator<half> {
-  using type = float;
-};
-template <>
-struct accumulator<bfloat16> {
-  using type = float;
-};
-
-template <class T>
-using accumulator_t = typename accumulator<T>::type;
-
-/// Integers are summed and multiplied in their unsigned twin (defined wrap-around).
-template <class T>
-struct wrapping {
-  using type = T;
-};
-template <std::integral T>
-struct wrapping<T> {
-  using type = std::make_unsigned_t<T>;
-};
-
-template <ReduceOp Op, class T>
-T combine(T a, T b) noexcept {
-  using Wide = typename wrapping<T>::type;
-  if constexpr (Op == ReduceOp::sum || Op == ReduceOp::avg) {
-    if constexpr (std::is_integral_v<T>) {
-      return static_cast<T>(static_cast<Wide>(static_cast<Wide>(a) + static_cast<Wide>(b)));
-    } else {
-      return a + b;
-    }
-  } else if constexpr (Op == ReduceOp::prod) {
-    if constexpr (std::is_integral_v<T>) {
-      // uint8 promotes to int; 255 * 255 still fits.
-      return static_cast<T>(static_cast<Wide>(static_cast<Wide>(a) * static_cast<Wide>(b)));
-    } else {
-      return a * b;
-    }
-  } else if constexpr (Op == ReduceOp::min) {
-    return b < a ? b : a;
-  } else {
-    return a < b ? b : a;
-  }
-}
-
-/// reduce_range for one operation. Works tile by tile: a tile of every source is combined into
-/// a small accumulator, in rank order, then written to dst. The loops run over contiguous
-/// elements with the operation fixed, so the compiler vectorises them; and because dst is
-/// written only after every source of that tile has been read, dst may alias a source.
-template <ReduceOp Op, class T>
-void reduce_tiles(T* dst, const std::vector<const T*>& sources, std::size_t begin,
-                  std::size_t end) {
-  using Acc = accumulator_t<T>;
-  constexpr std::size_t tile = 1024;
-  Acc acc[tile];
-  const auto n = sources.size();
-  for (std::size_t first = begin; first < end; first += tile) {
-    const std::size_t length = std::min(tile, end - first);
-    const T* source = sources[0] + first;
-    for (std::size_t j = 0; j < length; ++j) acc[j] = static_cast<Acc>(source[j]);
-    for (std::size_t s = 1; s < n; ++s) {
-      source = sources[s] + first;
-      for (std::size_t j = 0; j < length; ++j) {
-        acc[j] = combine<Op, Acc>(acc[j], static_cast<Acc>(source[j]));
-      }
-    }
-    if constexpr (Op == ReduceOp::avg && !std::is_integral_v<Acc>) {
-      const auto ranks = static_cast<Acc>(n);
-      for (std::size_t j = 0; j < length; ++j) acc[j] = acc[j] / ranks;
-    }
-    T* out = dst + first;
-    for (std::size_t j = 0; j < length; ++j) out[j] = static_cast<T>(acc[j]);
-  }
-}
-
-/// dst[i] = sources[0][i] op sources[1][i] op ... (in rank order) for i in [begin, end), each
-/// element accumulated in accumulator_t<T> and rounded once. dst may alias one of the sources.
-template <class T>
-void reduce_range(T* dst, const std::vector<const T*>& sources, std::size_t begin, std::size_t end,
-                  ReduceOp op) {
-  switch (op) {
-    case ReduceOp::sum:
-      return reduce_tiles<ReduceOp::sum>(dst, sources, begin, end);
-    case ReduceOp::avg:
-      return reduce_tiles<ReduceOp::avg>(dst, sources, begin, end);
-    case ReduceOp::prod:
-      return reduce_tiles<ReduceOp::prod>(dst, sources, begin, end);
-    case ReduceOp::min:
-      return reduce_tiles<ReduceOp::min>(dst, sources, begin, end);
-    case ReduceOp::max:
-      return reduce_tiles<ReduceOp::max>(dst, sources, begin, end);
-  }
-}
-
-template <class T>
-void copy_elements(const T* src, std::size_t count, T* dst) noexcept {
-  if (count && src != dst) std::memmove(dst, src, count * sizeof(T));
 }
 
 }  // namespace detail::local

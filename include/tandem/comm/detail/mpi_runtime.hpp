@@ -16,6 +16,7 @@
 #include <mpi.h>
 
 #include "tandem/comm/communicator.hpp"
+#include "tandem/comm/detail/reduction.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/tensor/dtype.hpp"
 
@@ -35,25 +36,8 @@ inline Error error(int rank, const char* operation, int code) {
   return Error(rank, operation, "MPI reported " + error_string(code));
 }
 
-template <class T>
-inline constexpr bool is_float16 = std::is_same_v<T, half> || std::is_same_v<T, bfloat16>;
-
-/// a op b as LocalComm computes it (integers wrap; min and max keep the first of equals).
-template <ReduceOp Op>
-float combine(float a, float b) noexcept {
-  if constexpr (Op == ReduceOp::sum) {
-    return a + b;
-  } else if constexpr (Op == ReduceOp::prod) {
-    return a * b;
-  } else if constexpr (Op == ReduceOp::min) {
-    return b < a ? b : a;
-  } else {
-    return a < b ? b : a;
-  }
-}
-
 /// The MPI_User_function of a commutative op on 16-bit floats: each element of inout becomes
-/// in op inout, computed in float and rounded once.
+/// in op inout (reduction.hpp's combine_elements: computed in float, rounded once).
 template <class T, ReduceOp Op>
 void reduce_float16(void* in, void* inout, int* length, MPI_Datatype*) {
   const auto* a = static_cast<const unsigned char*>(in);
@@ -64,9 +48,7 @@ void reduce_float16(void* in, void* inout, int* length, MPI_Datatype*) {
     std::uint16_t y = 0;
     std::memcpy(&x, a + offset, 2);
     std::memcpy(&y, b + offset, 2);
-    const float value =
-        combine<Op>(static_cast<float>(T::from_bits(x)), static_cast<float>(T::from_bits(y)));
-    const std::uint16_t result = T(value).bits;
+    const std::uint16_t result = combine_elements<Op>(T::from_bits(x), T::from_bits(y)).bits;
     std::memcpy(b + offset, &result, 2);
   }
 }
@@ -241,18 +223,6 @@ MPI_Op reduce_op(const Runtime& runtime, ReduceOp op) noexcept {
         return MPI_MAX;
     }
     return MPI_SUM;
-  }
-}
-
-/// avg's second half: data[i] /= ranks (16-bit floats divided in float, rounded once).
-template <class T>
-void divide(T* data, std::size_t count, int ranks) noexcept {
-  for (std::size_t i = 0; i < count; ++i) {
-    if constexpr (is_float16<T>) {
-      data[i] = T(static_cast<float>(data[i]) / static_cast<float>(ranks));
-    } else {
-      data[i] = data[i] / static_cast<T>(ranks);
-    }
   }
 }
 

@@ -1,0 +1,277 @@
+// tandem/comm/detail/frontend.hpp - the public operations of the Communicator concept written
+// once, for the backends whose engine runs typed algorithms on raw pointers: each operation
+// checks its arguments (collective_args.hpp), then runs the algorithm now (sync) or later
+// (`_async`, returning tandem::Work). Static dispatch only (CRTP): no virtual call on the way.
+//   class MyComm : public tandem::detail::CollectiveFrontend<MyComm, tandem::host> { ... };
+// Needs: the standard library. Not a public header: backends include it.
+//
+// What Derived provides (the base is its friend):
+// - `Engine& self() const`: its engine, at a stable address (heap-allocated, so that `_async`
+//   tasks may point at it while Derived moves); it raises tandem::Error when Derived was moved
+//   from.
+// - `std::optional<Derived> split_group(int color, int key)`: split's collective part (the colour
+//   has been checked, and pending `_async` operations have run).
+// What the engine provides:
+// - rank(), size(); now(body) runs body after the pending `_async` operations, later(body) queues
+//   it and returns its Work (detail::IssueOrder has both);
+// - the algorithms, for each element type E: all_reduce<E>(const E* in, E* out, count, op),
+//   reduce<E>(E* buffer, count, root, op), broadcast<E>(E* buffer, count, root),
+//   all_gather<E>(in, out, count), gather<E>(in, out, count, root),
+//   scatter<E>(in, out, count, root), reduce_scatter<E>(in, out, count, op),
+//   all_to_all<E>(in, out, total), send<E>(const E* data, count, peer, tag),
+//   recv<E>(E* data, count, peer, tag), barrier(). Counts are elements per rank as the
+//   Communicator concept defines them (all_to_all's is the total).
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <utility>
+
+#include "tandem/comm/communicator.hpp"
+#include "tandem/comm/detail/collective_args.hpp"
+#include "tandem/tensor/tensor.hpp"
+
+namespace tandem::detail {
+
+template <class Derived, class Space>
+class CollectiveFrontend {
+ public:
+  using communicator_concept = communicator_tag;
+  using memory_space = Space;
+
+  [[nodiscard]] int rank() const { return engine().rank(); }
+  [[nodiscard]] int size() const { return engine().size(); }
+
+  // --- all_reduce -----------------------------------------------------------------------------
+
+  /// In place: every rank's `t` becomes the reduction of all ranks' `t`.
+  template <Tensor T>
+  void all_reduce(T&& t, ReduceOp op = ReduceOp::sum) {
+    all_reduce(t, t, op);
+  }
+  template <Tensor In, Tensor Out>
+  void all_reduce(In&& in, Out&& out, ReduceOp op = ReduceOp::sum) {
+    run_now(all_reduce_task(in, out, op));
+  }
+  template <Tensor T>
+  Work all_reduce_async(T&& t, ReduceOp op = ReduceOp::sum) {
+    return all_reduce_async(t, t, op);
+  }
+  template <Tensor In, Tensor Out>
+  Work all_reduce_async(In&& in, Out&& out, ReduceOp op = ReduceOp::sum) {
+    return run_later(all_reduce_task(in, out, op));
+  }
+
+  // --- reduce (result on root only) -------------------------------------------------------------
+
+  template <Tensor T>
+  void reduce(T&& t, int root, ReduceOp op = ReduceOp::sum) {
+    run_now(reduce_task(t, root, op));
+  }
+  template <Tensor T>
+  Work reduce_async(T&& t, int root, ReduceOp op = ReduceOp::sum) {
+    return run_later(reduce_task(t, root, op));
+  }
+
+  // --- broadcast --------------------------------------------------------------------------------
+
+  template <Tensor T>
+  void broadcast(T&& t, int root) {
+    run_now(broadcast_task(t, root));
+  }
+  template <Tensor T>
+  Work broadcast_async(T&& t, int root) {
+    return run_later(broadcast_task(t, root));
+  }
+
+  // --- all_gather: out holds size() * in.size() elements, rank r's at r * in.size() -----------
+
+  template <Tensor In, Tensor Out>
+  void all_gather(In&& in, Out&& out) {
+    run_now(all_gather_task(in, out));
+  }
+  template <Tensor In, Tensor Out>
+  Work all_gather_async(In&& in, Out&& out) {
+    return run_later(all_gather_task(in, out));
+  }
+
+  // --- gather: out (size() * in.size() elements) is used on the root only -------------------
+
+  template <Tensor In, Tensor Out>
+  void gather(In&& in, Out&& out, int root) {
+    run_now(gather_task(in, out, root));
+  }
+  template <Tensor In, Tensor Out>
+  Work gather_async(In&& in, Out&& out, int root) {
+    return run_later(gather_task(in, out, root));
+  }
+
+  // --- scatter: in (size() * out.size() elements) is used on the root only ------------------
+
+  template <Tensor In, Tensor Out>
+  void scatter(In&& in, Out&& out, int root) {
+    run_now(scatter_task(in, out, root));
+  }
+  template <Tensor In, Tensor Out>
+  Work scatter_async(In&& in, Out&& out, int root) {
+    return run_later(scatter_task(in, out, root));
+  }
+
+  // --- reduce_scatter: in holds size() * out.size() elements --------------------------------
+
+  template <Tensor In, Tensor Out>
+  void reduce_scatter(In&& in, Out&& out, ReduceOp op = ReduceOp::sum) {
+    run_now(reduce_scatter_task(in, out, op));
+  }
+  template <Tensor In, Tensor Out>
+  Work reduce_scatter_async(In&& in, Out&& out, ReduceOp op = ReduceOp::sum) {
+    return run_later(reduce_scatter_task(in, out, op));
+  }
+
+  // --- all_to_all: in and out hold size() * k elements; slot s of in goes to rank s ---------
+
+  template <Tensor In, Tensor Out>
+  void all_to_all(In&& in, Out&& out) {
+    run_now(all_to_all_task(in, out));
+  }
+  template <Tensor In, Tensor Out>
+  Work all_to_all_async(In&& in, Out&& out) {
+    return run_later(all_to_all_task(in, out));
+  }
+
+  // --- point to point (see the backend's header for when send returns) -----------------------
+
+  template <Tensor T>
+  void send(T&& t, int peer, int tag = 0) {
+    run_now(send_task(t, peer, tag));
+  }
+  template <Tensor T>
+  Work send_async(T&& t, int peer, int tag = 0) {
+    return run_later(send_task(t, peer, tag));
+  }
+  /// Waits for the oldest message from `peer` with `tag`; its type and count must match `t`.
+  template <Tensor T>
+  void recv(T&& t, int peer, int tag = 0) {
+    run_now(recv_task(t, peer, tag));
+  }
+  template <Tensor T>
+  Work recv_async(T&& t, int peer, int tag = 0) {
+    return run_later(recv_task(t, peer, tag));
+  }
+
+  // --- barrier and split --------------------------------------------------------------------
+
+  void barrier() {
+    run_now([](auto& engine) { engine.barrier(); });
+  }
+  Work barrier_async() {
+    return run_later([](auto& engine) { engine.barrier(); });
+  }
+
+  /// Collective: ranks with the same `color` form a new group, ordered by (key, rank here);
+  /// no_color gives nullopt (the rank still takes part). The new group has this group's options.
+  [[nodiscard]] std::optional<Derived> split(int color, int key = 0) {
+    check_color(rank(), color);
+    std::optional<Derived> made;
+    engine().now([&] { made = static_cast<Derived&>(*this).split_group(color, key); });
+    return made;
+  }
+
+ protected:
+  CollectiveFrontend() = default;
+
+ private:
+  decltype(auto) engine() const { return static_cast<const Derived&>(*this).self(); }
+
+  /// Runs `task(engine)` on this thread, after the pending `_async` operations.
+  template <class Task>
+  void run_now(Task task) {
+    auto& e = engine();
+    e.now([&] { task(e); });
+  }
+
+  /// Queues `task(engine)`; the tensors must stay alive and untouched until the Work completes.
+  template <class Task>
+  Work run_later(Task task) {
+    auto* e = &engine();
+    return e->later([e, task] { task(*e); });
+  }
+
+  // The tasks: the arguments checked here, on the calling thread, before anything runs.
+
+  template <class In, class Out>
+  auto all_reduce_task(In& in, Out& out, ReduceOp op) const {
+    using E = elem_t<Out>;
+    const auto a = all_reduce_args<Space>(rank(), in, out, op);
+    return [a, op](auto& engine) { engine.template all_reduce<E>(a.in, a.out, a.count, op); };
+  }
+
+  template <class T>
+  auto reduce_task(T& t, int root, ReduceOp op) const {
+    using E = elem_t<T>;
+    E* data = rooted_args<Space>(rank(), size(), t, root, op, "reduce");
+    const std::size_t count = t.size();
+    return [=](auto& engine) { engine.template reduce<E>(data, count, root, op); };
+  }
+
+  template <class T>
+  auto broadcast_task(T& t, int root) const {
+    using E = elem_t<T>;
+    E* data = rooted_args<Space>(rank(), size(), t, root, ReduceOp::sum, "broadcast");
+    const std::size_t count = t.size();
+    return [=](auto& engine) { engine.template broadcast<E>(data, count, root); };
+  }
+
+  template <class In, class Out>
+  auto all_gather_task(In& in, Out& out) const {
+    using E = elem_t<Out>;
+    const auto a = all_gather_args<Space>(rank(), size(), in, out);
+    return [a](auto& engine) { engine.template all_gather<E>(a.in, a.out, a.count); };
+  }
+
+  template <class In, class Out>
+  auto gather_task(In& in, Out& out, int root) const {
+    using E = elem_t<Out>;
+    const auto a = gather_args<Space>(rank(), size(), in, out, root);
+    return [a, root](auto& engine) { engine.template gather<E>(a.in, a.out, a.count, root); };
+  }
+
+  template <class In, class Out>
+  auto scatter_task(In& in, Out& out, int root) const {
+    using E = elem_t<Out>;
+    const auto a = scatter_args<Space>(rank(), size(), in, out, root);
+    return [a, root](auto& engine) { engine.template scatter<E>(a.in, a.out, a.count, root); };
+  }
+
+  template <class In, class Out>
+  auto reduce_scatter_task(In& in, Out& out, ReduceOp op) const {
+    using E = elem_t<Out>;
+    const auto a = reduce_scatter_args<Space>(rank(), size(), in, out, op);
+    return [a, op](auto& engine) { engine.template reduce_scatter<E>(a.in, a.out, a.count, op); };
+  }
+
+  template <class In, class Out>
+  auto all_to_all_task(In& in, Out& out) const {
+    using E = elem_t<Out>;
+    const auto a = all_to_all_args<Space>(rank(), size(), in, out);
+    return [a](auto& engine) { engine.template all_to_all<E>(a.in, a.out, a.count); };
+  }
+
+  template <class T>
+  auto send_task(T& t, int peer, int tag) const {
+    using E = elem_t<T>;
+    const E* data = send_args<Space>(rank(), size(), t, peer);
+    const std::size_t count = t.size();
+    return [=](auto& engine) { engine.template send<E>(data, count, peer, tag); };
+  }
+
+  template <class T>
+  auto recv_task(T& t, int peer, int tag) const {
+    using E = elem_t<T>;
+    E* data = recv_args<Space>(rank(), size(), t, peer);
+    const std::size_t count = t.size();
+    return [=](auto& engine) { engine.template recv<E>(data, count, peer, tag); };
+  }
+};
+
+}  // namespace tandem::detail
