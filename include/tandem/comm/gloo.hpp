@@ -11,9 +11,16 @@
 // every rank gets the same bits.
 //
 // With options.check_agreement (the default), every collective first exchanges what each rank
-// was called with (an extra small all_gather): ranks that disagree on the operation, element
-// type, count, root or reduce op all raise a tandem::Error naming the ranks, and the group stays
-// usable. Without it a mismatch is undefined (gloo may abort the process).
+// was called with (one small round trip): ranks that disagree on the operation, element type,
+// count, root or reduce op all raise a tandem::Error naming the ranks, and the group stays
+// usable. The check cannot overlap the collective, since gloo aborts the process when sizes
+// disagree inside one. Without it (as in PyTorch, which checks only under
+// TORCH_DISTRIBUTED_DEBUG=DETAIL) a mismatch is undefined: an abort, a hang or mixed-up data.
+// bench/results/allreduce-cpu.md measures what the check costs: about one small round trip.
+//
+// A peer that dies makes writes to its socket raise SIGPIPE, which would kill this process
+// instead of failing the collective: where SIGPIPE has its default action, the first GlooComm
+// sets it to ignored (as PyTorch's gloo backend does), so the write fails with an error instead.
 //
 // Failures: every wait is bounded by options.timeout. A timeout, a peer that dies or any other
 // transport error raises a tandem::Error naming the operation and this rank (and the rank whose
@@ -26,6 +33,7 @@
 #pragma once
 
 #include <netdb.h>
+#include <signal.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -104,6 +112,16 @@ struct Call {
   std::int64_t key = 0;    ///< split only
 };
 static_assert(sizeof(Call) == 7 * sizeof(std::int64_t));
+
+/// See the top of this header: a write to a dead peer must fail, not kill the process. A
+/// handler the program installed is left alone.
+inline void ignore_default_sigpipe() {
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL &&
+      !(current.sa_flags & SA_SIGINFO)) {
+    ::signal(SIGPIPE, SIG_IGN);
+  }
+}
 
 /// gloo's "[path/file.cc:123] message" without the source location.
 inline std::string gloo_message(const std::string& what) {
@@ -196,7 +214,8 @@ class Rank : public IssueOrder {
  public:
   Rank(Connected connected, std::shared_ptr<::gloo::transport::Device> device, AnyStore store,
        std::string name, GlooCommOptions options)
-      : device_(std::move(device)),
+      : graveyard_(),
+        device_(std::move(device)),
         context_(std::move(connected.context)),
         peers_(std::move(connected.peers)),
         store_(std::move(store)),
@@ -457,9 +476,16 @@ class Rank : public IssueOrder {
         }
         return;
       }
-      auto header_buffer = context_->createUnboundBuffer(&header, sizeof header);
-      header_buffer->recv(peer, header_slot(tag));
-      quiescing([&] { (void)header_buffer->waitRecv(options_.timeout); });
+      // Heap-held, so that a failure can leave them to gloo's thread (see bury).
+      struct Incoming {
+        MessageHeader header;
+        std::unique_ptr<::gloo::transport::UnboundBuffer> buffer;
+      };
+      auto incoming = std::make_shared<Incoming>();
+      incoming->buffer = context_->createUnboundBuffer(&incoming->header, sizeof(MessageHeader));
+      incoming->buffer->recv(peer, header_slot(tag));
+      quiescing([&] { (void)incoming->buffer->waitRecv(options_.timeout); }, incoming);
+      header = incoming->header;
       if (header.count == 0) return;
       // A mismatched payload is still taken off the connection, so the pair stays in step.
       void* target = data;
@@ -472,9 +498,10 @@ class Rank : public IssueOrder {
         target = mismatched.data();
         bytes = mismatched.size();
       }
-      auto payload_buffer = context_->createUnboundBuffer(target, bytes);
+      std::shared_ptr<::gloo::transport::UnboundBuffer> payload_buffer =
+          context_->createUnboundBuffer(target, bytes);
       payload_buffer->recv(peer, payload_slot(tag));
-      quiescing([&] { (void)payload_buffer->waitRecv(options_.timeout); });
+      quiescing([&] { (void)payload_buffer->waitRecv(options_.timeout); }, payload_buffer);
     });
     if (!matches<T>(header, count)) {
       throw Error(rank_, "recv",
@@ -528,33 +555,58 @@ class Rank : public IssueOrder {
 
   std::uint32_t next_tag() noexcept { return tag_++; }
 
-  /// Every rank's call, in rank order: each rank sends its call to every other directly (one
-  /// round trip, where a ring all_gather would take 2 (n - 1)). Also a full barrier.
-  std::vector<Call> exchange(const Call& mine) {
-    std::vector<Call> calls(static_cast<std::size_t>(size_));
-    calls[static_cast<std::size_t>(rank_)] = mine;
-    if (size_ == 1) return calls;
-    auto buffer = context_->createUnboundBuffer(calls.data(), calls.size() * sizeof(Call));
+  /// Every rank's call on its way: this rank's is sent to every other rank directly and theirs
+  /// are being received while the caller goes on (the collective runs meanwhile). Heap-held, so
+  /// that a failure can leave it to gloo's thread (see bury).
+  struct PostedExchange {
+    std::vector<Call> calls;
+    std::unique_ptr<::gloo::transport::UnboundBuffer> buffer;
+  };
+
+  std::shared_ptr<PostedExchange> post_exchange(const Call& mine) {
+    auto posted = std::make_shared<PostedExchange>();
+    posted->calls.resize(static_cast<std::size_t>(size_));
+    posted->calls[static_cast<std::size_t>(rank_)] = mine;
+    if (size_ == 1) return posted;
+    posted->buffer =
+        context_->createUnboundBuffer(posted->calls.data(), posted->calls.size() * sizeof(Call));
     const std::uint64_t slot = (std::uint64_t{0x72} << 56) | next_tag();
     for (int r = 0; r < size_; ++r) {
       if (r == rank_) continue;
-      buffer->send(r, slot, static_cast<std::size_t>(rank_) * sizeof(Call), sizeof(Call));
-      buffer->recv(r, slot, static_cast<std::size_t>(r) * sizeof(Call), sizeof(Call));
+      posted->buffer->send(r, slot, static_cast<std::size_t>(rank_) * sizeof(Call), sizeof(Call));
+      posted->buffer->recv(r, slot, static_cast<std::size_t>(r) * sizeof(Call), sizeof(Call));
     }
-    quiescing([&] {
-      for (int r = 1; r < size_; ++r) {
-        (void)buffer->waitSend(options_.timeout);
-        (void)buffer->waitRecv(options_.timeout);
-      }
-    });
-    return calls;
+    return posted;
   }
+
+  /// Waits until every rank's call has arrived (so this is also a barrier) and returns them.
+  const std::vector<Call>& finish_exchange(const std::shared_ptr<PostedExchange>& posted) {
+    if (posted->buffer) {
+      quiescing(
+          [&] {
+            for (int r = 1; r < size_; ++r) {
+              (void)posted->buffer->waitSend(options_.timeout);
+              (void)posted->buffer->waitRecv(options_.timeout);
+            }
+          },
+          posted);
+    }
+    return posted->calls;
+  }
+
+  /// Every rank's call, in rank order: one round trip (a ring all_gather would take 2 (n - 1)).
+  std::vector<Call> exchange(const Call& mine) { return finish_exchange(post_exchange(mine)); }
+
+  /// Keeps `keep` (gloo buffers and the memory they point at) alive until this communicator
+  /// ends: after a failure gloo's device thread may still be completing a transfer into them.
+  void bury(std::shared_ptr<void> keep) { graveyard_.push_back(std::move(keep)); }
 
   /// Runs `wait`; should it fail, closes the connections before the exception unwinds the
   /// caller's gloo buffers: after a failure gloo's device thread may still be completing other
   /// transfers into them, and a closed connection (its pair's lock taken) has no handler running.
+  /// `keep` (optional) holds buffers that must outlive a failure: they are buried, not freed.
   template <class Wait>
-  void quiescing(Wait&& wait) {
+  void quiescing(Wait&& wait, std::shared_ptr<void> keep = nullptr) {
     try {
       wait();
     } catch (...) {
@@ -563,11 +615,13 @@ class Rank : public IssueOrder {
       } catch (...) {
         // Best effort: the caller reports the first failure.
       }
+      if (keep) bury(std::move(keep));
       throw;
     }
   }
 
-  /// Checks the ranks agree (when asked to), then runs the collective's body.
+  /// Checks the ranks agree (when asked to), then runs the collective's body. The check must
+  /// come first: gloo aborts the process when the ranks' sizes disagree inside a collective.
   template <class Body>
   void run(Op op, const Call& mine, Body&& body) {
     const char* op_name = name(op);
@@ -631,6 +685,7 @@ class Rank : public IssueOrder {
     }
   }
 
+  std::vector<std::shared_ptr<void>> graveyard_;  ///< see bury(); freed after the context
   std::shared_ptr<::gloo::transport::Device> device_;
   std::shared_ptr<::gloo::Context> context_;
   std::vector<Peer> peers_;
@@ -670,6 +725,7 @@ class GlooComm : public detail::CollectiveFrontend<GlooComm, host> {
   [[nodiscard]] static GlooComm rendezvous(const World& world, AnyStore& store,
                                            const GlooCommOptions& options = {}) {
     world.validate();
+    detail::gloo_comm::ignore_default_sigpipe();
     // Ranks call rendezvous on a store the same number of times, so this count names the group.
     const std::int64_t generation =
         store.add("gloo/rendezvous/rank" + std::to_string(world.rank), 1);
