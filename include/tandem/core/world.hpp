@@ -57,9 +57,8 @@ struct World {
 
   /// Whether any launcher that from_env reads has set its rank variable.
   static bool launched(const EnvLookup& env = process_env) {
-    return env("RANK") || env("WORLD_SIZE") || env("SLURM_PROCID") ||
-           env("OMPI_COMM_WORLD_RANK") || env("OMPI_COMM_WORLD_SIZE") || env("PMI_RANK") ||
-           env("PMI_SIZE");
+    return env("RANK") || env("WORLD_SIZE") || env("SLURM_PROCID") || env("OMPI_COMM_WORLD_RANK") ||
+           env("OMPI_COMM_WORLD_SIZE") || env("PMI_RANK") || env("PMI_SIZE");
   }
 
  private:

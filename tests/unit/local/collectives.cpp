@@ -1,8 +1,10 @@
 // The collective conformance suite on LocalComm, world sizes 1 through 8.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <chrono>
 #include <utility>
+#include <vector>
 
 #include "support/collective_suite.hpp"
 #include "tandem/comm/local.hpp"
@@ -23,6 +25,21 @@ struct LocalRunner {
 }  // namespace
 
 static_assert(tandem::detects_mismatched_collectives<tandem::LocalComm>);
+
+TEST_CASE("LocalComm: the suite's runner gives each of n ranks one communicator of size n") {
+  // The suite's assertions run inside the ranks; this checks the premise they rest on.
+  LocalRunner run;
+  for (int n : {1, 3, 8}) {
+    std::vector<std::atomic<int>> seen(static_cast<std::size_t>(n));
+    std::atomic<int> wrong_size{0};
+    run(n, [&](tandem::LocalComm& comm) {
+      if (comm.size() != n) ++wrong_size;
+      ++seen[static_cast<std::size_t>(comm.rank())];
+    });
+    CHECK(wrong_size == 0);
+    for (auto& count : seen) CHECK(count == 1);
+  }
+}
 
 TEST_CASE("LocalComm: the conformance suite at world sizes 1 to 8") {
   LocalRunner run;

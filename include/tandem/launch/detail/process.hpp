@@ -30,41 +30,12 @@
 #include <vector>
 
 #include "tandem/core/error.hpp"
+#include "tandem/core/fd.hpp"
 
 namespace tandem::launch::detail {
 
-/// strerror, thread-safe.
-inline std::string errno_text(int error) {
-  std::array<char, 256> buffer{};
-  // The GNU strerror_r returns the message, which may or may not live in the buffer.
-  return ::strerror_r(error, buffer.data(), buffer.size());
-}
-
-/// An owned file descriptor, closed on destruction. Move-only.
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) noexcept : fd_(fd) {}
-  Fd(Fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  Fd& operator=(Fd&& other) noexcept {
-    if (this != &other) reset(std::exchange(other.fd_, -1));
-    return *this;
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() { reset(); }
-
-  [[nodiscard]] int get() const noexcept { return fd_; }
-  [[nodiscard]] bool valid() const noexcept { return fd_ >= 0; }
-  explicit operator bool() const noexcept { return valid(); }
-  void reset(int fd = -1) noexcept {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = fd;
-  }
-
- private:
-  int fd_ = -1;
-};
+using tandem::detail::errno_text;
+using tandem::detail::Fd;
 
 struct Pipe {
   Fd read;
