@@ -3,6 +3,7 @@
 //   build/dev/examples/hello_allreduce --ranks 4                          threads (LocalComm)
 //   build/dev/tools/tandemrun --nproc-per-node 4 build/dev/examples/hello_allreduce --backend gloo
 //   mpirun -n 3 build/dev/examples/hello_allreduce --backend mpi           (as root: see README)
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -70,7 +71,7 @@ int main(int argc, char** argv) {
 
   try {
     if (backend == "local") {
-      int wrong = 0;
+      std::atomic<int> wrong{0};  // every rank (thread) may add to it
       tandem::run_local(ranks, [&](tandem::LocalComm& comm) { wrong += !say_hello(comm); });
       return wrong == 0 ? 0 : 1;
     }
