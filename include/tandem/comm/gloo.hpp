@@ -215,6 +215,9 @@ class Rank : public IssueOrder {
   Rank(Connected connected, std::shared_ptr<::gloo::transport::Device> device, AnyStore store,
        std::string name, GlooCommOptions options)
       : graveyard_(),
+        exchange_calls_(),
+        exchange_buffer_(),
+        recv_header_buffer_(),
         device_(std::move(device)),
         context_(std::move(connected.context)),
         peers_(std::move(connected.peers)),
@@ -476,16 +479,13 @@ class Rank : public IssueOrder {
         }
         return;
       }
-      // Heap-held, so that a failure can leave them to gloo's thread (see bury).
-      struct Incoming {
-        MessageHeader header;
-        std::unique_ptr<::gloo::transport::UnboundBuffer> buffer;
-      };
-      auto incoming = std::make_shared<Incoming>();
-      incoming->buffer = context_->createUnboundBuffer(&incoming->header, sizeof(MessageHeader));
-      incoming->buffer->recv(peer, header_slot(tag));
-      quiescing([&] { (void)incoming->buffer->waitRecv(options_.timeout); }, incoming);
-      header = incoming->header;
+      // One header buffer for the communicator's life (see exchange() for why).
+      if (!recv_header_buffer_) {
+        recv_header_buffer_ = context_->createUnboundBuffer(&recv_header_, sizeof(MessageHeader));
+      }
+      recv_header_buffer_->recv(peer, header_slot(tag));
+      quiescing([&] { (void)recv_header_buffer_->waitRecv(options_.timeout); });
+      header = recv_header_;
       if (header.count == 0) return;
       // A mismatched payload is still taken off the connection, so the pair stays in step.
       void* target = data;
@@ -555,47 +555,32 @@ class Rank : public IssueOrder {
 
   std::uint32_t next_tag() noexcept { return tag_++; }
 
-  /// Every rank's call on its way: this rank's is sent to every other rank directly and theirs
-  /// are being received while the caller goes on (the collective runs meanwhile). Heap-held, so
-  /// that a failure can leave it to gloo's thread (see bury).
-  struct PostedExchange {
-    std::vector<Call> calls;
-    std::unique_ptr<::gloo::transport::UnboundBuffer> buffer;
-  };
-
-  std::shared_ptr<PostedExchange> post_exchange(const Call& mine) {
-    auto posted = std::make_shared<PostedExchange>();
-    posted->calls.resize(static_cast<std::size_t>(size_));
-    posted->calls[static_cast<std::size_t>(rank_)] = mine;
-    if (size_ == 1) return posted;
-    posted->buffer =
-        context_->createUnboundBuffer(posted->calls.data(), posted->calls.size() * sizeof(Call));
+  /// Every rank's call, in rank order: each rank sends its call to every other directly (one
+  /// round trip, where a ring all_gather would take 2 (n - 1)); also a full barrier. The buffer
+  /// lives as long as the communicator: gloo's device thread may still be finishing its
+  /// completion handler on a buffer after the wait returned, so freeing one per call races.
+  std::vector<Call> exchange(const Call& mine) {
+    if (size_ == 1) return {mine};
+    if (!exchange_buffer_) {
+      exchange_calls_.resize(static_cast<std::size_t>(size_));
+      exchange_buffer_ = context_->createUnboundBuffer(exchange_calls_.data(),
+                                                       exchange_calls_.size() * sizeof(Call));
+    }
+    exchange_calls_[static_cast<std::size_t>(rank_)] = mine;
     const std::uint64_t slot = (std::uint64_t{0x72} << 56) | next_tag();
     for (int r = 0; r < size_; ++r) {
       if (r == rank_) continue;
-      posted->buffer->send(r, slot, static_cast<std::size_t>(rank_) * sizeof(Call), sizeof(Call));
-      posted->buffer->recv(r, slot, static_cast<std::size_t>(r) * sizeof(Call), sizeof(Call));
+      exchange_buffer_->send(r, slot, static_cast<std::size_t>(rank_) * sizeof(Call), sizeof(Call));
+      exchange_buffer_->recv(r, slot, static_cast<std::size_t>(r) * sizeof(Call), sizeof(Call));
     }
-    return posted;
+    quiescing([&] {
+      for (int r = 1; r < size_; ++r) {
+        (void)exchange_buffer_->waitSend(options_.timeout);
+        (void)exchange_buffer_->waitRecv(options_.timeout);
+      }
+    });
+    return exchange_calls_;
   }
-
-  /// Waits until every rank's call has arrived (so this is also a barrier) and returns them.
-  const std::vector<Call>& finish_exchange(const std::shared_ptr<PostedExchange>& posted) {
-    if (posted->buffer) {
-      quiescing(
-          [&] {
-            for (int r = 1; r < size_; ++r) {
-              (void)posted->buffer->waitSend(options_.timeout);
-              (void)posted->buffer->waitRecv(options_.timeout);
-            }
-          },
-          posted);
-    }
-    return posted->calls;
-  }
-
-  /// Every rank's call, in rank order: one round trip (a ring all_gather would take 2 (n - 1)).
-  std::vector<Call> exchange(const Call& mine) { return finish_exchange(post_exchange(mine)); }
 
   /// Keeps `keep` (gloo buffers and the memory they point at) alive until this communicator
   /// ends: after a failure gloo's device thread may still be completing a transfer into them.
@@ -686,6 +671,10 @@ class Rank : public IssueOrder {
   }
 
   std::vector<std::shared_ptr<void>> graveyard_;  ///< see bury(); freed after the context
+  std::vector<Call> exchange_calls_;              ///< see exchange(); freed after the context
+  std::unique_ptr<::gloo::transport::UnboundBuffer> exchange_buffer_;
+  MessageHeader recv_header_{};  ///< see recv(); freed after the context
+  std::unique_ptr<::gloo::transport::UnboundBuffer> recv_header_buffer_;
   std::shared_ptr<::gloo::transport::Device> device_;
   std::shared_ptr<::gloo::Context> context_;
   std::vector<Peer> peers_;
