@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/temp_dir.hpp"
 #include "tandem/launch/detail/process.hpp"
 
 #ifndef TANDEM_GLOO_WORKER
@@ -61,20 +62,6 @@ std::string tcp_url() {
   return "tcp://127.0.0.1:" + std::to_string(launch::free_port());
 }
 
-/// A fresh directory under the system's temporary directory, removed at the end of the scope.
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "tandem-gloo-XXXXXX").string();
-    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-    path = pattern;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path, ignored);
-  }
-};
-
 }  // namespace
 
 TEST_CASE("GlooComm: init_process_group over tcp:// connects, reduces and splits") {
@@ -87,8 +74,8 @@ TEST_CASE("GlooComm: init_process_group over tcp:// connects, reduces and splits
 }
 
 TEST_CASE("GlooComm: init_process_group over file:// connects, reduces and splits") {
-  TempDir dir;
-  const std::string url = "file://" + (dir.path / "store").string();
+  tandem::test::TempDir dir;
+  const std::string url = "file://" + (dir.path() / "store").string();
   for (const auto& status : run_workers(3, "init", url)) {
     CHECK_MESSAGE(!status.failed(), status.describe());
   }

@@ -14,6 +14,7 @@
 
 #include "support/fake_env.hpp"
 #include "support/free_port.hpp"
+#include "support/temp_dir.hpp"
 #include "tandem/comm/init.hpp"
 #include "tandem/comm/local.hpp"
 
@@ -27,12 +28,6 @@ namespace {
 
 std::string tcp_url() {
   return "tcp://127.0.0.1:" + std::to_string(tandem::test::free_port());
-}
-
-std::filesystem::path fresh_directory() {
-  std::string pattern = (std::filesystem::temp_directory_path() / "tandem-init-XXXXXX").string();
-  REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-  return pattern;
 }
 
 /// Starts `n` threads; thread r runs fn(r). Returns the message of each thread's exception ("" if
@@ -75,11 +70,10 @@ TEST_CASE("init_process_group over tcp:// gives a working group") {
 }
 
 TEST_CASE("init_process_group over file:// gives a working group, and a rerun on the file too") {
-  const auto dir = fresh_directory();
-  const std::string url = "file://" + (dir / "store").string();
+  const tandem::test::TempDir dir;
+  const std::string url = "file://" + (dir.path() / "store").string();
   for (float v : average_ranks(3, url)) CHECK(v == 1.0f);
   for (float v : average_ranks(3, url)) CHECK(v == 1.0f);  // the stale file of run one is reset
-  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("init_process_group over env:// reads MASTER_ADDR and MASTER_PORT") {

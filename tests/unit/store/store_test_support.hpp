@@ -15,31 +15,14 @@
 #include "tandem/comm/store.hpp"
 #include "tandem/comm/tcp_store.hpp"
 
+#include "support/temp_dir.hpp"
+
 namespace tandem::test {
 
 using namespace std::chrono_literals;
 
 /// What a call that should succeed may take on a loaded machine.
 inline constexpr Timeout generous = std::chrono::seconds(60);
-
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "tandem-store-XXXXXX").string();
-    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  [[nodiscard]] const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
 
 struct HashFixture {
   HashStore base{generous};
