@@ -14,6 +14,7 @@
 #include "tandem/core/world.hpp"
 
 #include "tandem/tensor/dtype.hpp"
+#include "tandem/tensor/exec.hpp"
 #include "tandem/tensor/memory.hpp"
 #include "tandem/tensor/tensor.hpp"
 
