@@ -17,9 +17,12 @@
 
 namespace tandem::cuda {
 
-/// Throws a tandem::Error naming the operation and CUDA's own text when status is an error.
+/// Throws a tandem::Error naming the operation and CUDA's own text when status is an error. The
+/// thread's last-error slot is cleared first, so a later launch's cudaGetLastError does not report
+/// this failure again as its own (sticky errors, such as a kernel fault, stay regardless).
 inline void check(cudaError_t status, const char* operation, int rank = unknown_rank) {
   if (status == cudaSuccess) return;
+  (void)cudaGetLastError();
   throw Error(rank, operation,
               std::string(cudaGetErrorName(status)) + ": " + cudaGetErrorString(status));
 }

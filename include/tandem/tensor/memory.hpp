@@ -2,11 +2,13 @@
 // the host may touch, and the allocator each space uses for tandem::Buffer.
 //   static_assert(tandem::host_accessible<tandem::pinned>);
 //   auto* p = tandem::space_allocator<tandem::host>::allocate<float>(1024);
-// Needs: the standard library; pinned and device allocation need tandem/cuda.hpp (CUDA).
+// Needs: the standard library; pinned and device allocation, and copies to or from device memory,
+// need tandem/cuda.hpp (CUDA).
 #pragma once
 
 #include <concepts>
 #include <cstddef>
+#include <cstring>
 #include <new>
 #include <type_traits>
 
@@ -69,6 +71,40 @@ struct space_allocator<host> {
   template <class T>
   static void deallocate(T* pointer, std::size_t /*count*/) noexcept {
     if (pointer) ::operator delete (pointer, std::align_val_t{alignment});
+  }
+};
+
+/// What tandem::Buffer keeps about one allocation besides its pointer and size, so that the free
+/// matches the allocation: nothing for host and pinned memory; for device memory the stream the
+/// allocation is ordered on (a cudaStream_t, held here without naming CUDA) and its device. The
+/// space's allocator fills it in (allocate<T>(count, state) or allocate<T>(count, exec, state))
+/// and reads it back (deallocate(pointer, count, state)); an allocator without those overloads
+/// is called without it. It is fixed here, not by the allocator, so that naming Buffer<T, device>
+/// needs no CUDA.
+template <memory_space S>
+struct allocation_state {};
+template <>
+struct allocation_state<device> {
+  void* stream = nullptr;  ///< the cudaStream_t that the allocation and its free are ordered on
+  int device = -1;         ///< the GPU it was made on
+};
+
+/// Copies `bytes` bytes from space From to space To, synchronously: the data is in place when
+/// copy() returns. The primary template is a readable compile error: copies to or from device
+/// memory come with the CUDA headers, which specialise it. Host-accessible pairs (host, pinned)
+/// are a memcpy; pinned memory that an asynchronous GPU copy is still writing must be waited for
+/// (its stream or event synchronised) first.
+template <memory_space To, memory_space From>
+struct space_copy {
+  static_assert(sizeof(To) == 0,
+                "tandem: no copy between these memory spaces in this translation unit; "
+                "copies to or from device memory need #include <tandem/cuda.hpp> in a .cu file");
+};
+
+template <memory_space To, memory_space From>
+requires(host_accessible<To>&& host_accessible<From>) struct space_copy<To, From> {
+  static void copy(void* destination, const void* source, std::size_t bytes) noexcept {
+    if (bytes != 0) std::memcpy(destination, source, bytes);
   }
 };
 

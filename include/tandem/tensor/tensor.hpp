@@ -21,6 +21,7 @@
 
 #include "tandem/core/error.hpp"
 #include "tandem/tensor/dtype.hpp"
+#include "tandem/tensor/exec.hpp"
 #include "tandem/tensor/memory.hpp"
 
 namespace tandem {
@@ -231,11 +232,34 @@ template <Tensor T>
                                                         static_cast<std::size_t>(tensor.size()));
 }
 
+namespace detail {
+// What a space's allocator offers besides allocate<T>(count) / deallocate(pointer, count): the
+// allocation_state overloads (device memory). Named concepts at namespace scope: the same
+// requires-expressions written inside Buffer's constructor template crash nvcc 13's cicc.
+template <class Allocator, class T, class State>
+concept allocates_with_state = requires(std::size_t count, State& state) {
+  Allocator::template allocate<T>(count, state);
+};
+template <class Allocator, class T, class Exec, class State>
+concept allocates_for_executor = requires(std::size_t count, const Exec& exec, State& state) {
+  Allocator::template allocate<T>(count, exec, state);
+};
+template <class Allocator, class T, class State>
+concept deallocates_with_state = requires(T* pointer, std::size_t count, const State& state) {
+  Allocator::deallocate(pointer, count, state);
+};
+}  // namespace detail
+
 /// Owns `size` elements of T in memory space Space; move-only. Host buffers start zeroed (like
 /// std::vector); other spaces leave their contents to the allocator of that space.
+/// Device memory is stream-ordered (tandem/cuda/memory.hpp): Buffer(shape) is usable on every
+/// stream when constructed, Buffer(shape, cuda_exec{stream}) on `stream` without any wait; both
+/// are freed in stream order, so work on other non-blocking streams must be finished or joined
+/// (an Event) before the Buffer is destroyed.
 template <element_type T, memory_space Space = host>
 class Buffer {
   static_assert(!std::is_const_v<T>, "tandem: a Buffer owns mutable elements; use View<const T>");
+  using allocator = space_allocator<Space>;
 
  public:
   using value_type = T;
@@ -244,10 +268,32 @@ class Buffer {
 
   Buffer() = default;
   explicit Buffer(std::size_t size) : Buffer(Shape{static_cast<std::int64_t>(size)}) {}
-  explicit Buffer(Shape shape)
-      : data_(space_allocator<Space>::template allocate<T>(shape.numel())),
-        size_(shape.numel()),
-        shape_(shape) {
+  explicit Buffer(Shape shape) : size_(shape.numel()), shape_(shape) {
+    if constexpr (detail::allocates_with_state<allocator, T, allocation_state<Space>>) {
+      data_ = allocator::template allocate<T>(size_, allocation_);
+    } else {
+      data_ = allocator::template allocate<T>(size_);
+    }
+    if constexpr (std::same_as<Space, host>) std::fill_n(data_, size_, T{});
+  }
+
+  /// Allocated for work on `exec`: device memory in the order of its stream (usable there at
+  /// once, freed behind that stream's work, so the stream must outlive the Buffer); other spaces
+  /// as Buffer(shape).
+  template <Executor E>
+  requires ExecutorFor<E, Space>
+  explicit Buffer(std::size_t size, const E& exec)
+      : Buffer(Shape{static_cast<std::int64_t>(size)}, exec) {}
+  template <Executor E>
+  requires ExecutorFor<E, Space>
+  explicit Buffer(Shape shape, const E& exec) : size_(shape.numel()), shape_(shape) {
+    if constexpr (detail::allocates_for_executor<allocator, T, E, allocation_state<Space>>) {
+      data_ = allocator::template allocate<T>(size_, exec, allocation_);
+    } else if constexpr (detail::allocates_with_state<allocator, T, allocation_state<Space>>) {
+      data_ = allocator::template allocate<T>(size_, allocation_);
+    } else {
+      data_ = allocator::template allocate<T>(size_);
+    }
     if constexpr (std::same_as<Space, host>) std::fill_n(data_, size_, T{});
   }
 
@@ -256,13 +302,15 @@ class Buffer {
   Buffer(Buffer&& other) noexcept
       : data_(std::exchange(other.data_, nullptr)),
         size_(std::exchange(other.size_, 0)),
-        shape_(std::exchange(other.shape_, Shape{0})) {}
+        shape_(std::exchange(other.shape_, Shape{0})),
+        allocation_(other.allocation_) {}
   Buffer& operator=(Buffer&& other) noexcept {
     if (this != &other) {
       release();
       data_ = std::exchange(other.data_, nullptr);
       size_ = std::exchange(other.size_, 0);
       shape_ = std::exchange(other.shape_, Shape{0});
+      allocation_ = other.allocation_;
     }
     return *this;
   }
@@ -274,6 +322,8 @@ class Buffer {
   [[nodiscard]] std::size_t size_bytes() const noexcept { return size_ * sizeof(T); }
   [[nodiscard]] bool empty() const noexcept { return size_ == 0; }
   [[nodiscard]] Shape shape() const noexcept { return shape_; }
+  /// Where the allocation is ordered (device memory: its stream and device); empty elsewhere.
+  [[nodiscard]] const allocation_state<Space>& allocation() const noexcept { return allocation_; }
 
   [[nodiscard]] View<T, Space> view() noexcept { return View<T, Space>(data_, shape()); }
   [[nodiscard]] View<const T, Space> view() const noexcept {
@@ -291,7 +341,11 @@ class Buffer {
 
  private:
   void release() noexcept {
-    space_allocator<Space>::deallocate(data_, size_);
+    if constexpr (detail::deallocates_with_state<allocator, T, allocation_state<Space>>) {
+      allocator::deallocate(data_, size_, allocation_);
+    } else {
+      allocator::deallocate(data_, size_);
+    }
     data_ = nullptr;
     size_ = 0;
   }
@@ -299,6 +353,7 @@ class Buffer {
   T* data_ = nullptr;
   std::size_t size_ = 0;
   Shape shape_{0};  // always the true shape: a rank-0 shape is a scalar of one element
+  [[no_unique_address]] allocation_state<Space> allocation_{};
 };
 
 }  // namespace tandem
