@@ -10,6 +10,7 @@
 #include <concepts>
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -77,8 +78,47 @@ class WorkState {
     return done_ && error_ != nullptr;
   }
 
+  /// Runs `step` once the operation has succeeded and before anyone waiting sees it finish: on
+  /// the thread that completes it, or on this one when it already has. A step that throws fails
+  /// the operation. This is how a staged copy back to the device joins the operation it ends.
+  void after_success(std::function<void()> step) {
+    {
+      std::lock_guard lock(mutex_);
+      if (!finishing_) {
+        if (step_) {
+          step_ = [first = std::move(step_), then = std::move(step)] {
+            first();
+            then();
+          };
+        } else {
+          step_ = std::move(step);
+        }
+        return;
+      }
+    }
+    std::unique_lock lock(mutex_);
+    finished_.wait(lock, [&] { return done_; });
+    if (error_) return;
+    lock.unlock();
+    step();
+  }
+
  private:
   void finish(std::exception_ptr error) noexcept {
+    std::function<void()> step;
+    {
+      std::lock_guard lock(mutex_);
+      finishing_ = true;
+      step = std::move(step_);
+    }
+    if (!error && step) {
+      try {
+        step();
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    step = nullptr;  // what the step holds is released before anyone waiting wakes
     {
       std::lock_guard lock(mutex_);
       error_ = std::move(error);
@@ -90,7 +130,9 @@ class WorkState {
   mutable std::mutex mutex_;
   std::condition_variable finished_;
   bool done_ = false;
+  bool finishing_ = false;
   std::exception_ptr error_;
+  std::function<void()> step_;
 };
 
 }  // namespace detail
@@ -114,6 +156,9 @@ class [[nodiscard]] Work {
   }
   /// Whether the operation has finished with a failure (wait() would rethrow it).
   [[nodiscard]] bool failed() const { return state_ && state_->failed(); }
+
+  /// The shared state, for backends that add a step to the end of an operation.
+  [[nodiscard]] const std::shared_ptr<detail::WorkState>& state() const noexcept { return state_; }
 
  private:
   std::shared_ptr<detail::WorkState> state_;

@@ -81,6 +81,7 @@
 #include "tandem/comm/detail/mpi_engine.hpp"
 #include "tandem/comm/detail/mpi_runtime.hpp"
 #include "tandem/comm/detail/reduction.hpp"
+#include "tandem/comm/detail/staging.hpp"
 #include "tandem/comm/store.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/core/timeout.hpp"
@@ -335,7 +336,11 @@ class MpiComm {
   }
   template <Tensor In, Tensor Out>
   void all_reduce(In&& in, Out&& out, ReduceOp op = ReduceOp::sum) {
-    run_sync("all_reduce", true, [&] { return all_reduce_call(in, out, op); });
+    if constexpr (detail::needs_staging<memory_space, In, Out>) {
+      detail::staged(in, out, [&](auto& i, auto& o) { all_reduce(i, o, op); });
+    } else {
+      run_sync("all_reduce", true, [&] { return all_reduce_call(in, out, op); });
+    }
   }
   template <Tensor T>
   Work all_reduce_async(T&& t, ReduceOp op = ReduceOp::sum) {
@@ -343,84 +348,157 @@ class MpiComm {
   }
   template <Tensor In, Tensor Out>
   Work all_reduce_async(In&& in, Out&& out, ReduceOp op = ReduceOp::sum) {
-    return self().launch(all_reduce_call(in, out, op));
+    if constexpr (detail::needs_staging<memory_space, In, Out>) {
+      return detail::staged_async(in, out,
+                                  [&](auto& i, auto& o) { return all_reduce_async(i, o, op); });
+    } else {
+      return self().launch(all_reduce_call(in, out, op));
+    }
   }
 
   // --- reduce (result on root only) -------------------------------------------------------------
 
   template <Tensor T>
   void reduce(T&& t, int root, ReduceOp op = ReduceOp::sum) {
-    run_sync("reduce", true, [&] { return reduce_call(t, root, op); });
+    if constexpr (detail::needs_staging<memory_space, T>) {
+      detail::staged_one(t,
+                         rank() == root ? detail::Direction::read_write : detail::Direction::read,
+                         [&](auto& h) { reduce(h, root, op); });
+    } else {
+      run_sync("reduce", true, [&] { return reduce_call(t, root, op); });
+    }
   }
   template <Tensor T>
   Work reduce_async(T&& t, int root, ReduceOp op = ReduceOp::sum) {
-    return self().launch(reduce_call(t, root, op));
+    if constexpr (detail::needs_staging<memory_space, T>) {
+      return detail::staged_one_async(
+          t, rank() == root ? detail::Direction::read_write : detail::Direction::read,
+          [&](auto& h) { return reduce_async(h, root, op); });
+    } else {
+      return self().launch(reduce_call(t, root, op));
+    }
   }
 
   // --- broadcast --------------------------------------------------------------------------------
 
   template <Tensor T>
   void broadcast(T&& t, int root) {
-    run_sync("broadcast", true, [&] { return broadcast_call(t, root); });
+    if constexpr (detail::needs_staging<memory_space, T>) {
+      detail::staged_one(t, rank() == root ? detail::Direction::read : detail::Direction::write,
+                         [&](auto& h) { broadcast(h, root); });
+    } else {
+      run_sync("broadcast", true, [&] { return broadcast_call(t, root); });
+    }
   }
   template <Tensor T>
   Work broadcast_async(T&& t, int root) {
-    return self().launch(broadcast_call(t, root));
+    if constexpr (detail::needs_staging<memory_space, T>) {
+      return detail::staged_one_async(
+          t, rank() == root ? detail::Direction::read : detail::Direction::write,
+          [&](auto& h) { return broadcast_async(h, root); });
+    } else {
+      return self().launch(broadcast_call(t, root));
+    }
   }
 
   // --- all_gather: out holds size() * in.size() elements, rank r's at r * in.size() -----------
 
   template <Tensor In, Tensor Out>
   void all_gather(In&& in, Out&& out) {
-    run_sync("all_gather", true, [&] { return all_gather_call(in, out); });
+    if constexpr (detail::needs_staging<memory_space, In, Out>) {
+      detail::staged(in, out, [&](auto& i, auto& o) { all_gather(i, o); });
+    } else {
+      run_sync("all_gather", true, [&] { return all_gather_call(in, out); });
+    }
   }
   template <Tensor In, Tensor Out>
   Work all_gather_async(In&& in, Out&& out) {
-    return self().launch(all_gather_call(in, out));
+    if constexpr (detail::needs_staging<memory_space, In, Out>) {
+      return detail::staged_async(in, out,
+                                  [&](auto& i, auto& o) { return all_gather_async(i, o); });
+    } else {
+      return self().launch(all_gather_call(in, out));
+    }
   }
 
   // --- gather: out (size() * in.size() elements) is used on the root only -------------------
 
   template <Tensor In, Tensor Out>
   void gather(In&& in, Out&& out, int root) {
-    run_sync("gather", true, [&] { return gather_call(in, out, root); });
+    if constexpr (detail::needs_staging<memory_space, In, Out>) {
+      detail::staged(in, out, [&](auto& i, auto& o) { gather(i, o, root); });
+    } else {
+      run_sync("gather", true, [&] { return gather_call(in, out, root); });
+    }
   }
   template <Tensor In, Tensor Out>
   Work gather_async(In&& in, Out&& out, int root) {
-    return self().launch(gather_call(in, out, root));
+    if constexpr (detail::needs_staging<memory_space, In, Out>) {
+      return detail::staged_async(in, out,
+                                  [&](auto& i, auto& o) { return gather_async(i, o, root); });
+    } else {
+      return self().launch(gather_call(in, out, root));
+    }
   }
 
   // --- scatter: in (size() * out.size() elements) is used on the root only ------------------
 
   template <Tensor In, Tensor Out>
   void scatter(In&& in, Out&& out, int root) {
-    run_sync("scatter", true, [&] { return scatter_call(in, out, root); });
+    if constexpr (detail::needs_staging<memory_space, In, Out>) {
+      detail::staged(in, out, [&](auto& i, auto& o) { scatter(i, o, root); });
+    } else {
+      run_sync("scatter", true, [&] { return scatter_call(in, out, root); });
+    }
   }
   template <Tensor In, Tensor Out>
   Work scatter_async(In&& in, Out&& out, int root) {
-    return self().launch(scatter_call(in, out, root));
+    if constexpr (detail::needs_staging<memory_space, In, Out>) {
+      return detail::staged_async(in, out,
+                                  [&](auto& i, auto& o) { return scatter_async(i, o, root); });
+    } else {
+      return self().launch(scatter_call(in, out, root));
+    }
   }
 
   // --- reduce_scatter: in holds size() * out.size() elements --------------------------------
 
   template <Tensor In, Tensor Out>
   void reduce_scatter(In&& in, Out&& out, ReduceOp op = ReduceOp::sum) {
-    run_sync("reduce_scatter", true, [&] { return reduce_scatter_call(in, out, op); });
+    if constexpr (detail::needs_staging<memory_space, In, Out>) {
+      detail::staged(in, out, [&](auto& i, auto& o) { reduce_scatter(i, o, op); });
+    } else {
+      run_sync("reduce_scatter", true, [&] { return reduce_scatter_call(in, out, op); });
+    }
   }
   template <Tensor In, Tensor Out>
   Work reduce_scatter_async(In&& in, Out&& out, ReduceOp op = ReduceOp::sum) {
-    return self().launch(reduce_scatter_call(in, out, op));
+    if constexpr (detail::needs_staging<memory_space, In, Out>) {
+      return detail::staged_async(in, out,
+                                  [&](auto& i, auto& o) { return reduce_scatter_async(i, o, op); });
+    } else {
+      return self().launch(reduce_scatter_call(in, out, op));
+    }
   }
 
   // --- all_to_all: in and out hold size() * k elements; slot s of in goes to rank s ---------
 
   template <Tensor In, Tensor Out>
   void all_to_all(In&& in, Out&& out) {
-    run_sync("all_to_all", true, [&] { return all_to_all_call(in, out); });
+    if constexpr (detail::needs_staging<memory_space, In, Out>) {
+      detail::staged(in, out, [&](auto& i, auto& o) { all_to_all(i, o); });
+    } else {
+      run_sync("all_to_all", true, [&] { return all_to_all_call(in, out); });
+    }
   }
   template <Tensor In, Tensor Out>
   Work all_to_all_async(In&& in, Out&& out) {
-    return self().launch(all_to_all_call(in, out));
+    if constexpr (detail::needs_staging<memory_space, In, Out>) {
+      return detail::staged_async(in, out,
+                                  [&](auto& i, auto& o) { return all_to_all_async(i, o); });
+    } else {
+      return self().launch(all_to_all_call(in, out));
+    }
   }
 
   // --- point to point ---------------------------------------------------------------------------
@@ -428,20 +506,38 @@ class MpiComm {
   /// Sends `t` to `peer` with `tag` (0 .. MPI_TAG_UB); may block until `peer` posts the recv.
   template <Tensor T>
   void send(T&& t, int peer, int tag = 0) {
-    run_sync("send", false, [&] { return send_call(t, peer, tag); });
+    if constexpr (detail::needs_staging<memory_space, T>) {
+      detail::staged_one(t, detail::Direction::read, [&](auto& h) { send(h, peer, tag); });
+    } else {
+      run_sync("send", false, [&] { return send_call(t, peer, tag); });
+    }
   }
   template <Tensor T>
   Work send_async(T&& t, int peer, int tag = 0) {
-    return self().launch(send_call(t, peer, tag));
+    if constexpr (detail::needs_staging<memory_space, T>) {
+      return detail::staged_one_async(t, detail::Direction::read,
+                                      [&](auto& h) { return send_async(h, peer, tag); });
+    } else {
+      return self().launch(send_call(t, peer, tag));
+    }
   }
   /// Receives the oldest message from `peer` with `tag`; it must hold exactly t.size() elements.
   template <Tensor T>
   void recv(T&& t, int peer, int tag = 0) {
-    run_sync("recv", false, [&] { return recv_call(t, peer, tag); });
+    if constexpr (detail::needs_staging<memory_space, T>) {
+      detail::staged_one(t, detail::Direction::write, [&](auto& h) { recv(h, peer, tag); });
+    } else {
+      run_sync("recv", false, [&] { return recv_call(t, peer, tag); });
+    }
   }
   template <Tensor T>
   Work recv_async(T&& t, int peer, int tag = 0) {
-    return self().launch(recv_call(t, peer, tag));
+    if constexpr (detail::needs_staging<memory_space, T>) {
+      return detail::staged_one_async(t, detail::Direction::write,
+                                      [&](auto& h) { return recv_async(h, peer, tag); });
+    } else {
+      return self().launch(recv_call(t, peer, tag));
+    }
   }
 
   // --- barrier and split --------------------------------------------------------------------

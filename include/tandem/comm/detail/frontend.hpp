@@ -4,6 +4,8 @@
 // (`_async`, returning tandem::Work). Static dispatch only (CRTP): no virtual call on the way.
 //   class MyComm : public tandem::detail::CollectiveFrontend<MyComm, tandem::host> { ... };
 // Needs: the standard library. Not a public header: backends include it.
+// A host frontend (Space host) also takes device tensors: it stages them through pinned memory
+// (detail/staging.hpp), so device code runs on Gloo or LocalComm unchanged.
 //
 // What Derived provides (the base is its friend):
 // - `Engine& self() const`: its engine, at a stable address (heap-allocated, so that `_async`
@@ -29,6 +31,7 @@
 
 #include "tandem/comm/communicator.hpp"
 #include "tandem/comm/detail/collective_args.hpp"
+#include "tandem/comm/detail/staging.hpp"
 #include "tandem/tensor/tensor.hpp"
 
 namespace tandem::detail {
@@ -51,7 +54,11 @@ class CollectiveFrontend {
   }
   template <Tensor In, Tensor Out>
   void all_reduce(In&& in, Out&& out, ReduceOp op = ReduceOp::sum) {
-    run_now(all_reduce_task(in, out, op));
+    if constexpr (needs_staging<Space, In, Out>) {
+      staged(in, out, [&](auto& i, auto& o) { all_reduce(i, o, op); });
+    } else {
+      run_now(all_reduce_task(in, out, op));
+    }
   }
   template <Tensor T>
   Work all_reduce_async(T&& t, ReduceOp op = ReduceOp::sum) {
@@ -59,104 +66,187 @@ class CollectiveFrontend {
   }
   template <Tensor In, Tensor Out>
   Work all_reduce_async(In&& in, Out&& out, ReduceOp op = ReduceOp::sum) {
-    return run_later(all_reduce_task(in, out, op));
+    if constexpr (needs_staging<Space, In, Out>) {
+      return staged_async(in, out, [&](auto& i, auto& o) { return all_reduce_async(i, o, op); });
+    } else {
+      return run_later(all_reduce_task(in, out, op));
+    }
   }
 
   // --- reduce (result on root only) -------------------------------------------------------------
 
   template <Tensor T>
   void reduce(T&& t, int root, ReduceOp op = ReduceOp::sum) {
-    run_now(reduce_task(t, root, op));
+    if constexpr (needs_staging<Space, T>) {
+      staged_one(t, rank() == root ? Direction::read_write : Direction::read,
+                 [&](auto& h) { reduce(h, root, op); });
+    } else {
+      run_now(reduce_task(t, root, op));
+    }
   }
   template <Tensor T>
   Work reduce_async(T&& t, int root, ReduceOp op = ReduceOp::sum) {
-    return run_later(reduce_task(t, root, op));
+    if constexpr (needs_staging<Space, T>) {
+      return staged_one_async(t, rank() == root ? Direction::read_write : Direction::read,
+                              [&](auto& h) { return reduce_async(h, root, op); });
+    } else {
+      return run_later(reduce_task(t, root, op));
+    }
   }
 
   // --- broadcast --------------------------------------------------------------------------------
 
   template <Tensor T>
   void broadcast(T&& t, int root) {
-    run_now(broadcast_task(t, root));
+    if constexpr (needs_staging<Space, T>) {
+      staged_one(t, rank() == root ? Direction::read : Direction::write,
+                 [&](auto& h) { broadcast(h, root); });
+    } else {
+      run_now(broadcast_task(t, root));
+    }
   }
   template <Tensor T>
   Work broadcast_async(T&& t, int root) {
-    return run_later(broadcast_task(t, root));
+    if constexpr (needs_staging<Space, T>) {
+      return staged_one_async(t, rank() == root ? Direction::read : Direction::write,
+                              [&](auto& h) { return broadcast_async(h, root); });
+    } else {
+      return run_later(broadcast_task(t, root));
+    }
   }
 
   // --- all_gather: out holds size() * in.size() elements, rank r's at r * in.size() -----------
 
   template <Tensor In, Tensor Out>
   void all_gather(In&& in, Out&& out) {
-    run_now(all_gather_task(in, out));
+    if constexpr (needs_staging<Space, In, Out>) {
+      staged(in, out, [&](auto& i, auto& o) { all_gather(i, o); });
+    } else {
+      run_now(all_gather_task(in, out));
+    }
   }
   template <Tensor In, Tensor Out>
   Work all_gather_async(In&& in, Out&& out) {
-    return run_later(all_gather_task(in, out));
+    if constexpr (needs_staging<Space, In, Out>) {
+      return staged_async(in, out, [&](auto& i, auto& o) { return all_gather_async(i, o); });
+    } else {
+      return run_later(all_gather_task(in, out));
+    }
   }
 
   // --- gather: out (size() * in.size() elements) is used on the root only -------------------
 
   template <Tensor In, Tensor Out>
   void gather(In&& in, Out&& out, int root) {
-    run_now(gather_task(in, out, root));
+    if constexpr (needs_staging<Space, In, Out>) {
+      staged(in, out, [&](auto& i, auto& o) { gather(i, o, root); });
+    } else {
+      run_now(gather_task(in, out, root));
+    }
   }
   template <Tensor In, Tensor Out>
   Work gather_async(In&& in, Out&& out, int root) {
-    return run_later(gather_task(in, out, root));
+    if constexpr (needs_staging<Space, In, Out>) {
+      return staged_async(in, out, [&](auto& i, auto& o) { return gather_async(i, o, root); });
+    } else {
+      return run_later(gather_task(in, out, root));
+    }
   }
 
   // --- scatter: in (size() * out.size() elements) is used on the root only ------------------
 
   template <Tensor In, Tensor Out>
   void scatter(In&& in, Out&& out, int root) {
-    run_now(scatter_task(in, out, root));
+    if constexpr (needs_staging<Space, In, Out>) {
+      staged(in, out, [&](auto& i, auto& o) { scatter(i, o, root); });
+    } else {
+      run_now(scatter_task(in, out, root));
+    }
   }
   template <Tensor In, Tensor Out>
   Work scatter_async(In&& in, Out&& out, int root) {
-    return run_later(scatter_task(in, out, root));
+    if constexpr (needs_staging<Space, In, Out>) {
+      return staged_async(in, out, [&](auto& i, auto& o) { return scatter_async(i, o, root); });
+    } else {
+      return run_later(scatter_task(in, out, root));
+    }
   }
 
   // --- reduce_scatter: in holds size() * out.size() elements --------------------------------
 
   template <Tensor In, Tensor Out>
   void reduce_scatter(In&& in, Out&& out, ReduceOp op = ReduceOp::sum) {
-    run_now(reduce_scatter_task(in, out, op));
+    if constexpr (needs_staging<Space, In, Out>) {
+      staged(in, out, [&](auto& i, auto& o) { reduce_scatter(i, o, op); });
+    } else {
+      run_now(reduce_scatter_task(in, out, op));
+    }
   }
   template <Tensor In, Tensor Out>
   Work reduce_scatter_async(In&& in, Out&& out, ReduceOp op = ReduceOp::sum) {
-    return run_later(reduce_scatter_task(in, out, op));
+    if constexpr (needs_staging<Space, In, Out>) {
+      return staged_async(in, out,
+                          [&](auto& i, auto& o) { return reduce_scatter_async(i, o, op); });
+    } else {
+      return run_later(reduce_scatter_task(in, out, op));
+    }
   }
 
   // --- all_to_all: in and out hold size() * k elements; slot s of in goes to rank s ---------
 
   template <Tensor In, Tensor Out>
   void all_to_all(In&& in, Out&& out) {
-    run_now(all_to_all_task(in, out));
+    if constexpr (needs_staging<Space, In, Out>) {
+      staged(in, out, [&](auto& i, auto& o) { all_to_all(i, o); });
+    } else {
+      run_now(all_to_all_task(in, out));
+    }
   }
   template <Tensor In, Tensor Out>
   Work all_to_all_async(In&& in, Out&& out) {
-    return run_later(all_to_all_task(in, out));
+    if constexpr (needs_staging<Space, In, Out>) {
+      return staged_async(in, out, [&](auto& i, auto& o) { return all_to_all_async(i, o); });
+    } else {
+      return run_later(all_to_all_task(in, out));
+    }
   }
 
   // --- point to point (see the backend's header for when send returns) -----------------------
 
   template <Tensor T>
   void send(T&& t, int peer, int tag = 0) {
-    run_now(send_task(t, peer, tag));
+    if constexpr (needs_staging<Space, T>) {
+      staged_one(t, Direction::read, [&](auto& h) { send(h, peer, tag); });
+    } else {
+      run_now(send_task(t, peer, tag));
+    }
   }
   template <Tensor T>
   Work send_async(T&& t, int peer, int tag = 0) {
-    return run_later(send_task(t, peer, tag));
+    if constexpr (needs_staging<Space, T>) {
+      return staged_one_async(t, Direction::read,
+                              [&](auto& h) { return send_async(h, peer, tag); });
+    } else {
+      return run_later(send_task(t, peer, tag));
+    }
   }
   /// Waits for the oldest message from `peer` with `tag`; its type and count must match `t`.
   template <Tensor T>
   void recv(T&& t, int peer, int tag = 0) {
-    run_now(recv_task(t, peer, tag));
+    if constexpr (needs_staging<Space, T>) {
+      staged_one(t, Direction::write, [&](auto& h) { recv(h, peer, tag); });
+    } else {
+      run_now(recv_task(t, peer, tag));
+    }
   }
   template <Tensor T>
   Work recv_async(T&& t, int peer, int tag = 0) {
-    return run_later(recv_task(t, peer, tag));
+    if constexpr (needs_staging<Space, T>) {
+      return staged_one_async(t, Direction::write,
+                              [&](auto& h) { return recv_async(h, peer, tag); });
+    } else {
+      return run_later(recv_task(t, peer, tag));
+    }
   }
 
   // --- barrier and split --------------------------------------------------------------------
