@@ -6,6 +6,9 @@
 // wrong in a thread-safe Failures list; the main thread CHECKs it (doctest 2.4.9 assertions are
 // not safe to call from several threads at once).
 // Results are compared with a serial reference computed here, in rank order.
+// The bodies pass host containers (std::vector, std::span); a backend whose tensors live on the
+// GPU runs them through an adapter that stages each call through device memory (the NCCL tests
+// do), with Matrix::tagged_send_recv false when its sends have no tags and wait for their recv.
 #pragma once
 
 #include <doctest/doctest.h>
@@ -236,6 +239,10 @@ struct Matrix {
   /// every call costs milliseconds (processes over TCP): each case runs in one mode, rotating so
   /// that every count still meets every mode within each body.
   bool rotate_modes = false;
+  /// true: send/recv match by tag and a send never waits for its recv (send_recv_body). false,
+  /// for backends without tags whose send waits for the matching recv (NCCL): ranks pair their
+  /// sends and receives in an order that cannot deadlock (paired_send_recv_body).
+  bool tagged_send_recv = true;
 };
 
 /// The modes of the next case of a body, as Matrix::rotate_modes asks. Every rank builds the
@@ -572,6 +579,62 @@ void send_recv_body(Comm& comm, Failures& failures) {
   });
 }
 
+/// Tag 0 only, and every send waits for its recv: around the ring, even ranks send first and odd
+/// ranks receive first, so no rank waits on a peer that waits on it. A single rank has no peer.
+template <class Comm>
+void paired_send_recv_body(Comm& comm, Failures& failures) {
+  const int n = comm.size();
+  const int me = comm.rank();
+  if (n < 2) return;
+  const int next = (me + 1) % n;
+  const int prev = (me + n - 1) % n;
+  // With an odd ring the last rank is even as well as rank 0: it receives first too, or rank 0's
+  // receive from it would wait behind its send to rank 0.
+  const bool send_first = me % 2 == 0 && !(n % 2 == 1 && me == n - 1);
+  for_each_type([&]<class T>() {
+    for (bool async : {false, true}) {
+      const Case c{"send/recv", dtype_traits<T>::name, 13, {false, async}, me, n};
+      std::vector<T> outgoing(13);
+      for (std::size_t i = 0; i < outgoing.size(); ++i) outgoing[i] = pattern<T>(me, i, 5);
+      std::vector<T> incoming(13, from_int<T>(99));
+      const std::span<const T> message(outgoing);
+      auto send = [&] {
+        if (async) {
+          comm.send_async(message, next, 0).wait();
+        } else {
+          comm.send(message, next, 0);
+        }
+      };
+      auto recv = [&] {
+        if (async) {
+          comm.recv_async(incoming, prev, 0).wait();
+        } else {
+          comm.recv(incoming, prev, 0);
+        }
+      };
+      if (send_first) {
+        send();
+        recv();
+      } else {
+        recv();
+        send();
+      }
+      compare(failures, c, incoming.data(), incoming.size(),
+              [&](std::size_t i) { return pattern<T>(prev, i, 5); });
+    }
+  });
+}
+
+/// send_recv_body or paired_send_recv_body, as the matrix says the backend's sends behave.
+template <class Comm>
+void point_to_point_body(Comm& comm, Failures& failures, const Matrix& matrix) {
+  if (matrix.tagged_send_recv) {
+    send_recv_body(comm, failures);
+  } else {
+    paired_send_recv_body(comm, failures);
+  }
+}
+
 /// Several `_async` operations in flight, then a sync one: all complete, in order.
 template <class Comm>
 void async_ordering_body(Comm& comm, Failures& failures) {
@@ -638,7 +701,7 @@ void check_all_collectives(Runner& run, int world_size, const Matrix& matrix = {
     scatter_body(comm, failures, matrix);
     reduce_scatter_body(comm, failures, matrix);
     all_to_all_body(comm, failures, matrix);
-    send_recv_body(comm, failures);
+    point_to_point_body(comm, failures, matrix);
     async_ordering_body(comm, failures);
     determinism_body(comm, failures);
     comm.barrier();
@@ -656,7 +719,7 @@ void subgroup_bodies(Comm& comm, Failures& failures, const Matrix& matrix) {
   scatter_body(comm, failures, matrix);
   reduce_scatter_body(comm, failures, matrix);
   all_to_all_body(comm, failures, matrix);
-  send_recv_body(comm, failures);
+  point_to_point_body(comm, failures, matrix);
 }
 
 /// split (colours by parity, keys reversing the order), nested split, no_color, and new_group.

@@ -1,0 +1,311 @@
+// NcclComm on this process's GPUs: the conformance suite at world size 1 and, through
+// run_local_nccl, with one thread per GPU; streams, groups, split, the rendezvous through a store,
+// and the never-hang paths (a rank that never joins, an abort, a watchdog timeout). Without a GPU
+// it prints why and exits 77 (skipped); cases that need two GPUs say so and pass vacuously only
+// when the machine has fewer.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "staged.hpp"
+#include "support/collective_suite.hpp"
+#include "support/free_port.hpp"
+#include "support/temp_dir.hpp"
+#include "tandem/comm/init.hpp"
+#include "tandem/comm/nccl.hpp"
+#include "tandem/cuda/runtime.hpp"
+
+using namespace std::chrono_literals;
+using tandem::NcclComm;
+using tandem::test::Staged;
+
+static_assert(tandem::Communicator<NcclComm>);
+static_assert(tandem::ProcessGroupBackend<NcclComm>);
+static_assert(std::is_same_v<NcclComm::memory_space, tandem::device>);
+
+namespace {
+
+/// Device memory for `count` elements of E, freed at scope exit.
+template <class E>
+class DeviceArray {
+ public:
+  explicit DeviceArray(std::size_t count) : count_(count) {
+    tandem::cuda::check(cudaMalloc(&data_, count * sizeof(E)), "cudaMalloc");
+  }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  ~DeviceArray() { (void)cudaFree(data_); }
+
+  [[nodiscard]] tandem::View<E, tandem::device> view() const {
+    return tandem::View<E, tandem::device>(data_, count_);
+  }
+  void upload(const std::vector<E>& values, cudaStream_t stream) {
+    tandem::cuda::check(
+        cudaMemcpyAsync(data_, values.data(), count_ * sizeof(E), cudaMemcpyHostToDevice, stream),
+        "cudaMemcpyAsync");
+  }
+  std::vector<E> download(cudaStream_t stream) const {
+    std::vector<E> values(count_);
+    tandem::cuda::check(
+        cudaMemcpyAsync(values.data(), data_, count_ * sizeof(E), cudaMemcpyDeviceToHost, stream),
+        "cudaMemcpyAsync");
+    tandem::cuda::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    return values;
+  }
+
+ private:
+  E* data_ = nullptr;
+  std::size_t count_;
+};
+
+/// A one-rank NcclComm on GPU 0.
+NcclComm single(tandem::NcclCommOptions options = {}) {
+  tandem::cuda::check(cudaSetDevice(0), "cudaSetDevice");
+  return NcclComm::create(NcclComm::unique_id(), 0, 1, options);
+}
+
+/// The suite's Runner for one rank: an NcclComm of its own behind the staging adapter.
+struct SingleRunner {
+  template <class Fn>
+  void operator()(int world_size, Fn fn) {
+    REQUIRE(world_size == 1);
+    Staged staged(single());
+    fn(staged);
+  }
+};
+
+/// The suite's Runner for run_local_nccl: one thread per GPU.
+struct LocalRunner {
+  template <class Fn>
+  void operator()(int world_size, Fn fn) {
+    tandem::run_local_nccl(world_size, [&](NcclComm& comm) {
+      Staged staged(std::move(comm));
+      fn(staged);
+    });
+  }
+};
+
+tandem::test::Matrix nccl_matrix() {
+  tandem::test::Matrix matrix;
+  matrix.tagged_send_recv = false;
+  return matrix;
+}
+
+tandem::test::Matrix nccl_subgroup_matrix() {
+  tandem::test::Matrix matrix{{0, 1, 13}};
+  matrix.tagged_send_recv = false;
+  return matrix;
+}
+
+int gpus() {
+  return tandem::cuda::device_count();
+}
+
+}  // namespace
+
+TEST_CASE("conformance at world size 1: every collective, element type and op on device memory") {
+  SingleRunner run;
+  tandem::test::check_all_collectives(run, 1, nccl_matrix());
+  tandem::test::check_subgroups(run, 1, nccl_subgroup_matrix());
+  tandem::test::check_local_errors(run, 1);
+}
+
+TEST_CASE("conformance through run_local_nccl, one thread per GPU") {
+  LocalRunner run;
+  const int n = gpus();
+  INFO("GPUs: " << n);
+  tandem::test::check_all_collectives(run, n, nccl_matrix());
+  tandem::test::check_subgroups(run, n, nccl_subgroup_matrix());
+  tandem::test::check_local_errors(run, n);
+}
+
+TEST_CASE("a sync operation is ordered on the caller's stream; an async one completes its Work") {
+  NcclComm comm = single();
+  tandem::cuda::Stream mine;
+  comm.use_stream(mine.get());
+  CHECK(comm.caller_stream() == mine.get());
+  CHECK(comm.stream() != mine.get());
+  DeviceArray<float> data(1 << 20);
+  std::vector<float> values(1 << 20, 1.5f);
+  data.upload(values, mine.get());  // queued on our stream: the all_reduce must wait for it
+  comm.all_reduce(data.view(), tandem::ReduceOp::avg);
+  const auto after = data.download(mine.get());  // ordered after it on the same stream
+  CHECK(after.front() == 1.5f);
+  CHECK(after.back() == 1.5f);
+
+  std::vector<float> fours(1 << 20, 4.0f);
+  data.upload(fours, mine.get());
+  tandem::Work work = comm.all_reduce_async(data.view(), tandem::ReduceOp::max);
+  CHECK(work.wait_for(60s));
+  CHECK_FALSE(work.failed());
+  comm.wait_stream(mine.get());
+  CHECK(data.download(mine.get())[12345] == 4.0f);
+  comm.synchronize();
+  comm.barrier();
+  CHECK(comm.barrier_async().wait_for(60s));
+}
+
+TEST_CASE("a group issues several operations at once; a send to oneself needs one") {
+  NcclComm comm = single();
+  const cudaStream_t stream = comm.caller_stream();
+  DeviceArray<std::int32_t> a(100), b(100), out(100);
+  a.upload(std::vector<std::int32_t>(100, 7), stream);
+  b.upload(std::vector<std::int32_t>(100, 9), stream);
+  {
+    tandem::NcclGroup group(comm);
+    comm.all_reduce(a.view(), tandem::ReduceOp::sum);
+    comm.send(tandem::View<const std::int32_t, tandem::device>(b.view()), 0);
+    comm.recv(out.view(), 0);
+    group.end();
+  }
+  CHECK(a.download(stream)[99] == 7);
+  CHECK(out.download(stream)[0] == 9);
+
+  // `_async` operations inside a group finish together.
+  std::vector<tandem::Work> works;
+  {
+    tandem::NcclGroup group(comm);
+    works.push_back(comm.broadcast_async(a.view(), 0));
+    works.push_back(comm.all_reduce_async(b.view(), tandem::ReduceOp::prod));
+  }
+  for (const auto& work : works) CHECK(work.wait_for(60s));
+  CHECK(b.download(stream)[50] == 9);
+}
+
+TEST_CASE("NCCL has no tags: a nonzero tag is an Error, not a silently ignored tag") {
+  NcclComm comm = single();
+  DeviceArray<float> data(4);
+  CHECK_THROWS_WITH_AS(comm.send(data.view(), 0, 3),
+                       doctest::Contains("tag 3 is outside NCCL's range"), tandem::Error);
+  CHECK_THROWS_WITH_AS(comm.recv(data.view(), 0, 1), doctest::Contains("rank 0: recv"),
+                       tandem::Error);
+}
+
+TEST_CASE("split makes NCCL subgroups; no_color stays out") {
+  NcclComm comm = single();
+  auto same = comm.split(0, 5);
+  REQUIRE(same.has_value());
+  CHECK(same->rank() == 0);
+  CHECK(same->size() == 1);
+  CHECK(same->device() == comm.device());
+  DeviceArray<double> data(3);
+  data.upload({1.0, 2.0, 3.0}, same->caller_stream());
+  same->all_reduce(data.view(), tandem::ReduceOp::avg);
+  CHECK(data.download(same->caller_stream())[2] == 3.0);
+  CHECK_FALSE(comm.split(tandem::no_color).has_value());
+  CHECK_THROWS_WITH_AS((void)comm.split(-3), doctest::Contains("color -3 is negative"),
+                       tandem::Error);
+}
+
+TEST_CASE("init_process_group<NcclComm> over tcp:// and file:// at world size 1") {
+  tandem::cuda::check(cudaSetDevice(0), "cudaSetDevice");
+  tandem::World world;
+  world.rank = 0;
+  world.world_size = 1;
+  world.local_rank = 0;
+  world.local_world_size = 1;
+  tandem::NcclCommOptions options;
+  options.timeout = 60s;
+  const int port = tandem::test::free_port();
+  auto tcp = tandem::init_process_group<NcclComm>(world, "tcp://127.0.0.1:" + std::to_string(port),
+                                                  options);
+  CHECK(tcp.size() == 1);
+  tandem::test::TempDir dir;
+  auto file = tandem::init_process_group<NcclComm>(
+      world, "file://" + (dir.path() / "init").string(), options);
+  DeviceArray<tandem::half> data(8);
+  data.upload(std::vector<tandem::half>(8, tandem::half(2.0f)), file.caller_stream());
+  file.all_reduce(data.view());
+  CHECK(static_cast<float>(data.download(file.caller_stream())[7]) == 2.0f);
+}
+
+TEST_CASE("a rank that never joins: NCCL's init ends in an Error naming it, not a hang") {
+  tandem::cuda::check(cudaSetDevice(0), "cudaSetDevice");
+  tandem::NcclCommOptions options;
+  options.timeout = 2s;
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    (void)NcclComm::create(NcclComm::unique_id(), 0, 2, options);  // rank 1 never comes
+    FAIL("init of a group of 2 finished with one rank");
+  } catch (const tandem::Error& e) {
+    const std::string text = e.what();
+    CHECK(text.find("rank 0: NcclComm init") != std::string::npos);
+    CHECK(text.find("2 ranks joined within 2 s") != std::string::npos);
+  }
+  CHECK(std::chrono::steady_clock::now() - start < 60s);
+}
+
+TEST_CASE("abort: operations in flight fail and later calls raise the cause") {
+  NcclComm comm = single();
+  DeviceArray<float> data(16);
+  comm.all_reduce(data.view());
+  comm.abort("stopped by the test");
+  REQUIRE(comm.failure().has_value());
+  CHECK(std::string(comm.failure()->what()).find("stopped by the test") != std::string::npos);
+  CHECK(comm.native() == nullptr);
+  try {
+    comm.broadcast(data.view(), 0);
+    FAIL("a call after abort succeeded");
+  } catch (const tandem::Error& e) {
+    const std::string text = e.what();
+    CHECK(text.find("rank 0: broadcast") != std::string::npos);
+    CHECK(text.find("aborted earlier") != std::string::npos);
+    CHECK(text.find("sequence number 1") != std::string::npos);
+    CHECK(text.find("stopped by the test") != std::string::npos);
+  }
+}
+
+TEST_CASE("watchdog: a collective one rank skips times out, aborts, and names rank, op, number") {
+  if (gpus() < 2) {
+    MESSAGE("needs 2 GPUs, this machine has " << gpus() << ": not run");
+    return;
+  }
+  tandem::NcclCommOptions options;
+  options.timeout = 3s;
+  std::atomic<bool> gave_up{false};
+  std::string seen;
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_AS(tandem::run_local_nccl(
+                      2,
+                      [&](NcclComm& comm) {
+                        DeviceArray<float> data(1024);
+                        comm.all_reduce(data.view());  // sequence number 1: both ranks
+                        if (comm.rank() == 1) {
+                          while (!gave_up) std::this_thread::sleep_for(10ms);
+                          return;
+                        }
+                        tandem::Work work = comm.all_reduce_async(data.view());  // rank 1 skips
+                        try {
+                          work.wait();
+                        } catch (const tandem::Error& e) {
+                          seen = e.what();
+                          gave_up = true;
+                          throw;
+                        }
+                        gave_up = true;
+                      },
+                      options),
+                  tandem::Error);
+  CHECK(seen.find("rank 0: all_reduce (sequence number 2)") != std::string::npos);
+  CHECK(seen.find("did not finish within 3 s") != std::string::npos);
+  CHECK(std::chrono::steady_clock::now() - start < 120s);
+}
+
+int main(int argc, char** argv) {
+  if (tandem::cuda::device_count() == 0) {
+    std::printf("SKIPPED: no CUDA device (NcclComm needs a GPU per rank)\n");
+    return 77;
+  }
+  doctest::Context context(argc, argv);
+  return context.run();
+}
