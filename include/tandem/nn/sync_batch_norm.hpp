@@ -1,7 +1,7 @@
 // tandem/nn/sync_batch_norm.hpp - tandem::SyncBatchNorm: batch normalisation whose statistics
 // span every rank of a communicator, computing what torch.nn.SyncBatchNorm computes.
 //   tandem::SyncBatchNorm<tandem::LocalComm> bn(comm, 64);  bn.forward(x, y);  // x: {N, 64, H, W}
-// Needs: the standard library and a Communicator over host memory (no device version yet).
+// Needs: the standard library and a Communicator; device memory needs tandem/cuda.hpp (nvcc).
 //
 // Inputs are contiguous (N, C, ...) tensors given as shaped Views; the dimensions after C are
 // flattened. In training mode with more than one rank, forward computes each rank's per-channel
@@ -23,9 +23,31 @@
 //
 // Arithmetic: elements stay in T (float or double); every sum and per-channel statistic is kept
 // in double, and each output element is computed in double and rounded once, so float results
-// lie within an ulp or two of the exact values. The numeric passes are TANDEM_HD functors run
-// through an executor, so that a device version needs device buffers and a segmented reduction
-// rather than new arithmetic.
+// lie within an ulp or two of the exact values. Every pass is a TANDEM_HD functor run through
+// the executor, the same code on the host and on a GPU: per-channel work (statistics, the merge,
+// running statistics, coefficients) is one index per channel looping over that channel's
+// elements in a fixed order; element-wise work is one index per (n, c) plane. On the host the
+// results do not depend on the executor; on a GPU that is C threads per per-channel pass: no host
+// wait per channel, but slow for few channels over many elements (a block per channel would be
+// the faster formulation).
+//
+// Memory spaces. SyncBatchNorm<Comm, T, Space, Exec>: Space defaults to the communicator's
+// (host for LocalComm, Gloo and MPI; device for NcclComm) and Exec to the space's executor
+// (host_exec; cuda_exec on the calling thread's default stream). Inputs, outputs, parameters,
+// buffers and every scratch buffer live in Space; the communicator is given Space tensors:
+// NcclComm takes device tensors, and a host communicator takes them too by staging through
+// pinned memory (SyncBatchNorm<GlooComm, float, device>). On a device the passes are queued on
+// the executor's stream and forward/backward return without waiting for them, except where the
+// host needs a value:
+// - the first synchronised forward reads back every rank's num_features (world doubles);
+// - a synchronised forward reads back the total count across ranks (one double), for the
+//   "fewer than 2 values" Error and the unbiased variance;
+// - num_batches_tracked() reads back one value;
+// - before handing device tensors to a host communicator the stream is synchronised (its staging
+//   copies run on the legacy default stream).
+// With NcclComm the collectives are ordered on the executor's stream (the communicator's caller
+// stream is switched to it for the call and restored). Results on the device are ready once the
+// executor's stream has passed them (synchronise it before reading them on another stream).
 #pragma once
 
 #include <algorithm>
@@ -38,6 +60,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "tandem/comm/communicator.hpp"
 #include "tandem/core/config.hpp"
@@ -140,7 +163,7 @@ struct gradient_terms {
   }
 };
 
-/// The sum of Term over the n-th plane of channel c; transform_reduce adds the planes up.
+/// The sum of Term over the n-th plane of channel c; the per-channel passes add the planes up.
 template <class Acc, class Term>
 struct plane_sum {
   Term term;
@@ -198,7 +221,239 @@ struct input_gradient {
   }
 };
 
-/// The ranges [a, a + n) and [b, b + m) share an element.
+/// The square root, correctly rounded on the host and on the device alike.
+TANDEM_HD inline double square_root(double x) {
+#if defined(__CUDA_ARCH__)
+  return ::sqrt(x);
+#else
+  return std::sqrt(x);
+#endif
+}
+
+/// data[i] = value.
+template <class T>
+struct fill {
+  T* data;
+  T value;
+  TANDEM_HD void operator()(std::size_t i) const { data[i] = value; }
+};
+
+/// Channel c's mean, biased variance and inverse standard deviation over this rank's batch: two
+/// passes (the mean, then the squared deviations from it), planes in order. An empty batch gives
+/// zeros, which is what an empty rank's all_gather record holds. Index 0 also writes the count
+/// per channel into *count_out when it is set; variance may be null.
+template <class T, class Acc>
+struct channel_moments {
+  const T* x;
+  Layout layout;
+  Acc eps;
+  Acc* mean;
+  Acc* variance;
+  Acc* invstd;
+  Acc* count_out;
+  TANDEM_HD void operator()(std::size_t c) const {
+    const auto count = static_cast<Acc>(layout.count());
+    if (c == 0 && count_out != nullptr) *count_out = count;
+    if (layout.count() == 0) {
+      mean[c] = Acc{};
+      if (variance != nullptr) variance[c] = Acc{};
+      invstd[c] = Acc{};
+      return;
+    }
+    const plane_sum<Acc, value_term<T, Acc>> values{{x}, layout, c};
+    Acc sum{};
+    for (std::size_t n = 0; n < layout.batch; ++n) sum = sum + values(n);
+    const Acc m = sum / count;
+    const plane_sum<Acc, squared_deviation_term<T, Acc>> deviations{{x, m}, layout, c};
+    Acc squares{};
+    for (std::size_t n = 0; n < layout.batch; ++n) squares = squares + deviations(n);
+    const Acc v = squares / count;
+    mean[c] = m;
+    if (variance != nullptr) variance[c] = v;
+    invstd[c] = Acc{1} / square_root(v + eps);
+  }
+};
+
+/// batch_norm_reduce_statistics_kernel for channel c: Welford's parallel merge of every rank's
+/// record [mean (C) | invstd (C) | count], one rank at a time in rank order, skipping empty ranks.
+/// Writes the merged mean, the biased variance and its inverse standard deviation; index 0 also
+/// writes the total count into *total.
+template <class Acc>
+struct merge_statistics {
+  const Acc* records;
+  std::size_t world;
+  std::size_t channels;
+  Acc eps;
+  Acc* mean;
+  Acc* variance;
+  Acc* invstd;
+  Acc* total;
+  TANDEM_HD void operator()(std::size_t c) const {
+    const std::size_t record = 2 * channels + 1;
+    Acc merged{};
+    Acc m2{};  // sum of squared deviations
+    Acc n{};
+    for (std::size_t r = 0; r < world; ++r) {
+      const Acc* theirs = records + r * record;
+      const Acc rank_count = theirs[2 * channels];
+      if (!(rank_count >= Acc{1})) continue;
+      const Acc rank_mean = theirs[c];
+      const Acc rank_std = Acc{1} / theirs[channels + c];
+      const Acc rank_m2 = (rank_std * rank_std - eps) * rank_count;
+      const Acc factor = Acc{1} / (n + rank_count);
+      const Acc delta = merged - rank_mean;
+      m2 += rank_m2 + delta * delta * n * rank_count * factor;
+      merged = n * factor * merged + rank_count * factor * rank_mean;
+      n += rank_count;
+    }
+    // var = 1/invstd^2 - eps can come back a hair below zero for a constant channel.
+    const Acc biased = n > Acc{} ? m2 / n : Acc{};
+    const Acc v = Acc{} < biased ? biased : Acc{};
+    mean[c] = merged;
+    variance[c] = v;
+    invstd[c] = Acc{1} / square_root(v + eps);
+    if (c == 0) *total = n;
+  }
+};
+
+/// Channel c's running statistics: (1 - factor) * running + factor * batch, running_var taking
+/// the unbiased variance. factor is the momentum, or 1 / (num_batches_tracked + 1) for the
+/// cumulative average; count_batch increments num_batches_tracked afterwards, in a pass of its
+/// own, so that no channel reads it while it changes.
+template <class T, class Acc>
+struct update_running {
+  T* running_mean;
+  T* running_var;
+  const T* tracked;
+  const Acc* mean;
+  const Acc* variance;
+  Acc momentum;
+  bool cumulative;
+  Acc count;
+  TANDEM_HD void operator()(std::size_t c) const {
+    const Acc factor = cumulative ? Acc{1} / (static_cast<Acc>(tracked[0]) + Acc{1}) : momentum;
+    const Acc unbiased = count / (count - Acc{1});
+    running_mean[c] =
+        static_cast<T>((Acc{1} - factor) * static_cast<Acc>(running_mean[c]) + factor * mean[c]);
+    running_var[c] = static_cast<T>((Acc{1} - factor) * static_cast<Acc>(running_var[c]) +
+                                    factor * variance[c] * unbiased);
+  }
+};
+
+/// num_batches_tracked += 1 (one index).
+template <class T, class Acc>
+struct count_batch {
+  T* tracked;
+  TANDEM_HD void operator()(std::size_t) const {
+    tracked[0] = static_cast<T>(static_cast<Acc>(tracked[0]) + Acc{1});
+  }
+};
+
+/// Channel c's statistics taken from the running ones (eval mode).
+template <class T, class Acc>
+struct running_statistics {
+  const T* running_mean;
+  const T* running_var;
+  Acc eps;
+  Acc* mean;
+  Acc* invstd;
+  TANDEM_HD void operator()(std::size_t c) const {
+    mean[c] = static_cast<Acc>(running_mean[c]);
+    invstd[c] = Acc{1} / square_root(static_cast<Acc>(running_var[c]) + eps);
+  }
+};
+
+/// normalize's per-channel scale = invstd * weight and shift = bias (weight and bias are null
+/// without affine: scale invstd, shift 0).
+template <class T, class Acc>
+struct affine_coefficients {
+  const Acc* invstd;
+  const T* weight;
+  const T* bias;
+  Acc* scale;
+  Acc* shift;
+  TANDEM_HD void operator()(std::size_t c) const {
+    scale[c] = invstd[c] * (weight != nullptr ? static_cast<Acc>(weight[c]) : Acc{1});
+    shift[c] = bias != nullptr ? static_cast<Acc>(bias[c]) : Acc{};
+  }
+};
+
+/// Channel c's [sum(dy) | sum(dy * (x - mean))] over this rank's batch, planes in order, into
+/// sums[c] and sums[C + c].
+template <class T, class Acc>
+struct channel_gradient_sums {
+  const T* grad_output;
+  const T* x;
+  const Acc* mean;
+  Layout layout;
+  Acc* sums;
+  TANDEM_HD void operator()(std::size_t c) const {
+    using pair = sum_pair<Acc>;
+    const plane_sum<pair, gradient_terms<T, Acc>> terms{{grad_output, x, mean[c]}, layout, c};
+    pair total{};
+    for (std::size_t n = 0; n < layout.batch; ++n) total = total + terms(n);
+    sums[c] = total.first;
+    sums[layout.channels + c] = total.second;
+  }
+};
+
+/// Channel c's part of backward: adds this rank's weight and bias gradients (torch's
+/// batch_norm_backward_reduce: grad_weight += sum(dy * (x - mean)) * invstd, grad_bias +=
+/// sum(dy); both null without affine) and writes input_gradient's grad_mean, projection and scale
+/// from the sums of every rank (`global`; grad_mean = projection = 0 when the statistics were
+/// constants, as in eval mode).
+template <class T, class Acc>
+struct backward_coefficients {
+  const Acc* local;
+  const Acc* global;
+  const Acc* invstd;
+  const T* weight;
+  T* grad_weight;
+  T* grad_bias;
+  std::size_t channels;
+  bool batch_statistics;
+  Acc total;
+  Acc* grad_mean;
+  Acc* projection;
+  Acc* scale;
+  TANDEM_HD void operator()(std::size_t c) const {
+    if (grad_weight != nullptr) {
+      grad_weight[c] =
+          static_cast<T>(static_cast<Acc>(grad_weight[c]) + local[channels + c] * invstd[c]);
+      grad_bias[c] = static_cast<T>(static_cast<Acc>(grad_bias[c]) + local[c]);
+    }
+    grad_mean[c] = batch_statistics ? global[c] / total : Acc{};
+    projection[c] = batch_statistics ? global[channels + c] / total * invstd[c] * invstd[c] : Acc{};
+    scale[c] = invstd[c] * (weight != nullptr ? static_cast<Acc>(weight[c]) : Acc{1});
+  }
+};
+
+/// Whether Comm orders its collectives after a caller stream that can be set to Exec's stream
+/// (NcclComm with cuda_exec). A named concept: nvcc 13 mishandles some requires-expressions
+/// written inline in templates.
+template <class Comm, class Exec>
+concept has_caller_stream = requires(Comm& comm, const Exec& exec) {
+  comm.use_stream(exec.stream);
+  comm.caller_stream();
+};
+
+/// Points a communicator's caller stream at `stream` for a scope and restores the previous one.
+template <class Comm, class Stream>
+class CallerStream {
+ public:
+  CallerStream(Comm& comm, Stream stream) : comm_(comm), previous_(comm.caller_stream()) {
+    comm_.use_stream(stream);
+  }
+  CallerStream(const CallerStream&) = delete;
+  CallerStream& operator=(const CallerStream&) = delete;
+  ~CallerStream() { comm_.use_stream(previous_); }
+
+ private:
+  Comm& comm_;
+  Stream previous_;
+};
+
+/// The ranges [a, a + n) and [b, b + m) share an element (compares addresses only).
 template <class T>
 bool overlap(const T* a, std::size_t n, const T* b, std::size_t m) {
   if (n == 0 || m == 0) return false;
@@ -208,64 +463,84 @@ bool overlap(const T* a, std::size_t n, const T* b, std::size_t m) {
 }  // namespace detail::batch_norm
 
 /// Batch normalisation over (N, C, ...) inputs whose statistics span every rank of `Comm` in
-/// training mode; see the top of this header. T is float or double. The module refers to the
-/// communicator it is given, which must outlive it. Parameters and buffers live in the module's
+/// training mode; see the top of this header. T is float or double; Space is host or device (or
+/// any memory space with an executor Exec and space_copy to the host: only Exec touches its
+/// memory, apart from the few values read back). The module refers to the communicator it is
+/// given, which must outlive it. Parameters and buffers live in the module's
 /// own storage, or (second constructor) in a tandem::Parameters arena under PyTorch's names.
-template <Communicator Comm, class T = float>
+template <Communicator Comm, class T = float, memory_space Space = typename Comm::memory_space,
+          class Exec = default_executor_t<Space>>
 class SyncBatchNorm {
   static_assert(std::same_as<T, float> || std::same_as<T, double>,
                 "tandem: SyncBatchNorm computes in float or double");
-  static_assert(std::same_as<typename Comm::memory_space, host>,
-                "tandem: SyncBatchNorm runs on host memory; a device version is not written yet");
+  static_assert(ExecutorFor<Exec, Space>,
+                "tandem: SyncBatchNorm's executor must run where its memory space is "
+                "(host_exec for host memory, cuda_exec for device memory)");
+  static_assert(std::same_as<typename Comm::memory_space, Space> ||
+                    host_accessible<typename Comm::memory_space>,
+                "tandem: this communicator does not take SyncBatchNorm's tensors (a device "
+                "communicator such as NcclComm takes device memory only; host communicators "
+                "take device tensors by staging them through pinned memory)");
   static_assert(supports_element<Comm, double>,
                 "tandem: SyncBatchNorm exchanges its statistics as double");
 
  public:
   using value_type = T;
-  using memory_space = host;
+  using memory_space = Space;
   /// What statistics, sums and each element's arithmetic are computed in.
   using accumulate_type = double;
-  using executor_type = host_exec;
+  using executor_type = Exec;
 
-  /// A module with its own storage: weight 1, bias 0, running_mean 0, running_var 1.
-  SyncBatchNorm(Comm& comm, std::int64_t num_features, SyncBatchNormOptions options = {})
-      : comm_(&comm), channels_(check_features(comm, num_features)), options_(options) {
+  /// A module with its own storage: weight 1, bias 0, running_mean 0, running_var 1. On a device
+  /// the constructor waits for that initialisation, so the parameters can be written at once
+  /// from any stream (tandem::copy, say).
+  SyncBatchNorm(Comm& comm, std::int64_t num_features, SyncBatchNormOptions options = {},
+                Exec exec = {})
+      : comm_(&comm),
+        channels_(check_features(comm, num_features)),
+        options_(options),
+        exec_(std::move(exec)) {
     check_options();
     const std::size_t c = channels_;
-    storage_ = Buffer<T, host>(6 * c + 1);
+    storage_ = Buffer<T, Space>(6 * c + 1);
     const Shape shape{num_features};
     T* base = storage_.data();
     if (options_.affine) {
-      own_.weight = View<T, host>(base, shape);
-      own_.bias = View<T, host>(base + c, shape);
-      own_.grad_weight = View<T, host>(base + 2 * c, shape);
-      own_.grad_bias = View<T, host>(base + 3 * c, shape);
+      own_.weight = View<T, Space>(base, shape);
+      own_.bias = View<T, Space>(base + c, shape);
+      own_.grad_weight = View<T, Space>(base + 2 * c, shape);
+      own_.grad_bias = View<T, Space>(base + 3 * c, shape);
     }
     if (options_.track_running_stats) {
-      own_.running_mean = View<T, host>(base + 4 * c, shape);
-      own_.running_var = View<T, host>(base + 5 * c, shape);
-      own_.num_batches_tracked = View<T, host>(base + 6 * c, Shape{});
+      own_.running_mean = View<T, Space>(base + 4 * c, shape);
+      own_.running_var = View<T, Space>(base + 5 * c, shape);
+      own_.num_batches_tracked = View<T, Space>(base + 6 * c, Shape{});
     }
     reset_parameters();
+    zero_grad();  // device memory does not start zeroed
+    exec_.synchronize();
   }
 
-  /// A module whose parameters live in `arena` (a tandem::Parameters<T, host> before finalize):
+  /// A module whose parameters live in `arena` (a tandem::Parameters<T, Space> before finalize):
   /// registers PREFIX + "weight" and "bias" (trained, when affine) and "running_mean",
   /// "running_var" and "num_batches_tracked" (buffers, the last one BufferKind::integral, when
-  /// tracking running statistics). The arena's storage starts zeroed: call reset_parameters()
-  /// after Parameters::finalize() unless you load values into it. Using the module before
-  /// finalize() is an Error.
+  /// tracking running statistics). The arena's storage starts zeroed on the host (on a device,
+  /// unset): call reset_parameters() after Parameters::finalize() unless you load values into
+  /// it. Using the module before finalize() is an Error.
   template <class Arena>
   requires requires(Arena& arena, std::string name, Shape shape) {
     requires std::same_as<typename Arena::value_type, T>;
-    requires std::same_as<typename Arena::memory_space, host>;
-    { arena.add(name, shape).value() } -> std::same_as<View<T, host>>;
-    { arena.add(name, shape).grad() } -> std::same_as<View<T, host>>;
+    requires std::same_as<typename Arena::memory_space, Space>;
+    { arena.add(name, shape).value() } -> std::same_as<View<T, Space>>;
+    { arena.add(name, shape).grad() } -> std::same_as<View<T, Space>>;
     arena.add_buffer(name, shape, arena.add(name, shape).kind());
   }
   SyncBatchNorm(Comm& comm, Arena& arena, const std::string& prefix, std::int64_t num_features,
-                SyncBatchNormOptions options = {})
-      : comm_(&comm), channels_(check_features(comm, num_features)), options_(options) {
+                SyncBatchNormOptions options = {}, Exec exec = {})
+      : comm_(&comm),
+        channels_(check_features(comm, num_features)),
+        options_(options),
+        exec_(std::move(exec)) {
     check_options();
     using Parameter = std::remove_cvref_t<decltype(arena.add(prefix, Shape{}))>;
     using Kind = decltype(std::declval<const Parameter&>().kind());
@@ -319,10 +594,12 @@ class SyncBatchNorm {
   }
   [[nodiscard]] const SyncBatchNormOptions& options() const noexcept { return options_; }
   [[nodiscard]] Comm& communicator() const noexcept { return *comm_; }
+  /// Where every pass runs (on a device: its stream).
+  [[nodiscard]] const Exec& executor() const noexcept { return exec_; }
 
   /// Normalises `input` (shape (N, C, ...), N may be 0) into `output` (the same shape, not
   /// overlapping the input). Collective in training mode on more than one rank.
-  void forward(View<const T, host> input, View<T, host> output) {
+  void forward(View<const T, Space> input, View<T, Space> output) {
     const Slots slots = this->slots();
     const auto layout = check_input("forward", input.shape());
     if (!(output.shape() == input.shape())) {
@@ -341,14 +618,14 @@ class SyncBatchNorm {
     saved_mode_ = Mode::none;  // a failure below leaves nothing for backward
     double count = 0;
     if (mode == Mode::running) {
-      for (std::size_t c = 0; c < channels_; ++c) {
-        mean_[c] = static_cast<double>(slots.running_mean[c]);
-        invstd_[c] = 1.0 / std::sqrt(static_cast<double>(slots.running_var[c]) + options_.eps);
-      }
+      for_each_index(exec_, channels_,
+                     detail::batch_norm::running_statistics<T, double>{
+                         slots.running_mean.data(), slots.running_var.data(), options_.eps,
+                         mean_.data(), invstd_.data()});
     } else {
-      Buffer<double, host> variance(channels_);
-      count = mode == Mode::sync ? gather_statistics(input.data(), layout, variance)
-                                 : local_statistics(input.data(), layout, variance);
+      auto variance = scratch<double>(channels_);
+      count = mode == Mode::sync ? gather_statistics(input.data(), layout, variance.data())
+                                 : local_statistics(input.data(), layout, variance.data());
       if (count < 2) {
         fail("forward",
              "expected more than 1 value per channel when training, got " +
@@ -356,22 +633,18 @@ class SyncBatchNorm {
                  (mode == Mode::sync ? " across " + std::to_string(comm_->size()) + " ranks"
                                      : " in input of shape " + input.shape().to_string()));
       }
-      for (std::size_t c = 0; c < channels_; ++c) {
-        invstd_[c] = 1.0 / std::sqrt(variance[c] + options_.eps);
-      }
-      if (update_running) update_running_statistics(slots, variance, count);
+      if (update_running) update_running_statistics(slots, variance.data(), count);
     }
 
-    Buffer<double, host> scale(channels_);
-    Buffer<double, host> shift(channels_);
-    for (std::size_t c = 0; c < channels_; ++c) {
-      scale[c] = invstd_[c] * (options_.affine ? static_cast<double>(slots.weight[c]) : 1.0);
-      shift[c] = options_.affine ? static_cast<double>(slots.bias[c]) : 0.0;
-    }
-    for_each_index(
-        executor_type{}, layout.planes(),
-        detail::batch_norm::normalize<T, double>{input.data(), output.data(), mean_.data(),
-                                                 scale.data(), shift.data(), layout});
+    auto coefficients = scratch<double>(2 * channels_);  // [scale | shift]
+    double* scale = coefficients.data();
+    double* shift = coefficients.data() + channels_;
+    for_each_index(exec_, channels_,
+                   detail::batch_norm::affine_coefficients<T, double>{
+                       invstd_.data(), slots.weight.data(), slots.bias.data(), scale, shift});
+    for_each_index(exec_, layout.planes(),
+                   detail::batch_norm::normalize<T, double>{input.data(), output.data(),
+                                                            mean_.data(), scale, shift, layout});
     saved_shape_ = input.shape();
     saved_mode_ = mode;
     total_count_ = count;
@@ -381,8 +654,8 @@ class SyncBatchNorm {
   /// rank's d loss / d weight and d loss / d bias to grad_weight() and grad_bias() (when affine).
   /// `input` is the last forward's input, unchanged; grad_output and grad_input have its shape
   /// (grad_input may be grad_output itself). Collective when that forward was.
-  void backward(View<const T, host> input, View<const T, host> grad_output,
-                View<T, host> grad_input) {
+  void backward(View<const T, Space> input, View<const T, Space> grad_output,
+                View<T, Space> grad_input) {
     const Slots slots = this->slots();
     if (saved_mode_ == Mode::none) {
       fail("backward", "no forward to differentiate (a failed forward leaves none)");
@@ -399,87 +672,76 @@ class SyncBatchNorm {
     }
 
     // [sum(dy) | sum(dy * (x - mean))] per channel: this rank's, then (sync) every rank's.
-    Buffer<double, host> sums(2 * channels_);
-    const executor_type exec{};
-    for (std::size_t c = 0; c < channels_ && layout.count() > 0; ++c) {
-      using pair = detail::batch_norm::sum_pair<double>;
-      const pair both =
-          transform_reduce(exec, layout.batch, pair{},
-                           detail::batch_norm::plane_sum<pair, gradient_terms>{
-                               {grad_output.data(), input.data(), mean_[c]}, layout, c},
-                           plus_combine{});
-      sums[c] = both.first;
-      sums[channels_ + c] = both.second;
-    }
+    auto sums = scratch<double>(2 * channels_);
+    for_each_index(exec_, channels_,
+                   detail::batch_norm::channel_gradient_sums<T, double>{
+                       grad_output.data(), input.data(), mean_.data(), layout, sums.data()});
     // The collective first, so that a failed one leaves the gradients as they were.
-    Buffer<double, host> global(2 * channels_);
+    Buffer<double, Space> reduced;
+    const double* global = sums.data();
     if (saved_mode_ == Mode::sync) {
-      comm_->all_reduce(std::as_const(sums).view(), global.view(), ReduceOp::sum);
-    } else {
-      std::copy(sums.begin(), sums.end(), global.begin());
-    }
-    if (options_.affine) {
-      // This rank's own gradients, as torch's batch_norm_backward_reduce gives them.
-      for (std::size_t c = 0; c < channels_; ++c) {
-        slots.grad_weight[c] = static_cast<T>(static_cast<double>(slots.grad_weight[c]) +
-                                              sums[channels_ + c] * invstd_[c]);
-        slots.grad_bias[c] = static_cast<T>(static_cast<double>(slots.grad_bias[c]) + sums[c]);
-      }
+      reduced = scratch<double>(2 * channels_);
+      collective(
+          [&] { comm_->all_reduce(std::as_const(sums).view(), reduced.view(), ReduceOp::sum); });
+      global = reduced.data();
     }
 
-    Buffer<double, host> grad_mean(channels_);
-    Buffer<double, host> projection(channels_);
-    Buffer<double, host> scale(channels_);
-    for (std::size_t c = 0; c < channels_; ++c) {
-      if (saved_mode_ != Mode::running) {
-        grad_mean[c] = global[c] / total_count_;
-        projection[c] = global[channels_ + c] / total_count_ * invstd_[c] * invstd_[c];
-      }
-      scale[c] = invstd_[c] * (options_.affine ? static_cast<double>(slots.weight[c]) : 1.0);
-    }
-    for_each_index(exec, layout.planes(),
+    auto coefficients = scratch<double>(3 * channels_);  // [grad_mean | projection | scale]
+    double* grad_mean = coefficients.data();
+    double* projection = coefficients.data() + channels_;
+    double* scale = coefficients.data() + 2 * channels_;
+    for_each_index(exec_, channels_,
+                   detail::batch_norm::backward_coefficients<T, double>{
+                       sums.data(), global, invstd_.data(), slots.weight.data(),
+                       slots.grad_weight.data(), slots.grad_bias.data(), channels_,
+                       saved_mode_ != Mode::running, total_count_, grad_mean, projection, scale});
+    for_each_index(exec_, layout.planes(),
                    detail::batch_norm::input_gradient<T, double>{
-                       grad_output.data(), input.data(), grad_input.data(), mean_.data(),
-                       grad_mean.data(), projection.data(), scale.data(), layout});
+                       grad_output.data(), input.data(), grad_input.data(), mean_.data(), grad_mean,
+                       projection, scale, layout});
   }
 
   /// Sets grad_weight and grad_bias to zero (a Parameters arena's zero_grad() does it too).
   void zero_grad() {
     const Slots slots = this->slots();
-    std::fill(slots.grad_weight.begin(), slots.grad_weight.end(), T{});
-    std::fill(slots.grad_bias.begin(), slots.grad_bias.end(), T{});
+    fill(slots.grad_weight, T{});
+    fill(slots.grad_bias, T{});
   }
 
   /// weight = 1, bias = 0 and reset_running_stats(), as PyTorch's reset_parameters().
   void reset_parameters() {
     const Slots slots = this->slots();
-    std::fill(slots.weight.begin(), slots.weight.end(), T{1});
-    std::fill(slots.bias.begin(), slots.bias.end(), T{});
+    fill(slots.weight, T{1});
+    fill(slots.bias, T{});
     reset_running_stats();
   }
 
   /// running_mean = 0, running_var = 1, num_batches_tracked = 0.
   void reset_running_stats() {
     const Slots slots = this->slots();
-    std::fill(slots.running_mean.begin(), slots.running_mean.end(), T{});
-    std::fill(slots.running_var.begin(), slots.running_var.end(), T{1});
-    std::fill(slots.num_batches_tracked.begin(), slots.num_batches_tracked.end(), T{});
+    fill(slots.running_mean, T{});
+    fill(slots.running_var, T{1});
+    fill(slots.num_batches_tracked, T{});
   }
 
-  /// The parameters, their gradients and the buffers, shaped {C} (num_batches_tracked: {}).
-  /// An Error naming the option when affine or track_running_stats is off.
-  [[nodiscard]] View<T, host> weight() const { return need_affine("weight").weight; }
-  [[nodiscard]] View<T, host> bias() const { return need_affine("bias").bias; }
-  [[nodiscard]] View<T, host> grad_weight() const { return need_affine("grad_weight").grad_weight; }
-  [[nodiscard]] View<T, host> grad_bias() const { return need_affine("grad_bias").grad_bias; }
-  [[nodiscard]] View<T, host> running_mean() const {
+  /// The parameters, their gradients and the buffers, shaped {C} (num_batches_tracked: {}), in
+  /// Space. An Error naming the option when affine or track_running_stats is off.
+  [[nodiscard]] View<T, Space> weight() const { return need_affine("weight").weight; }
+  [[nodiscard]] View<T, Space> bias() const { return need_affine("bias").bias; }
+  [[nodiscard]] View<T, Space> grad_weight() const {
+    return need_affine("grad_weight").grad_weight;
+  }
+  [[nodiscard]] View<T, Space> grad_bias() const { return need_affine("grad_bias").grad_bias; }
+  [[nodiscard]] View<T, Space> running_mean() const {
     return need_running("running_mean").running_mean;
   }
-  [[nodiscard]] View<T, host> running_var() const {
+  [[nodiscard]] View<T, Space> running_var() const {
     return need_running("running_var").running_var;
   }
+  /// On a device this waits for the executor's stream and reads the counter back.
   [[nodiscard]] std::int64_t num_batches_tracked() const {
-    return static_cast<std::int64_t>(need_running("num_batches_tracked").num_batches_tracked[0]);
+    const Slots slots = need_running("num_batches_tracked");
+    return static_cast<std::int64_t>(read_back(slots.num_batches_tracked.data(), 1)[0]);
   }
 
  private:
@@ -487,14 +749,11 @@ class SyncBatchNorm {
   /// ranks, with this rank's batch alone, or with the running statistics.
   enum class Mode { none, sync, local, running };
 
-  using value_term = detail::batch_norm::value_term<T, double>;
-  using deviation_term = detail::batch_norm::squared_deviation_term<T, double>;
-  using gradient_terms = detail::batch_norm::gradient_terms<T, double>;
-
-  /// Views of the parameters and buffers; empty when the option that keeps them is off.
+  /// Views of the parameters and buffers; empty (null data, which the passes test) when the
+  /// option that keeps them is off.
   struct Slots {
-    View<T, host> weight, bias, grad_weight, grad_bias;
-    View<T, host> running_mean, running_var, num_batches_tracked;
+    View<T, Space> weight, bias, grad_weight, grad_bias;
+    View<T, Space> running_mean, running_var, num_batches_tracked;
   };
 
   static std::size_t check_features(const Comm& comm, std::int64_t num_features) {
@@ -531,6 +790,51 @@ class SyncBatchNorm {
     return slots();
   }
 
+  /// Scratch memory for one call, ordered on the executor (on a device: allocated and freed in
+  /// the order of its stream).
+  template <class U>
+  Buffer<U, Space> scratch(std::size_t count) const {
+    return Buffer<U, Space>(count, exec_);
+  }
+
+  /// Every element of `view` = value, on the executor.
+  void fill(View<T, Space> view, T value) const {
+    for_each_index(exec_, view.size(), detail::batch_norm::fill<T>{view.data(), value});
+  }
+
+  /// The few values the host must see (counts): on a device, waits for the executor's stream
+  /// and copies them back.
+  template <class U>
+  std::vector<U> read_back(const U* data, std::size_t count) const {
+    std::vector<U> values(count);
+    if constexpr (host_accessible<Space>) {
+      std::copy_n(data, count, values.begin());
+    } else {
+      exec_.synchronize();
+      space_copy<host, Space>::copy(values.data(), data, count * sizeof(U));
+    }
+    return values;
+  }
+
+  /// Runs one collective on Space tensors written by the executor. A host communicator stages
+  /// device tensors with synchronous copies on the legacy default stream, which see only
+  /// finished work: the executor's stream is synchronised first (what it writes back is in place
+  /// when it returns). A communicator with a caller stream (NcclComm) is ordered on the
+  /// executor's stream for the call.
+  template <class Operation>
+  void collective(Operation&& operation) {
+    if constexpr (!host_accessible<Space> && host_accessible<typename Comm::memory_space>) {
+      exec_.synchronize();
+      operation();
+    } else if constexpr (detail::batch_norm::has_caller_stream<Comm, Exec>) {
+      const detail::batch_norm::CallerStream<Comm, decltype(exec_.stream)> on_executor(
+          *comm_, exec_.stream);
+      operation();
+    } else {
+      operation();
+    }
+  }
+
   detail::batch_norm::Layout check_input(const char* operation, const Shape& shape) const {
     if (shape.rank() < 2) {
       fail(operation, "expected an (N, C, ...) input of at least 2 dimensions, got shape " +
@@ -548,88 +852,56 @@ class SyncBatchNorm {
     return layout;
   }
 
-  /// This rank's per-channel mean (into mean_) and biased variance; returns the count per channel.
-  double local_statistics(const T* x, const detail::batch_norm::Layout& layout,
-                          Buffer<double, host>& variance) {
-    const executor_type exec{};
+  /// This rank's per-channel mean (into mean_), biased variance and inverse standard deviation
+  /// (into invstd_); returns the count per channel (the host knows it from the shape).
+  double local_statistics(const T* x, const detail::batch_norm::Layout& layout, double* variance) {
     if (layout.count() == 0) return 0;
-    const auto count = static_cast<double>(layout.count());
-    for (std::size_t c = 0; c < channels_; ++c) {
-      // Two passes in double: the mean, then the squared deviations from it.
-      mean_[c] = transform_reduce(exec, layout.batch, 0.0,
-                                  detail::batch_norm::plane_sum<double, value_term>{{x}, layout, c},
-                                  plus_combine{}) /
-                 count;
-      variance[c] = transform_reduce(exec, layout.batch, 0.0,
-                                     detail::batch_norm::plane_sum<double, deviation_term>{
-                                         {x, mean_[c]}, layout, c},
-                                     plus_combine{}) /
-                    count;
-    }
-    return count;
+    for_each_index(exec_, channels_,
+                   detail::batch_norm::channel_moments<T, double>{
+                       x, layout, options_.eps, mean_.data(), variance, invstd_.data(), nullptr});
+    return static_cast<double>(layout.count());
   }
 
-  /// Every rank's statistics merged: mean_ and the biased variance across ranks; returns the
-  /// total count per channel. Each rank sends [mean (C) | invstd (C) | count] as torch does, an
-  /// empty batch sending zeros, and merges in rank order skipping empty ranks.
-  double gather_statistics(const T* x, const detail::batch_norm::Layout& layout,
-                           Buffer<double, host>& variance) {
+  /// Every rank's statistics merged: mean_, the biased variance across ranks and invstd_;
+  /// returns the total count per channel, read back from Space. Each rank sends [mean (C) |
+  /// invstd (C) | count] as torch does, an empty batch sending zeros, and merges in rank order
+  /// skipping empty ranks.
+  double gather_statistics(const T* x, const detail::batch_norm::Layout& layout, double* variance) {
     agree_on_channels();
     const std::size_t c_count = channels_;
     const std::size_t record = 2 * c_count + 1;
     const auto world = static_cast<std::size_t>(comm_->size());
-    Buffer<double, host> mine(record);
-    const double count = local_statistics(x, layout, variance);
-    if (count > 0) {
-      for (std::size_t c = 0; c < c_count; ++c) {
-        mine[c] = mean_[c];
-        mine[c_count + c] = 1.0 / std::sqrt(variance[c] + options_.eps);
-      }
-      mine[2 * c_count] = count;
-    }
-    Buffer<double, host> all(world * record);
-    comm_->all_gather(std::as_const(mine).view(), all.view());
-
-    // batch_norm_reduce_statistics_kernel: Welford's parallel merge, one rank at a time.
-    double total = 0;
-    for (std::size_t c = 0; c < c_count; ++c) {
-      double mean = 0;
-      double m2 = 0;  // sum of squared deviations
-      double n = 0;
-      for (std::size_t r = 0; r < world; ++r) {
-        const double* theirs = all.data() + r * record;
-        const double rank_count = theirs[2 * c_count];
-        if (!(rank_count >= 1)) continue;
-        const double rank_mean = theirs[c];
-        const double rank_std = 1.0 / theirs[c_count + c];
-        const double rank_m2 = (rank_std * rank_std - options_.eps) * rank_count;
-        const double factor = 1.0 / (n + rank_count);
-        const double delta = mean - rank_mean;
-        m2 += rank_m2 + delta * delta * n * rank_count * factor;
-        mean = n * factor * mean + rank_count * factor * rank_mean;
-        n += rank_count;
-      }
-      mean_[c] = mean;
-      // var = 1/invstd^2 - eps can come back a hair below zero for a constant channel.
-      variance[c] = n > 0 ? std::max(0.0, m2 / n) : 0.0;
-      total = n;
-    }
-    return total;
+    auto mine = scratch<double>(record);
+    for_each_index(exec_, c_count,
+                   detail::batch_norm::channel_moments<T, double>{
+                       x, layout, options_.eps, mine.data(), nullptr, mine.data() + c_count,
+                       mine.data() + 2 * c_count});
+    auto all = scratch<double>(world * record);
+    collective([&] { comm_->all_gather(std::as_const(mine).view(), all.view()); });
+    auto total = scratch<double>(1);
+    for_each_index(exec_, c_count,
+                   detail::batch_norm::merge_statistics<double>{
+                       all.data(), world, c_count, options_.eps, mean_.data(), variance,
+                       invstd_.data(), total.data()});
+    return read_back(std::as_const(total).data(), 1)[0];
   }
 
   /// Once per module: every rank's num_features must agree, or the all_gather above would be
-  /// a mismatched collective (undefined on MPI and NCCL). Later calls cost nothing.
+  /// a mismatched collective (undefined on MPI and NCCL). Later calls cost nothing. On a device
+  /// the world's counts are read back (world doubles).
   void agree_on_channels() {
     if (agreed_) return;
     const auto world = static_cast<std::size_t>(comm_->size());
-    Buffer<double, host> mine(1);
-    mine[0] = static_cast<double>(channels_);
-    Buffer<double, host> all(world);
-    comm_->all_gather(std::as_const(mine).view(), all.view());
+    const auto mine_count = static_cast<double>(channels_);
+    auto mine = scratch<double>(1);
+    for_each_index(exec_, 1, detail::batch_norm::fill<double>{mine.data(), mine_count});
+    auto all = scratch<double>(world);
+    collective([&] { comm_->all_gather(std::as_const(mine).view(), all.view()); });
+    const std::vector<double> counts = read_back(std::as_const(all).data(), world);
     for (std::size_t r = 0; r < world; ++r) {
-      if (all[r] != mine[0]) {
+      if (counts[r] != mine_count) {
         fail("forward", "ranks disagree on the number of channels: rank " + std::to_string(r) +
-                            " has " + std::to_string(static_cast<std::int64_t>(all[r])) +
+                            " has " + std::to_string(static_cast<std::int64_t>(counts[r])) +
                             ", rank " + std::to_string(comm_->rank()) + " (this one) has " +
                             std::to_string(channels_));
       }
@@ -637,36 +909,32 @@ class SyncBatchNorm {
     agreed_ = true;
   }
 
-  void update_running_statistics(const Slots& slots, const Buffer<double, host>& variance,
-                                 double count) {
-    const auto tracked = static_cast<double>(slots.num_batches_tracked[0]) + 1.0;
-    const double factor = options_.momentum ? *options_.momentum : 1.0 / tracked;
-    const double unbiased = count / (count - 1.0);
-    for (std::size_t c = 0; c < channels_; ++c) {
-      slots.running_mean[c] = static_cast<T>(
-          (1.0 - factor) * static_cast<double>(slots.running_mean[c]) + factor * mean_[c]);
-      slots.running_var[c] =
-          static_cast<T>((1.0 - factor) * static_cast<double>(slots.running_var[c]) +
-                         factor * variance[c] * unbiased);
-    }
-    slots.num_batches_tracked[0] = static_cast<T>(tracked);
+  void update_running_statistics(const Slots& slots, const double* variance, double count) {
+    for_each_index(exec_, channels_,
+                   detail::batch_norm::update_running<T, double>{
+                       slots.running_mean.data(), slots.running_var.data(),
+                       slots.num_batches_tracked.data(), mean_.data(), variance,
+                       options_.momentum.value_or(0.0), !options_.momentum.has_value(), count});
+    for_each_index(exec_, 1,
+                   detail::batch_norm::count_batch<T, double>{slots.num_batches_tracked.data()});
   }
 
   Comm* comm_;
   std::size_t channels_;
   SyncBatchNormOptions options_;
+  Exec exec_;
   bool training_ = true;
   bool agreed_ = false;
 
-  Buffer<T, host> storage_;  // own storage: weight, bias, their grads, running stats, counter
+  Buffer<T, Space> storage_;  // own storage: weight, bias, their grads, running stats, counter
   Slots own_;
   std::function<Slots()> bind_;  // set for a module in a Parameters arena
 
-  // What backward needs from the last forward (torch saves the same).
+  // What backward needs from the last forward (torch saves the same). Usable on every stream.
   Mode saved_mode_ = Mode::none;
   Shape saved_shape_;
-  Buffer<double, host> mean_ = Buffer<double, host>(channels_);
-  Buffer<double, host> invstd_ = Buffer<double, host>(channels_);
+  Buffer<double, Space> mean_ = Buffer<double, Space>(channels_);
+  Buffer<double, Space> invstd_ = Buffer<double, Space>(channels_);
   double total_count_ = 0;
 };
 

@@ -1,6 +1,7 @@
 // tests/unit/nn/syncbn_golden.hpp - reads one case of tests/reference/syncbn.txt (written by
 // golden_syncbn.py with PyTorch) and checks one rank's SyncBatchNorm against it, on any
-// Communicator (LocalComm threads here, Gloo processes in gloo_sync_batch_norm.cpp).
+// Communicator (LocalComm threads here, Gloo processes in gloo_sync_batch_norm.cpp) and in any
+// memory space (device tensors in sync_batch_norm_device.cu, which includes tandem/cuda.hpp).
 //
 // Tolerances. tandem keeps every sum and statistic in double and rounds each stored value once
 // to T; the golden values are the exact results in float64 (torch's sync_batch_norm math,
@@ -113,10 +114,35 @@ void expect_close(Failures& failures, const std::string& what, View<const T> got
   }
 }
 
+/// `host_values` in memory space Space (a synchronous copy; host: the same values).
+template <class T, class Space>
+Buffer<T, Space> in_space(const Buffer<T>& host_values) {
+  Buffer<T, Space> placed(host_values.shape());
+  space_copy<Space, host>::copy(placed.data(), host_values.data(), host_values.size_bytes());
+  return placed;
+}
+
+/// A host copy of `values` from memory space Space (synchronous; device memory must have been
+/// written by finished work, so synchronise the executor first).
+template <class T, class Space>
+Buffer<T> host_copy(View<const T, Space> values) {
+  Buffer<T> copy(values.shape());
+  space_copy<host, Space>::copy(copy.data(), values.data(), values.size_bytes());
+  return copy;
+}
+
+/// Writes golden `values` into `to` (a module's parameter view in Space).
+template <class T, class Space>
+void assign(View<T, Space> to, const std::vector<double>& values) {
+  const auto placed = in_space<T, Space>(filled<T>(to.shape(), values));
+  space_copy<Space, Space>::copy(to.data(), placed.data(), placed.size_bytes());
+}
+
 /// Rank comm.rank() of golden case `name` (comm.size() must be the case's world): every
-/// training step, then eval mode. Collective: every rank of comm calls it.
-template <class T, class Comm>
-void check_golden_rank(Comm& comm, const std::string& name, Failures& failures) {
+/// training step, then eval mode, with tensors in Space and the module running on `exec`.
+/// Collective: every rank of comm calls it.
+template <class T, class Space = host, class Comm, class Exec = default_executor_t<Space>>
+void check_golden_rank(Comm& comm, const std::string& name, Failures& failures, Exec exec = {}) {
   const GoldenCase gc(name);
   if (comm.size() != gc.world) {
     throw std::runtime_error(name + " is a case for " + std::to_string(gc.world) + " ranks, not " +
@@ -125,36 +151,43 @@ void check_golden_rank(Comm& comm, const std::string& name, Failures& failures) 
   const int r = comm.rank();
   const std::string rank = "r" + std::to_string(r);
   const Shape shape = gc.shapes[static_cast<std::size_t>(r)];
-  SyncBatchNorm<Comm, T> bn(comm, gc.channels, gc.options);
+  SyncBatchNorm<Comm, T, Space, Exec> bn(comm, gc.channels, gc.options, exec);
   if (gc.options.affine) {
-    std::ranges::copy(gc.at("weight"), bn.weight().begin());
-    std::ranges::copy(gc.at("bias"), bn.bias().begin());
+    assign(bn.weight(), gc.at("weight"));
+    assign(bn.bias(), gc.at("bias"));
   }
+  // Device results are read on the legacy default stream: wait for the module's stream first.
+  auto result = [&](View<const T, Space> values) {
+    bn.executor().synchronize();
+    return host_copy<T, Space>(values);
+  };
   auto check_step = [&](const std::string& prefix) {
     const std::string where = name + "/" + prefix;
-    auto input = filled<T>(shape, gc.at(prefix + "/input"));
-    auto grad_output = filled<T>(shape, gc.at(prefix + "/grad_output"));
-    Buffer<T> output(shape);
-    Buffer<T> grad_input(shape);
+    const auto input = in_space<T, Space>(filled<T>(shape, gc.at(prefix + "/input")));
+    const auto grad_output = in_space<T, Space>(filled<T>(shape, gc.at(prefix + "/grad_output")));
+    Buffer<T, Space> output(shape);
+    Buffer<T, Space> grad_input(shape);
     if (gc.options.affine) bn.zero_grad();
     bn.forward(input.view(), output.view());
-    expect_close<T>(failures, where + "/output", output.view(), gc.at(prefix + "/output"));
+    expect_close<T>(failures, where + "/output", result(output.view()).view(),
+                    gc.at(prefix + "/output"));
     bn.backward(input.view(), grad_output.view(), grad_input.view());
-    expect_close<T>(failures, where + "/grad_input", grad_input.view(),
+    expect_close<T>(failures, where + "/grad_input", result(grad_input.view()).view(),
                     gc.at(prefix + "/grad_input"));
     if (gc.options.affine) {
-      expect_close<T>(failures, where + "/grad_weight", bn.grad_weight(),
+      expect_close<T>(failures, where + "/grad_weight", result(bn.grad_weight()).view(),
                       gc.at(prefix + "/grad_weight"));
-      expect_close<T>(failures, where + "/grad_bias", bn.grad_bias(), gc.at(prefix + "/grad_bias"));
+      expect_close<T>(failures, where + "/grad_bias", result(bn.grad_bias()).view(),
+                      gc.at(prefix + "/grad_bias"));
     }
   };
   for (int s = 0; s < gc.steps; ++s) {
     const std::string step = "s" + std::to_string(s);
     check_step(step + "/" + rank);
-    expect_close<T>(failures, name + "/" + step + "/running_mean (" + rank + ")", bn.running_mean(),
-                    gc.at(step + "/running_mean"), 4.0);
-    expect_close<T>(failures, name + "/" + step + "/running_var (" + rank + ")", bn.running_var(),
-                    gc.at(step + "/running_var"), 4.0);
+    expect_close<T>(failures, name + "/" + step + "/running_mean (" + rank + ")",
+                    result(bn.running_mean()).view(), gc.at(step + "/running_mean"), 4.0);
+    expect_close<T>(failures, name + "/" + step + "/running_var (" + rank + ")",
+                    result(bn.running_var()).view(), gc.at(step + "/running_var"), 4.0);
     failures.expect(bn.num_batches_tracked() == s + 1, name, " step ", s, ": num_batches_tracked ",
                     bn.num_batches_tracked());
   }
