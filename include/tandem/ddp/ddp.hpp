@@ -1,0 +1,554 @@
+// tandem/ddp/ddp.hpp - tandem::DistributedDataParallel: keeps a Parameters arena identical on
+// every rank by all-reducing gradient buckets (slices of the flat gradient buffer) as the
+// backward pass marks them ready.
+//   tandem::DistributedDataParallel<tandem::GlooComm> ddp(comm, params);
+//   ddp.before_forward(); /* forward, backward: ddp.grad_ready(p) */ ddp.finish_gradient_sync();
+// Needs: a Communicator (comm/communicator.hpp); device arenas need tandem/cuda.hpp in a .cu file.
+//
+// One step, on every rank:
+//   1. before_forward()        broadcasts the buffers (running statistics) from rank 0, unless
+//                              the no_broadcast_buffers policy is given;
+//   2. forward and backward    the user's code; as each parameter's gradient is complete, the
+//                              backward calls grad_ready(param) (by Parameter& or by name), in
+//                              any order. With `overlap` a bucket's all_reduce starts as soon as
+//                              its gradients are all ready and every bucket before it started;
+//   3. finish_gradient_sync()  starts the buckets not started yet, waits for all of them and
+//                              leaves every rank with the same gradients (their mean by default).
+// A parameter not marked ready in a step (unused by this rank's forward) contributes zeros: no
+// find_unused_parameters flag is needed. Marking one twice in one step is an Error naming it.
+// Buckets start in the same order on every rank, whatever order the ranks mark gradients in.
+// While the gradients of a started bucket are on the wire, they must not be written.
+// Device arenas: the numeric passes (pre-division, 16-bit casts, zeroing) run on the executor
+// (cuda_exec); before a bucket is handed to the communicator the executor is synchronised, since
+// the Communicator concept promises no stream order - so each launch waits, on the host, for the
+// backward queued before it.
+#pragma once
+
+#include <algorithm>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <map>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "tandem/comm/communicator.hpp"
+#include "tandem/core/config.hpp"
+#include "tandem/core/error.hpp"
+#include "tandem/ddp/buckets.hpp"
+#include "tandem/ddp/parameters.hpp"
+#include "tandem/ddp/policies.hpp"
+#include "tandem/tensor/dtype.hpp"
+#include "tandem/tensor/exec.hpp"
+#include "tandem/tensor/memory.hpp"
+#include "tandem/tensor/tensor.hpp"
+
+namespace tandem {
+
+namespace detail::ddp {
+
+/// The type 16-bit and single-precision gradients are divided in.
+template <class T>
+using compute_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+/// g[i] /= divisor, computed in compute_t<T> (how pre-division keeps 16-bit sums in range).
+template <class T>
+struct divide {
+  T* g;
+  compute_t<T> divisor;
+  TANDEM_HD void operator()(std::size_t i) const {
+    g[i] = static_cast<T>(static_cast<compute_t<T>>(g[i]) / divisor);
+  }
+};
+
+/// wire[i] = W(g[i] / divisor): the bucket as it travels under compress<W>.
+template <class T, class W>
+struct compress_into {
+  const T* g;
+  W* wire;
+  float divisor;
+  TANDEM_HD void operator()(std::size_t i) const {
+    wire[i] = W(static_cast<float>(g[i]) / divisor);
+  }
+};
+
+/// g[i] = T(wire[i]): the reduced bucket written back in the gradients' precision.
+template <class T, class W>
+struct expand_from {
+  const W* wire;
+  T* g;
+  TANDEM_HD void operator()(std::size_t i) const {
+    g[i] = static_cast<T>(static_cast<float>(wire[i]));
+  }
+};
+
+/// data[i] = value; writes small control values (hashes, names) in any memory space.
+template <class T>
+struct store_value {
+  T* data;
+  T value;
+  TANDEM_HD void operator()(std::size_t) const { *data = value; }
+};
+
+/// Reads data[0] back through a reduction of one element (the executor's way to the host).
+template <class T>
+struct load_value {
+  const T* data;
+  TANDEM_HD T operator()(std::size_t) const { return *data; }
+};
+
+/// FNV-1a, 64 bits: the same text gives the same hash on every rank and platform.
+inline std::uint64_t fnv1a(std::string_view text, std::uint64_t hash = 14695981039346656037ull) {
+  for (unsigned char c : text) {
+    hash ^= c;
+    hash *= 1099511628211ull;
+  }
+  return hash;
+}
+
+/// Small arrays of control data (registration hashes and texts) in the communicator's memory
+/// space, written and read one element at a time through the executor on devices.
+template <class T, class Space, class Exec>
+class ControlArray {
+ public:
+  ControlArray(const Exec& exec, std::size_t count) : exec_(exec), storage_(count) {
+    if constexpr (!host_accessible<Space>) {
+      for (std::size_t i = 0; i < count; ++i) set(i, T{});
+    }
+  }
+  void set(std::size_t i, T value) {
+    if constexpr (host_accessible<Space>) {
+      storage_[i] = value;
+    } else {
+      for_each_index(exec_, 1, store_value<T>{storage_.data() + i, value});
+    }
+  }
+  [[nodiscard]] T get(std::size_t i) const {
+    if constexpr (host_accessible<Space>) {
+      return storage_[i];
+    } else {
+      exec_.synchronize();
+      return transform_reduce(exec_, 1, T{}, load_value<T>{storage_.data() + i}, plus_combine{});
+    }
+  }
+  [[nodiscard]] View<T, Space> view() { return storage_.view(); }
+  [[nodiscard]] std::size_t size() const noexcept { return storage_.size(); }
+
+ private:
+  const Exec& exec_;
+  Buffer<T, Space> storage_;
+};
+
+/// Stands in for the wire buffer when no compress<W> policy is given.
+struct no_wire {};
+
+}  // namespace detail::ddp
+
+/// Data-parallel training over a Communicator: see the top of this header for one step.
+/// Policies (tandem/ddp/policies.hpp) choose the bucket caps, overlap or sync_at_end, average or
+/// sum, 16-bit compression and the buffer broadcast; impossible combinations do not compile.
+/// The communicator and the arena must outlive this object; it neither copies nor moves.
+template <Communicator Comm, class... Policies>
+class DistributedDataParallel {
+ public:
+  using config = detail::ddp_config<Policies...>;
+  using memory_space = typename Comm::memory_space;
+  using executor_type = default_executor_t<memory_space>;
+
+  /// While alive (see no_sync()), gradients accumulate locally and finish_gradient_sync() moves
+  /// nothing.
+  class [[nodiscard]] NoSyncGuard {
+   public:
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+    NoSyncGuard(NoSyncGuard&& other) noexcept : ddp_(std::exchange(other.ddp_, nullptr)) {}
+    NoSyncGuard& operator=(NoSyncGuard&&) = delete;
+    ~NoSyncGuard() {
+      if (ddp_) --ddp_->no_sync_depth_;
+    }
+
+   private:
+    friend class DistributedDataParallel;
+    explicit NoSyncGuard(DistributedDataParallel* ddp) noexcept : ddp_(ddp) {}
+    DistributedDataParallel* ddp_;
+  };
+
+  /// Collective: checks that every rank registered the same parameters and buffers (names,
+  /// shapes, element type; an Error names the first difference and the ranks), then broadcasts
+  /// the values and buffers from rank 0. `params` must be finalized.
+  template <element_type T>
+  DistributedDataParallel(Comm& comm, Parameters<T, memory_space>& params, executor_type exec = {})
+      : comm_(&comm), exec_(exec), type_(dtype_of<T>) {
+    if (!params.finalized()) {
+      throw Error(comm.rank(), "DistributedDataParallel",
+                  "the Parameters arena must be finalized before it is wrapped");
+    }
+    grads_ = params.grads().data();
+    buffers_ = params.buffer_values().data();
+    numel_ = params.numel();
+    buffer_numel_ = params.buffer_numel();
+
+    std::vector<std::size_t> sizes;
+    std::vector<std::string> descriptions{std::string("element type ") + dtype_traits<T>::name};
+    for (auto& p : params) {
+      identity_.push_back(&p);
+      names_.push_back(p.name());
+      index_of_.emplace(p.name(), sizes.size());
+      sizes.push_back(p.size());
+      offsets_.push_back(p.offset());
+      descriptions.push_back("parameter '" + p.name() + "' " + p.shape().to_string());
+    }
+    for (auto& b : params.buffers()) {
+      descriptions.push_back("buffer '" + b.name() + "' " + b.shape().to_string() + " " +
+                             name(b.kind()));
+    }
+    verify_registration(descriptions);
+
+    plan_ =
+        plan_buckets(sizes, sizeof(T), config::first_bucket_cap_bytes, config::bucket_cap_bytes);
+    if constexpr (config::compressed) wire_ = Buffer<wire_type, memory_space>(numel_);
+    ready_.assign(sizes.size(), 0);
+    touched_.assign(sizes.size(), 0);
+    reset_step();
+
+    comm_->broadcast(params.values(), 0);
+    if (buffer_numel_ > 0) comm_->broadcast(params.buffer_values(), 0);
+  }
+
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+
+  /// Waits for buckets still on the wire (a step left unfinished), ignoring their failures.
+  ~DistributedDataParallel() {
+    for (auto& work : works_) {
+      try {
+        work.wait();
+      } catch (...) {  // NOLINT(bugprone-empty-catch): a destructor must not throw
+      }
+    }
+  }
+
+  /// Call before each forward: broadcasts the buffers from rank 0 (policy broadcast_buffers, the
+  /// default), as PyTorch's DDP does at the start of its forward. Collective.
+  void before_forward() {
+    if constexpr (config::broadcasts_buffers) {
+      if (buffer_numel_ == 0 || comm_->size() == 1) return;
+      visit([&]<class T>(T*) {
+        comm_->broadcast(View<T, memory_space>(static_cast<T*>(buffers_), buffer_numel_), 0);
+      });
+    }
+  }
+
+  /// Marks the gradient of `param` (a parameter of the wrapped arena) complete for this step.
+  template <class P>
+  requires requires(const P& p) {
+    { p.index() } -> std::convertible_to<std::size_t>;
+    { p.is_buffer() } -> std::convertible_to<bool>;
+    { p.name() } -> std::convertible_to<std::string_view>;
+  }
+  void grad_ready(const P& param) {
+    const std::size_t i = param.index();
+    if (param.is_buffer() || i >= identity_.size() ||
+        identity_[i] != static_cast<const void*>(&param)) {
+      throw Error(comm_->rank(), "DistributedDataParallel::grad_ready",
+                  std::string(param.is_buffer() ? "buffer" : "parameter") + " '" +
+                      std::string(param.name()) +
+                      "' is not a trained parameter of the arena this DistributedDataParallel "
+                      "wraps");
+    }
+    mark(i);
+  }
+
+  /// Marks the gradient of the parameter called `name` complete for this step.
+  void grad_ready(std::string_view name) {
+    auto it = index_of_.find(name);
+    if (it == index_of_.end()) {
+      throw Error(comm_->rank(), "DistributedDataParallel::grad_ready",
+                  "no trained parameter is called '" + std::string(name) + "'");
+    }
+    mark(it->second);
+  }
+
+  /// Starts the buckets not started yet (gradients never marked count as zeros), waits for every
+  /// bucket and leaves each rank with the same gradients. Collective. Under no_sync() it only
+  /// ends the micro-batch: the gradients stay local and keep accumulating.
+  void finish_gradient_sync() {
+    if (no_sync_depth_ > 0) {
+      for (std::size_t i = 0; i < ready_.size(); ++i) touched_[i] = touched_[i] | ready_[i];
+      reset_step();
+      return;
+    }
+    std::exception_ptr failure;
+    try {
+      for (; next_launch_ < plan_.buckets.size(); ++next_launch_) {
+        zero_unused(plan_.buckets[next_launch_]);
+        launch(next_launch_);
+      }
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    for (auto& work : works_) {
+      try {
+        work.wait();
+      } catch (...) {
+        if (!failure) failure = std::current_exception();
+      }
+    }
+    if constexpr (config::compressed) {
+      if (!failure) {
+        visit([&]<class T>(T*) {
+          for (const auto& bucket : plan_.buckets) {
+            for_each_index(exec_, bucket.count,
+                           detail::ddp::expand_from<T, wire_type>{wire_.data() + bucket.offset,
+                                                                  grad_data<T>() + bucket.offset});
+          }
+        });
+      }
+    }
+    exec_.synchronize();
+    touched_.assign(touched_.size(), 0);
+    reset_step();
+    if (failure) std::rethrow_exception(failure);
+  }
+
+  /// `auto guard = ddp.no_sync();` - until the guard ends, steps accumulate gradients locally
+  /// (gradient accumulation); the first finish_gradient_sync() after it reduces the accumulated
+  /// sum. An Error in the middle of a step (after a gradient was marked ready).
+  [[nodiscard]] NoSyncGuard no_sync() {
+    if (in_step_) {
+      throw Error(comm_->rank(), "DistributedDataParallel::no_sync",
+                  "called in the middle of a step: finish_gradient_sync() first");
+    }
+    ++no_sync_depth_;
+    return NoSyncGuard(this);
+  }
+
+  /// The buckets, in launch order (bucket 0 holds the last-registered parameters).
+  [[nodiscard]] const std::vector<Bucket>& buckets() const noexcept { return plan_.buckets; }
+  /// The bucket that holds the parameter with registration index `index`.
+  [[nodiscard]] std::size_t bucket_of(std::size_t index) const { return plan_.bucket_of.at(index); }
+  /// How many buckets of the current step have been started.
+  [[nodiscard]] std::size_t buckets_launched() const noexcept { return next_launch_; }
+  [[nodiscard]] Comm& comm() const noexcept { return *comm_; }
+  [[nodiscard]] int rank() const { return comm_->rank(); }
+  [[nodiscard]] int world_size() const { return comm_->size(); }
+
+ private:
+  using wire_type = std::conditional_t<config::compressed, typename config::wire_type, float>;
+  using wire_storage =
+      std::conditional_t<config::compressed, Buffer<wire_type, memory_space>, detail::ddp::no_wire>;
+
+  /// Calls f(static_cast<T*>(nullptr)) with the arena's element type T.
+  template <class F>
+  void visit(F&& f) const {
+    switch (type_) {
+      case dtype::float32:
+        f(static_cast<float*>(nullptr));
+        break;
+      case dtype::float64:
+        f(static_cast<double*>(nullptr));
+        break;
+      case dtype::float16:
+        f(static_cast<half*>(nullptr));
+        break;
+      case dtype::bfloat16:
+        f(static_cast<bfloat16*>(nullptr));
+        break;
+      default:
+        throw Error(comm_->rank(), "DistributedDataParallel", "unsupported element type");
+    }
+  }
+
+  template <class T>
+  [[nodiscard]] T* grad_data() const noexcept {
+    return static_cast<T*>(grads_);
+  }
+
+  void mark(std::size_t i) {
+    if (no_sync_depth_ > 0) {
+      touched_[i] = 1;
+      return;
+    }
+    if (ready_[i]) {
+      throw Error(comm_->rank(), "DistributedDataParallel::grad_ready",
+                  "parameter '" + names_[i] +
+                      "' was marked ready twice in one step; call grad_ready once per parameter "
+                      "between finish_gradient_sync() calls");
+    }
+    ready_[i] = 1;
+    in_step_ = true;
+    --pending_[plan_.bucket_of[i]];
+    if constexpr (config::overlapped) {
+      while (next_launch_ < plan_.buckets.size() && pending_[next_launch_] == 0) {
+        launch(next_launch_);
+        ++next_launch_;
+      }
+    }
+  }
+
+  /// Zeroes the gradients of the bucket's parameters that nobody marked since the last sync.
+  void zero_unused(const Bucket& bucket) {
+    visit([&]<class T>(T*) {
+      for (std::size_t i = bucket.first_param; i < bucket.end_param; ++i) {
+        if (ready_[i] || touched_[i]) continue;
+        for_each_index(exec_, sizes_of(i), detail::fill_zero<T>{grad_data<T>() + offsets_[i]});
+      }
+    });
+  }
+
+  [[nodiscard]] std::size_t sizes_of(std::size_t i) const {
+    return (i + 1 < offsets_.size() ? offsets_[i + 1] : numel_) - offsets_[i];
+  }
+
+  /// Pre-divides (or compresses) bucket k and starts its all_reduce.
+  void launch(std::size_t k) {
+    const Bucket& bucket = plan_.buckets[k];
+    if (bucket.count == 0) return;
+    const int n = comm_->size();
+    visit([&]<class T>(T*) {
+      T* g = grad_data<T>() + bucket.offset;
+      if constexpr (config::compressed) {
+        wire_type* wire = wire_.data() + bucket.offset;
+        const float divisor = config::averaged ? static_cast<float>(n) : 1.0f;
+        for_each_index(exec_, bucket.count,
+                       detail::ddp::compress_into<T, wire_type>{g, wire, divisor});
+        exec_.synchronize();  // the communicator reads what the executor wrote
+        works_.push_back(comm_->all_reduce_async(View<wire_type, memory_space>(wire, bucket.count),
+                                                 ReduceOp::sum));
+      } else {
+        if (config::averaged && n > 1) {
+          for_each_index(exec_, bucket.count,
+                         detail::ddp::divide<T>{g, static_cast<detail::ddp::compute_t<T>>(n)});
+        }
+        exec_.synchronize();
+        works_.push_back(
+            comm_->all_reduce_async(View<T, memory_space>(g, bucket.count), ReduceOp::sum));
+      }
+    });
+  }
+
+  void reset_step() {
+    ready_.assign(ready_.size(), 0);
+    pending_.assign(plan_.buckets.size(), 0);
+    for (std::size_t k = 0; k < plan_.buckets.size(); ++k) {
+      pending_[k] = plan_.buckets[k].end_param - plan_.buckets[k].first_param;
+    }
+    next_launch_ = 0;
+    works_.clear();
+    in_step_ = false;
+  }
+
+  /// Every rank's registration hash, compared; on a difference, the first differing entry and
+  /// which ranks have what, in an Error raised on every rank.
+  void verify_registration(const std::vector<std::string>& descriptions) {
+    const auto n = static_cast<std::size_t>(comm_->size());
+    const int me = comm_->rank();
+    std::uint64_t whole = 0;
+    for (const auto& text : descriptions) whole = detail::ddp::fnv1a(text + "\n", whole);
+
+    using control = detail::ddp::ControlArray<std::int64_t, memory_space, executor_type>;
+    control mine(exec_, 2);
+    control all(exec_, 2 * n);
+    mine.set(0, static_cast<std::int64_t>(whole));
+    mine.set(1, static_cast<std::int64_t>(descriptions.size()));
+    comm_->all_gather(mine.view(), all.view());
+
+    bool same = true;
+    std::size_t common = descriptions.size();
+    std::vector<std::size_t> counts(n);
+    for (std::size_t r = 0; r < n; ++r) {
+      same = same && all.get(2 * r) == all.get(0);
+      counts[r] = static_cast<std::size_t>(all.get(2 * r + 1));
+      common = std::min(common, counts[r]);
+    }
+    if (same) return;
+
+    // The first entry in which some ranks differ: compare the entries all ranks have...
+    control entry_hashes(exec_, common);
+    control all_entry_hashes(exec_, common * n);
+    for (std::size_t i = 0; i < common; ++i) {
+      entry_hashes.set(i, static_cast<std::int64_t>(detail::ddp::fnv1a(descriptions[i])));
+    }
+    comm_->all_gather(entry_hashes.view(), all_entry_hashes.view());
+    std::size_t first = common;  // ...and, if those agree, the first entry some ranks lack
+    for (std::size_t i = 0; i < common && first == common; ++i) {
+      for (std::size_t r = 1; r < n; ++r) {
+        if (all_entry_hashes.get(r * common + i) != all_entry_hashes.get(i)) {
+          first = i;
+          break;
+        }
+      }
+    }
+
+    // ...then every rank's text of that entry.
+    constexpr std::size_t text_bytes = 200;
+    using text_array = detail::ddp::ControlArray<std::uint8_t, memory_space, executor_type>;
+    text_array text(exec_, text_bytes);
+    text_array texts(exec_, text_bytes * n);
+    const std::string own = first < descriptions.size() ? descriptions[first] : "nothing";
+    for (std::size_t i = 0; i < text_bytes; ++i) {
+      text.set(i, i < own.size() ? static_cast<std::uint8_t>(own[i]) : std::uint8_t{0});
+    }
+    comm_->all_gather(text.view(), texts.view());
+
+    std::vector<std::string> seen(n);
+    for (std::size_t r = 0; r < n; ++r) {
+      for (std::size_t i = 0; i < text_bytes; ++i) {
+        const auto c = static_cast<char>(texts.get(r * text_bytes + i));
+        if (c == '\0') break;
+        seen[r].push_back(c);
+      }
+    }
+    std::string cause = "ranks registered different parameters; first difference at entry " +
+                        std::to_string(first) + " (entry 0 is the element type):";
+    std::vector<bool> told(n, false);
+    for (std::size_t r = 0; r < n; ++r) {
+      if (told[r]) continue;
+      std::string ranks;
+      std::size_t how_many = 0;
+      for (std::size_t s = r; s < n; ++s) {
+        if (!told[s] && seen[s] == seen[r]) {
+          told[s] = true;
+          ranks += (how_many++ ? ", " : "") + std::to_string(s);
+        }
+      }
+      cause += (r ? ";" : "") + std::string(" rank") + (how_many > 1 ? "s " : " ") + ranks +
+               (how_many > 1 ? " have " : " has ") + seen[r];
+    }
+    cause += " (entries registered:";
+    for (std::size_t r = 0; r < n; ++r) {
+      cause += std::string(r ? "," : "") + " rank " + std::to_string(r) + " " +
+               std::to_string(counts[r]);
+    }
+    throw Error(me, "DistributedDataParallel", cause + ")");
+  }
+
+  Comm* comm_;
+  executor_type exec_;
+  dtype type_;
+  void* grads_ = nullptr;
+  void* buffers_ = nullptr;
+  std::size_t numel_ = 0;
+  std::size_t buffer_numel_ = 0;
+  std::vector<const void*> identity_;
+  std::vector<std::string> names_;
+  std::map<std::string, std::size_t, std::less<>> index_of_;
+  std::vector<std::size_t> offsets_;
+  BucketPlan plan_;
+  wire_storage wire_;
+
+  // The current step.
+  std::vector<unsigned char> ready_;    // marked in this step
+  std::vector<unsigned char> touched_;  // marked in a no_sync() micro-batch since the last sync
+  std::vector<std::size_t> pending_;    // per bucket: parameters not marked yet
+  std::size_t next_launch_ = 0;
+  std::vector<Work> works_;
+  bool in_step_ = false;
+  int no_sync_depth_ = 0;
+};
+
+}  // namespace tandem

@@ -1,0 +1,122 @@
+// DistributedDataParallel on GlooComm over Gloo's TCP transport on 127.0.0.1, groups of 1 to 4
+// ranks, in two set-ups:
+// - alone (ctest ddp_gloo): each rank is a thread of this process with its own GlooComm, meeting
+//   the others in a HashStore;
+// - under tandemrun (ctest ddp_gloo_np3, WORLD_SIZE set): each rank is a process; the job joins
+//   with init_process_group (env://) and groups of 1 .. WORLD_SIZE ranks are split off it.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "ddp_suite.hpp"
+#include "tandem/comm/gloo.hpp"
+#include "tandem/comm/init.hpp"
+#include "tandem/comm/store.hpp"
+#include "tandem/core/env.hpp"
+#include "tandem/core/world.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+namespace suite = tandem::test::ddp;
+
+struct GlooThreadRunner {
+  template <class Fn>
+  void operator()(int n, Fn&& fn) {
+    tandem::HashStore store(30s);  // a fresh store per group: no stale keys
+    std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
+    {
+      std::vector<std::jthread> ranks;
+      for (int r = 0; r < n; ++r) {
+        ranks.emplace_back([&, r] {
+          try {
+            tandem::AnyStore any(store);
+            tandem::GlooCommOptions options;
+            options.timeout = 30s;
+            auto comm =
+                tandem::GlooComm::rendezvous(tandem::World::single_node(r, n), any, options);
+            fn(comm);
+          } catch (...) {
+            errors[static_cast<std::size_t>(r)] = std::current_exception();
+          }
+        });
+      }
+    }
+    for (auto& error : errors) {
+      if (error) std::rethrow_exception(error);
+    }
+  }
+};
+
+/// This process's rank of the tandemrun job, or nullptr when it runs alone.
+tandem::GlooComm* job() {
+  static std::optional<tandem::GlooComm> comm = []() -> std::optional<tandem::GlooComm> {
+    if (!std::getenv("WORLD_SIZE")) return std::nullopt;
+    return tandem::init_process_group<tandem::GlooComm>();
+  }();
+  return comm ? &*comm : nullptr;
+}
+
+/// Under tandemrun: fn on ranks 0 .. n-1 of the job, on a group of their own; a rank that throws
+/// ends its process (tandemrun then ends the others) instead of leaving them in a collective.
+struct GlooProcessRunner {
+  template <class Fn>
+  void operator()(int n, Fn&& fn) {
+    auto& world = *job();
+    const int me = world.rank();
+    try {
+      auto group = world.split(me < n ? 0 : tandem::no_color, me);
+      if (group) fn(*group);
+      world.barrier();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "rank %d: %s; exiting\n", me, e.what());
+      std::fflush(stderr);
+      std::_Exit(1);
+    }
+  }
+};
+
+/// Runs the check on processes under tandemrun, on threads otherwise.
+template <class Check>
+void on_gloo(Check&& check) {
+  if (auto* comm = job()) {
+    GlooProcessRunner run;
+    check(run, comm->size());
+  } else {
+    GlooThreadRunner run;
+    check(run, 4);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("DDP on GlooComm: N ranks x batch b equal 1 rank x batch N*b") {
+  on_gloo(
+      [](auto& run, int max_ranks) { suite::check_theorems<tandem::GlooComm>(run, max_ranks); });
+}
+
+TEST_CASE("DDP on GlooComm: no_sync accumulation equals one step on the whole batch") {
+  on_gloo(
+      [](auto& run, int max_ranks) { suite::check_no_syncs<tandem::GlooComm>(run, max_ranks); });
+}
+
+TEST_CASE("DDP on GlooComm: unused parameters, element types, reductions and bucket caps") {
+  on_gloo(
+      [](auto& run, int max_ranks) { suite::check_reductions<tandem::GlooComm>(run, max_ranks); });
+}
+
+TEST_CASE("DDP on GlooComm: marking twice and mismatched registrations are errors") {
+  on_gloo([](auto& run, int max_ranks) { suite::check_errors<tandem::GlooComm>(run, max_ranks); });
+}
+
+TEST_CASE("DDP on GlooComm: 16-bit compression stays within its rounding bound") {
+  on_gloo([](auto& run, int max_ranks) {
+    suite::check_compressions<tandem::GlooComm>(run, max_ranks);
+  });
+}

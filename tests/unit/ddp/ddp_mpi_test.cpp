@@ -1,0 +1,68 @@
+// DistributedDataParallel on MpiComm: one process per rank under mpirun (registered with 4
+// processes); groups of 1 to 4 ranks are split off the job, the processes outside a group wait.
+#include <doctest/doctest.h>
+
+#include <exception>
+#include <optional>
+
+#include <mpi.h>
+
+#include "ddp_suite.hpp"
+#include "tandem/comm/mpi.hpp"
+
+namespace {
+
+namespace suite = tandem::test::ddp;
+
+int job_size() {
+  (void)tandem::MpiComm::thread_level();
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return size;
+}
+
+/// run(n, fn): fn on ranks 0 .. n-1 of the job, on a communicator of their own. A rank that
+/// throws ends the job (MPI_Abort) instead of leaving the others inside a collective.
+struct MpiRunner {
+  template <class Fn>
+  void operator()(int n, Fn&& fn) {
+    try {
+      auto world = tandem::MpiComm::world();
+      const int me = world.rank();
+      auto group = world.split(me < n ? 0 : tandem::no_color, me);
+      if (group) fn(*group);
+      world.barrier();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s; aborting the job\n", e.what());
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("DDP on MpiComm: N ranks x batch b equal 1 rank x batch N*b") {
+  MpiRunner run;
+  suite::check_theorems<tandem::MpiComm>(run, job_size());
+}
+
+TEST_CASE("DDP on MpiComm: no_sync accumulation equals one step on the whole batch") {
+  MpiRunner run;
+  suite::check_no_syncs<tandem::MpiComm>(run, job_size());
+}
+
+TEST_CASE("DDP on MpiComm: unused parameters, element types, reductions and bucket caps") {
+  MpiRunner run;
+  suite::check_reductions<tandem::MpiComm>(run, job_size());
+}
+
+TEST_CASE("DDP on MpiComm: marking twice and mismatched registrations are errors") {
+  MpiRunner run;
+  suite::check_errors<tandem::MpiComm>(run, job_size());
+}
+
+TEST_CASE("DDP on MpiComm: 16-bit compression stays within its rounding bound") {
+  MpiRunner run;
+  suite::check_compressions<tandem::MpiComm>(run, job_size());
+}
