@@ -1,0 +1,324 @@
+// tandem/optim/adamw.hpp - tandem::optim::AdamW: PyTorch's AdamW (decoupled weight decay,
+// optional amsgrad) over a Parameters arena, one fused pass per param group.
+//   tandem::optim::AdamW adamw(params, {.lr = 3e-4, .weight_decay = 0.1});  adamw.step();
+// Needs: the standard library, tandem/ddp/parameters.hpp; device parameters need tandem/cuda.hpp.
+#pragma once
+
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tandem/core/config.hpp"
+#include "tandem/core/error.hpp"
+#include "tandem/ddp/parameters.hpp"
+#include "tandem/optim/param_groups.hpp"
+#include "tandem/tensor/exec.hpp"
+#include "tandem/tensor/memory.hpp"
+#include "tandem/tensor/tensor.hpp"
+
+namespace tandem::optim {
+
+/// AdamW's hyperparameters, PyTorch's names and defaults.
+struct AdamWOptions {
+  double lr = 1e-3;
+  std::array<double, 2> betas{0.9, 0.999};
+  double eps = 1e-8;
+  double weight_decay = 1e-2;
+  bool amsgrad = false;
+  bool maximize = false;
+
+  /// PyTorch's ValueError cases, as a tandem::Error: lr, eps or weight_decay negative (or NaN),
+  /// a beta outside [0, 1).
+  void validate(const char* optimizer = "optim::AdamW") const {
+    if (!(0 <= lr)) throw Error(optimizer, "invalid learning rate: " + std::to_string(lr));
+    if (!(0 <= eps)) throw Error(optimizer, "invalid epsilon value: " + std::to_string(eps));
+    for (std::size_t i = 0; i < 2; ++i) {
+      if (!(0 <= betas[i] && betas[i] < 1)) {
+        throw Error(optimizer, "invalid beta parameter at index " + std::to_string(i) + ": " +
+                                   std::to_string(betas[i]));
+      }
+    }
+    if (!(0 <= weight_decay)) {
+      throw Error(optimizer, "invalid weight_decay value: " + std::to_string(weight_decay));
+    }
+  }
+};
+
+namespace detail {
+
+/// One AdamW step over a group's slice, PyTorch's single-tensor update in M (float for float,
+/// half and bfloat16 parameters; double for double) with its rounding. The bias corrections and
+/// step size are computed once per step in double on the host, as PyTorch does in Python:
+///   p *= 1 - lr * wd;  m = beta1 * m + (1 - beta1) * g;  v = beta2 * v + (1 - beta2) * g * g;
+///   vmax = max(vmax, v) (amsgrad);  p += (-step_size * m) / (sqrt(v or vmax) / sqrt(bc2) + eps)
+template <class T, bool Amsgrad>
+struct adamw_update {
+  using M = math_t<T>;
+  T* param;
+  const T* grad;
+  M* exp_avg;
+  M* exp_avg_sq;
+  M* max_exp_avg_sq;  // unused without amsgrad
+  M decay;            // 1 - lr * weight_decay
+  M beta1;
+  M one_minus_beta1;
+  M beta2;
+  M one_minus_beta2;
+  M bias_correction2_sqrt;
+  M eps;
+  M neg_step_size;  // -lr / (1 - beta1^step)
+  bool maximize;
+
+  TANDEM_HD void operator()(std::size_t i) const {
+    const M gradient = static_cast<M>(grad[i]);
+    const M g = maximize ? -gradient : gradient;
+    const M p = multiply(static_cast<M>(param[i]), decay);  // mul_, rounded before the add
+    const M m = fused_multiply_add(one_minus_beta1, g, exp_avg[i] * beta1);         // add_(alpha=)
+    const M v = fused_multiply_add(one_minus_beta2 * g, g, exp_avg_sq[i] * beta2);  // addcmul_
+    exp_avg[i] = m;
+    exp_avg_sq[i] = v;
+    M second = v;
+    if constexpr (Amsgrad) {
+      const M previous = max_exp_avg_sq[i];
+      second = (v > previous || v != v) ? v : previous;  // torch.maximum: NaN wins
+      max_exp_avg_sq[i] = second;
+    }
+    const M denom = square_root(second) / bias_correction2_sqrt + eps;
+    param[i] = static_cast<T>(p + (neg_step_size * m) / denom);  // addcdiv_(value=): (v*m)/d
+  }
+};
+
+}  // namespace detail
+
+/// Adam with decoupled weight decay, PyTorch's semantics and numbers (torch.optim.AdamW, its
+/// single-tensor form). exp_avg, exp_avg_sq (and max_exp_avg_sq with amsgrad) are flat buffers
+/// per group in the state type (float for half/bfloat16 parameters), zero at the first step.
+template <element_type T, memory_space Space = host, class E = default_executor_t<Space>>
+requires ExecutorFor<E, Space>
+class AdamW : public detail::GroupedOptimizer<AdamWOptions, T, Space, E> {
+  using Base = detail::GroupedOptimizer<AdamWOptions, T, Space, E>;
+  using typename Base::Group;
+
+ public:
+  using typename Base::state_dict_type;
+  using typename Base::state_type;
+
+  /// Every trained parameter in one group.
+  AdamW(Parameters<T, Space>& params, AdamWOptions options = {}, E exec = E{})
+      : AdamW(params, {ParamGroup<AdamWOptions>{all_params(), options}}, std::move(exec)) {}
+
+  /// One group per entry; groups may not overlap. Parameters in no group are not updated.
+  AdamW(Parameters<T, Space>& params, std::initializer_list<ParamGroup<AdamWOptions>> groups,
+        E exec = E{})
+      : AdamW(params, std::span<const ParamGroup<AdamWOptions>>(groups.begin(), groups.size()),
+              std::move(exec)) {}
+
+  /// The same with groups made at run time (a std::vector converts).
+  AdamW(Parameters<T, Space>& params, std::span<const ParamGroup<AdamWOptions>> groups,
+        E exec = E{})
+      : Base("optim::AdamW", params, groups, std::move(exec)), moments_(this->groups_.size()) {}
+
+  /// One update of every group: one fused pass each (asynchronous on a device executor).
+  void step() {
+    for (std::size_t g = 0; g < this->groups_.size(); ++g) {
+      Group& group = this->groups_[g];
+      const AdamWOptions& o = group.options;
+      o.validate(this->name_);
+      Moments& moments = moments_[g];
+      ensure(moments.exp_avg, group.size);
+      ensure(moments.exp_avg_sq, group.size);
+      if (o.amsgrad) ensure(moments.max_exp_avg_sq, group.size);
+      ++group.step;
+      // PyTorch: step = step_t.item(); bias_correction = 1 - beta ** step, all in double.
+      const double step = static_cast<double>(group.step);
+      const double bias_correction1 = 1 - std::pow(o.betas[0], step);
+      const double bias_correction2 = 1 - std::pow(o.betas[1], step);
+      const double step_size = o.lr / bias_correction1;
+      if (o.amsgrad) {
+        launch<true>(group, moments, step_size, bias_correction2);
+      } else {
+        launch<false>(group, moments, step_size, bias_correction2);
+      }
+    }
+  }
+
+  /// PyTorch's layout: state[i] has "step", "exp_avg", "exp_avg_sq" (and "max_exp_avg_sq" with
+  /// amsgrad) once its group has stepped; param_groups carry "lr", "beta1", "beta2", "eps",
+  /// "weight_decay", "amsgrad", "maximize". Waits for the copies.
+  [[nodiscard]] state_dict_type state_dict() const {
+    state_dict_type dict;
+    for (std::size_t g = 0; g < this->groups_.size(); ++g) {
+      const Group& group = this->groups_[g];
+      auto out = this->export_group(group);
+      const AdamWOptions& o = group.options;
+      out.options = {{"lr", o.lr},
+                     {"beta1", o.betas[0]},
+                     {"beta2", o.betas[1]},
+                     {"eps", o.eps},
+                     {"weight_decay", o.weight_decay},
+                     {"amsgrad", o.amsgrad ? 1.0 : 0.0},
+                     {"maximize", o.maximize ? 1.0 : 0.0}};
+      dict.param_groups.push_back(std::move(out));
+      if (group.step == 0) continue;
+      const Moments& moments = moments_[g];
+      for (std::size_t p = group.params.first; p < group.params.last; ++p) {
+        auto& entry = dict.state[Base::state_index(group, p)];
+        entry.scalars.emplace("step", static_cast<double>(group.step));
+        entry.tensors.emplace("exp_avg", this->export_state(group, p, moments.exp_avg.data()));
+        entry.tensors.emplace("exp_avg_sq",
+                              this->export_state(group, p, moments.exp_avg_sq.data()));
+        if (moments.max_exp_avg_sq.size() == group.size) {  // amsgrad has been used
+          entry.tensors.emplace("max_exp_avg_sq",
+                                this->export_state(group, p, moments.max_exp_avg_sq.data()));
+        }
+      }
+    }
+    this->exec_.synchronize();
+    return dict;
+  }
+
+  /// Restores hyperparameters, step counts and moments; an Error (and nothing changed) when the
+  /// dict does not fit these groups, an option is missing or invalid, some of a group's
+  /// parameters have state and others not, their steps differ, or a moment is missing.
+  void load_state_dict(const state_dict_type& dict) {
+    const std::string operation = std::string(this->name_) + "::load_state_dict";
+    const char* op = operation.c_str();
+    this->check_layout(dict);
+    std::vector<AdamWOptions> options(this->groups_.size());
+    std::vector<bool> has_state(this->groups_.size());
+    for (std::size_t g = 0; g < this->groups_.size(); ++g) {
+      const auto& in = dict.param_groups[g].options;
+      options[g] = {detail::option(in, "lr", op),
+                    {detail::option(in, "beta1", op), detail::option(in, "beta2", op)},
+                    detail::option(in, "eps", op),
+                    detail::option(in, "weight_decay", op),
+                    detail::option(in, "amsgrad", op) != 0,
+                    detail::option(in, "maximize", op) != 0};
+      options[g].validate(op);
+      const Group& group = this->groups_[g];
+      std::size_t with_state = 0;
+      for (std::size_t p = group.params.first; p < group.params.last; ++p) {
+        with_state += dict.state.contains(Base::state_index(group, p)) ? 1 : 0;
+      }
+      if (with_state != 0 && with_state != group.params.size()) {
+        throw Error(operation, "param group " + std::to_string(g) + " has state for " +
+                                   std::to_string(with_state) + " of its " +
+                                   std::to_string(group.params.size()) + " parameters");
+      }
+      has_state[g] = with_state != 0;
+      for (std::size_t p = group.params.first; p < group.params.last && has_state[g]; ++p) {
+        const std::size_t index = Base::state_index(group, p);
+        const auto& entry = dict.state.at(index);
+        auto step = entry.scalars.find("step");
+        if (step == entry.scalars.end() ||
+            step->second != static_cast<double>(dict.param_groups[g].step)) {
+          throw Error(operation, "parameter " + std::to_string(index) +
+                                     "'s step is missing or differs from its group's step " +
+                                     std::to_string(dict.param_groups[g].step));
+        }
+        std::vector<const char*> keys{"exp_avg", "exp_avg_sq"};
+        if (options[g].amsgrad) keys.push_back("max_exp_avg_sq");
+        for (const char* key : keys) {
+          auto tensor = entry.tensors.find(key);
+          if (tensor == entry.tensors.end()) {
+            throw Error(operation, "parameter " + std::to_string(index) + " has no " + key);
+          }
+          if (tensor->second.size() != this->slots_[p].shape.numel()) {
+            throw Error(operation, std::string(key) + " of parameter " + std::to_string(index) +
+                                       " has " + std::to_string(tensor->second.size()) +
+                                       " elements, the parameter " +
+                                       std::to_string(this->slots_[p].shape.numel()));
+          }
+        }
+      }
+    }
+    for (std::size_t g = 0; g < this->groups_.size(); ++g) {
+      Group& group = this->groups_[g];
+      group.options = options[g];
+      group.step = dict.param_groups[g].step;
+      Moments& moments = moments_[g];
+      ensure(moments.exp_avg, group.size);
+      ensure(moments.exp_avg_sq, group.size);
+      if (options[g].amsgrad) ensure(moments.max_exp_avg_sq, group.size);
+      for (std::size_t p = group.params.first; p < group.params.last; ++p) {
+        if (!has_state[g]) break;
+        const auto& entry = dict.state.at(Base::state_index(group, p));
+        this->import_state(group, p, entry.tensors.at("exp_avg"), "exp_avg",
+                           moments.exp_avg.data());
+        this->import_state(group, p, entry.tensors.at("exp_avg_sq"), "exp_avg_sq",
+                           moments.exp_avg_sq.data());
+        if (options[g].amsgrad) {
+          this->import_state(group, p, entry.tensors.at("max_exp_avg_sq"), "max_exp_avg_sq",
+                             moments.max_exp_avg_sq.data());
+        }
+      }
+      if (!has_state[g]) {  // a fresh start: zero moments, as PyTorch's lazily made state
+        zero(moments.exp_avg);
+        zero(moments.exp_avg_sq);
+        if (options[g].amsgrad) zero(moments.max_exp_avg_sq);
+      }
+    }
+    this->exec_.synchronize();  // the dict may go away as soon as this returns
+  }
+
+ private:
+  struct Moments {
+    Buffer<state_type, Space> exp_avg;
+    Buffer<state_type, Space> exp_avg_sq;
+    Buffer<state_type, Space> max_exp_avg_sq;  // allocated when amsgrad is first used
+  };
+
+  /// Allocates a zeroed state buffer of `size` elements the first time it is needed.
+  using M = state_type;
+
+  template <bool Amsgrad>
+  void launch(const Group& group, Moments& moments, double step_size, double bias_correction2) {
+    const AdamWOptions& o = group.options;
+    detail::run_pass(
+        this->exec_, group.size,
+        detail::adamw_update<T, Amsgrad>{
+            this->values_.data() + group.offset, this->grads_.data() + group.offset,
+            moments.exp_avg.data(), moments.exp_avg_sq.data(), moments.max_exp_avg_sq.data(),
+            static_cast<M>(1 - o.lr * o.weight_decay), static_cast<M>(o.betas[0]),
+            static_cast<M>(1 - o.betas[0]), static_cast<M>(o.betas[1]),
+            static_cast<M>(1 - o.betas[1]), static_cast<M>(std::sqrt(bias_correction2)),
+            static_cast<M>(o.eps), static_cast<M>(-step_size), o.maximize});
+  }
+
+  void ensure(Buffer<state_type, Space>& buffer, std::size_t size) {
+    if (buffer.size() == size) return;
+    buffer = Buffer<state_type, Space>(size);
+    zero(buffer);
+  }
+
+  void zero(Buffer<state_type, Space>& buffer) {
+    for_each_index(this->exec_, buffer.size(), detail::fill_zeros<state_type>{buffer.data()});
+  }
+
+  std::vector<Moments> moments_;
+};
+
+template <class T, class Space>
+AdamW(Parameters<T, Space>&) -> AdamW<T, Space>;
+template <class T, class Space>
+AdamW(Parameters<T, Space>&, AdamWOptions) -> AdamW<T, Space>;
+template <class T, class Space, class E>
+AdamW(Parameters<T, Space>&, AdamWOptions, E) -> AdamW<T, Space, E>;
+template <class T, class Space>
+AdamW(Parameters<T, Space>&, std::initializer_list<ParamGroup<AdamWOptions>>) -> AdamW<T, Space>;
+template <class T, class Space, class E>
+AdamW(Parameters<T, Space>&, std::initializer_list<ParamGroup<AdamWOptions>>, E)
+    -> AdamW<T, Space, E>;
+
+template <class T, class Space>
+AdamW(Parameters<T, Space>&, std::span<const ParamGroup<AdamWOptions>>) -> AdamW<T, Space>;
+template <class T, class Space, class E>
+AdamW(Parameters<T, Space>&, std::span<const ParamGroup<AdamWOptions>>, E) -> AdamW<T, Space, E>;
+
+}  // namespace tandem::optim

@@ -1,0 +1,271 @@
+// tandem/optim/sgd.hpp - tandem::optim::SGD: PyTorch's SGD (momentum, dampening, nesterov,
+// weight decay, maximize) over a Parameters arena, one fused pass per param group.
+//   tandem::optim::SGD sgd(params, {.lr = 0.1, .momentum = 0.9});  sgd.step();  sgd.zero_grad();
+// Needs: the standard library, tandem/ddp/parameters.hpp; device parameters need tandem/cuda.hpp.
+#pragma once
+
+#include <cstddef>
+#include <initializer_list>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tandem/core/config.hpp"
+#include "tandem/core/error.hpp"
+#include "tandem/ddp/parameters.hpp"
+#include "tandem/optim/param_groups.hpp"
+#include "tandem/tensor/exec.hpp"
+#include "tandem/tensor/memory.hpp"
+#include "tandem/tensor/tensor.hpp"
+
+namespace tandem::optim {
+
+/// SGD's hyperparameters, PyTorch's names and defaults (lr: torch 2.x's default 1e-3; torch 1.13
+/// had none).
+struct SGDOptions {
+  double lr = 1e-3;
+  double momentum = 0;
+  double dampening = 0;
+  double weight_decay = 0;
+  bool nesterov = false;
+  bool maximize = false;
+
+  /// PyTorch's ValueError cases, as a tandem::Error: negative (or NaN) lr, momentum or
+  /// weight_decay; nesterov without momentum or with dampening.
+  void validate(const char* optimizer = "optim::SGD") const {
+    if (!(lr >= 0)) throw Error(optimizer, "invalid learning rate: " + std::to_string(lr));
+    if (!(momentum >= 0)) {
+      throw Error(optimizer, "invalid momentum value: " + std::to_string(momentum));
+    }
+    if (!(weight_decay >= 0)) {
+      throw Error(optimizer, "invalid weight_decay value: " + std::to_string(weight_decay));
+    }
+    if (nesterov && (momentum <= 0 || dampening != 0)) {
+      throw Error(optimizer, "Nesterov momentum requires a momentum and zero dampening");
+    }
+  }
+};
+
+namespace detail {
+
+/// Which momentum branch a pass takes; a template parameter so that each loop is branch-free.
+enum class momentum_mode { none, first_step, running };
+
+/// One SGD step over a group's slice, PyTorch's single-tensor update in M (float for float, half
+/// and bfloat16 parameters; double for double) with its rounding: `add(x, alpha=a)` is a fused
+/// multiply-add in PyTorch's CPU kernels, so it is one here.
+///   d = maximize ? -g : g;  d += weight_decay * p  (when weight_decay != 0);
+///   buf = first step ? d : momentum * buf + (1 - dampening) * d;
+///   d = nesterov ? d + momentum * buf : buf;  p -= lr * d
+template <class T, momentum_mode Mode>
+struct sgd_update {
+  using M = math_t<T>;
+  T* param;
+  const T* grad;
+  M* momentum_buffer;  // unused without momentum
+  M neg_lr;
+  M momentum;
+  M one_minus_dampening;
+  M weight_decay;
+  bool nesterov;
+  bool maximize;
+
+  TANDEM_HD void operator()(std::size_t i) const {
+    const M p = static_cast<M>(param[i]);
+    const M g = static_cast<M>(grad[i]);
+    M d = maximize ? -g : g;
+    d = weight_decay != M(0) ? fused_multiply_add(weight_decay, p, d) : d;
+    if constexpr (Mode != momentum_mode::none) {
+      M buf = d;
+      if constexpr (Mode == momentum_mode::running) {
+        buf = fused_multiply_add(one_minus_dampening, d, momentum_buffer[i] * momentum);
+      }
+      momentum_buffer[i] = buf;
+      d = nesterov ? fused_multiply_add(momentum, buf, d) : buf;
+    }
+    param[i] = static_cast<T>(fused_multiply_add(neg_lr, d, p));
+  }
+};
+
+}  // namespace detail
+
+/// Stochastic gradient descent with PyTorch's semantics and numbers (torch.optim.SGD, its
+/// single-tensor form). Param groups are contiguous runs of the arena; the momentum buffers are
+/// flat, one per group, in the state type (float for half/bfloat16 parameters).
+template <element_type T, memory_space Space = host, class E = default_executor_t<Space>>
+requires ExecutorFor<E, Space>
+class SGD : public detail::GroupedOptimizer<SGDOptions, T, Space, E> {
+  using Base = detail::GroupedOptimizer<SGDOptions, T, Space, E>;
+  using typename Base::Group;
+
+ public:
+  using typename Base::state_dict_type;
+  using typename Base::state_type;
+
+  /// Every trained parameter in one group.
+  SGD(Parameters<T, Space>& params, SGDOptions options, E exec = E{})
+      : SGD(params, {ParamGroup<SGDOptions>{all_params(), options}}, std::move(exec)) {}
+
+  /// One group per entry; groups may not overlap. Parameters in no group are not updated.
+  SGD(Parameters<T, Space>& params, std::initializer_list<ParamGroup<SGDOptions>> groups,
+      E exec = E{})
+      : SGD(params, std::span<const ParamGroup<SGDOptions>>(groups.begin(), groups.size()),
+            std::move(exec)) {}
+
+  /// The same with groups made at run time (a std::vector converts).
+  SGD(Parameters<T, Space>& params, std::span<const ParamGroup<SGDOptions>> groups, E exec = E{})
+      : Base("optim::SGD", params, groups, std::move(exec)), buffers_(this->groups_.size()) {}
+
+  /// One update of every group: one fused pass each (asynchronous on a device executor).
+  void step() {
+    for (std::size_t g = 0; g < this->groups_.size(); ++g) {
+      Group& group = this->groups_[g];
+      const SGDOptions& o = group.options;
+      o.validate(this->name_);
+      MomentumBuffer& buffer = buffers_[g];
+      const bool uses_momentum = o.momentum != 0;
+      const bool first_step = uses_momentum && !buffer.started;
+      if (uses_momentum && buffer.values.size() != group.size) {
+        buffer.values = Buffer<state_type, Space>(group.size);
+      }
+      M* data = uses_momentum ? buffer.values.data() : nullptr;
+      if (!uses_momentum) {
+        launch<detail::momentum_mode::none>(group, data);
+      } else if (first_step) {
+        launch<detail::momentum_mode::first_step>(group, data);
+      } else {
+        launch<detail::momentum_mode::running>(group, data);
+      }
+      buffer.started = buffer.started || uses_momentum;
+      ++group.step;
+    }
+  }
+
+  /// PyTorch's layout: state[i] has "momentum_buffer" once group i's momentum has started (an
+  /// empty entry after a step without momentum, as PyTorch's None); param_groups carry "lr",
+  /// "momentum", "dampening", "weight_decay", "nesterov", "maximize". Waits for the copies.
+  [[nodiscard]] state_dict_type state_dict() const {
+    state_dict_type dict;
+    for (std::size_t g = 0; g < this->groups_.size(); ++g) {
+      const Group& group = this->groups_[g];
+      auto out = this->export_group(group);
+      const SGDOptions& o = group.options;
+      out.options = {{"lr", o.lr},
+                     {"momentum", o.momentum},
+                     {"dampening", o.dampening},
+                     {"weight_decay", o.weight_decay},
+                     {"nesterov", o.nesterov ? 1.0 : 0.0},
+                     {"maximize", o.maximize ? 1.0 : 0.0}};
+      dict.param_groups.push_back(std::move(out));
+      if (group.step == 0) continue;
+      for (std::size_t p = group.params.first; p < group.params.last; ++p) {
+        auto& entry = dict.state[Base::state_index(group, p)];
+        if (buffers_[g].started) {
+          entry.tensors.emplace("momentum_buffer",
+                                this->export_state(group, p, buffers_[g].values.data()));
+        }
+      }
+    }
+    this->exec_.synchronize();
+    return dict;
+  }
+
+  /// Restores hyperparameters, step counts and momentum buffers; an Error (and nothing changed)
+  /// when the dict does not fit these groups, an option is missing or invalid, or only some of a
+  /// group's parameters have a momentum buffer.
+  void load_state_dict(const state_dict_type& dict) {
+    const std::string operation = std::string(this->name_) + "::load_state_dict";
+    this->check_layout(dict);
+    std::vector<SGDOptions> options(this->groups_.size());
+    std::vector<bool> started(this->groups_.size());
+    for (std::size_t g = 0; g < this->groups_.size(); ++g) {
+      const auto& in = dict.param_groups[g].options;
+      const char* op = operation.c_str();
+      options[g] = {detail::option(in, "lr", op),
+                    detail::option(in, "momentum", op),
+                    detail::option(in, "dampening", op),
+                    detail::option(in, "weight_decay", op),
+                    detail::option(in, "nesterov", op) != 0,
+                    detail::option(in, "maximize", op) != 0};
+      options[g].validate(op);
+      const Group& group = this->groups_[g];
+      std::size_t with_buffer = 0;
+      for (std::size_t p = group.params.first; p < group.params.last; ++p) {
+        auto found = dict.state.find(Base::state_index(group, p));
+        if (found != dict.state.end() && found->second.tensors.contains("momentum_buffer")) {
+          ++with_buffer;
+        }
+      }
+      if (with_buffer != 0 && with_buffer != group.params.size()) {
+        throw Error(operation, "param group " + std::to_string(g) + " has a momentum_buffer for " +
+                                   std::to_string(with_buffer) + " of its " +
+                                   std::to_string(group.params.size()) + " parameters");
+      }
+      started[g] = with_buffer != 0;
+      for (std::size_t p = group.params.first; p < group.params.last && started[g]; ++p) {
+        const auto& tensor =
+            dict.state.at(Base::state_index(group, p)).tensors.at("momentum_buffer");
+        if (tensor.size() != this->slots_[p].shape.numel()) {
+          throw Error(operation, "momentum_buffer of parameter " +
+                                     std::to_string(Base::state_index(group, p)) + " has " +
+                                     std::to_string(tensor.size()) + " elements, the parameter " +
+                                     std::to_string(this->slots_[p].shape.numel()));
+        }
+      }
+    }
+    for (std::size_t g = 0; g < this->groups_.size(); ++g) {
+      Group& group = this->groups_[g];
+      group.options = options[g];
+      group.step = dict.param_groups[g].step;
+      buffers_[g].started = started[g];
+      if (!started[g]) continue;
+      if (buffers_[g].values.size() != group.size) {
+        buffers_[g].values = Buffer<state_type, Space>(group.size);
+      }
+      for (std::size_t p = group.params.first; p < group.params.last; ++p) {
+        this->import_state(group, p,
+                           dict.state.at(Base::state_index(group, p)).tensors.at("momentum_buffer"),
+                           "momentum_buffer", buffers_[g].values.data());
+      }
+    }
+    this->exec_.synchronize();  // the dict may go away as soon as this returns
+  }
+
+ private:
+  using M = state_type;
+
+  template <detail::momentum_mode Mode>
+  void launch(const Group& group, M* momentum_buffer) {
+    const SGDOptions& o = group.options;
+    detail::run_pass(this->exec_, group.size,
+                     detail::sgd_update<T, Mode>{
+                         this->values_.data() + group.offset, this->grads_.data() + group.offset,
+                         momentum_buffer, static_cast<M>(-o.lr), static_cast<M>(o.momentum),
+                         static_cast<M>(1 - o.dampening), static_cast<M>(o.weight_decay),
+                         o.nesterov, o.maximize});
+  }
+
+  struct MomentumBuffer {
+    Buffer<state_type, Space> values;  // allocated when momentum is first used
+    bool started = false;              // PyTorch's "momentum_buffer is not None"
+  };
+
+  std::vector<MomentumBuffer> buffers_;
+};
+
+template <class T, class Space>
+SGD(Parameters<T, Space>&, SGDOptions) -> SGD<T, Space>;
+template <class T, class Space, class E>
+SGD(Parameters<T, Space>&, SGDOptions, E) -> SGD<T, Space, E>;
+template <class T, class Space>
+SGD(Parameters<T, Space>&, std::initializer_list<ParamGroup<SGDOptions>>) -> SGD<T, Space>;
+template <class T, class Space, class E>
+SGD(Parameters<T, Space>&, std::initializer_list<ParamGroup<SGDOptions>>, E) -> SGD<T, Space, E>;
+
+template <class T, class Space>
+SGD(Parameters<T, Space>&, std::span<const ParamGroup<SGDOptions>>) -> SGD<T, Space>;
+template <class T, class Space, class E>
+SGD(Parameters<T, Space>&, std::span<const ParamGroup<SGDOptions>>, E) -> SGD<T, Space, E>;
+
+}  // namespace tandem::optim
