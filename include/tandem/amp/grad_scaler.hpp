@@ -1,0 +1,363 @@
+// tandem/amp/grad_scaler.hpp - tandem::GradScaler, dynamic loss scaling with torch.amp's
+// semantics, defaults, misuse errors and state_dict keys; one fused unscale + inf-check pass.
+//   tandem::GradScaler scaler; backward(scaler.scale(loss)); scaler.step(opt); scaler.update();
+// Needs: the standard library, tandem/tensor, the Optimizer and Communicator concepts.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "tandem/comm/communicator.hpp"
+#include "tandem/core/config.hpp"
+#include "tandem/core/error.hpp"
+#include "tandem/optim/optimizer.hpp"
+#include "tandem/tensor/dtype.hpp"
+#include "tandem/tensor/exec.hpp"
+#include "tandem/tensor/memory.hpp"
+#include "tandem/tensor/tensor.hpp"
+
+namespace tandem {
+
+/// GradScaler's settings: torch.amp.GradScaler's arguments and defaults.
+struct GradScalerOptions {
+  double init_scale = 65536.0;  // 2^16
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  std::int64_t growth_interval = 2000;
+  bool enabled = true;
+};
+
+namespace detail::amp {
+
+/// Whether x is finite, by its exponent bits: the same on host and device, and immune to
+/// -ffinite-math-only.
+TANDEM_HD constexpr bool is_finite(float x) noexcept {
+  return (detail::float_bits(x) & 0x7f800000u) != 0x7f800000u;
+}
+TANDEM_HD constexpr bool is_finite(double x) noexcept {
+  return (__builtin_bit_cast(std::uint64_t, x) & 0x7ff0000000000000ull) != 0x7ff0000000000000ull;
+}
+
+/// The type PyTorch does element arithmetic in ("opmath"): float for half and bfloat16.
+template <class T>
+using opmath_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+/// The inf flag: an int so that the host loop's OR-reduction vectorises (a float max would not
+/// without -ffast-math); all-reduced with max, which is OR for 0 and 1.
+using inf_flag = std::int32_t;
+
+struct or_combine {
+  TANDEM_HD constexpr inf_flag operator()(inf_flag a, inf_flag b) const noexcept { return a | b; }
+};
+
+/// Multiplies grads[i] by inv_scale and maps it to 1 when the value BEFORE unscaling was inf or
+/// NaN, else 0: PyTorch's _amp_foreach_non_finite_check_and_unscale_ (in opmath, one rounding)
+/// as one reduction over the flat gradient block.
+template <class T>
+struct unscale_and_check {
+  T* grads;
+  float inv_scale;
+  TANDEM_HD inf_flag operator()(std::size_t i) const {
+    using opmath = opmath_t<T>;
+    const opmath value = static_cast<opmath>(grads[i]);
+    grads[i] = T(value * static_cast<opmath>(inv_scale));
+    return is_finite(value) ? 0 : 1;
+  }
+};
+
+/// PyTorch leaves the gradients untouched when the inverse scale is 1: only the check.
+template <class T>
+struct check_finite {
+  const T* grads;
+  TANDEM_HD inf_flag operator()(std::size_t i) const {
+    return is_finite(static_cast<opmath_t<T>>(grads[i])) ? 0 : 1;
+  }
+};
+
+/// Reads the flag where the executor can (a device value comes back through a one-element
+/// reduction, which synchronises the executor's stream).
+struct load_flag {
+  const inf_flag* value;
+  TANDEM_HD inf_flag operator()(std::size_t) const { return *value; }
+};
+
+}  // namespace detail::amp
+
+/// Dynamic loss scaling, as torch.amp.GradScaler does it. Each iteration:
+///   backward(scaler.scale(loss)); [scaler.unscale_(opt); clip...;] scaler.step(opt);
+///   scaler.update();
+/// unscale_() multiplies the optimizer's gradients by 1/scale and detects inf/NaN in ONE pass on
+/// the optimizer's executor; the inf flag stays in that executor's memory (Space) and only step()
+/// reads it to decide whether to skip. Given a communicator, the flag is all-reduced (max) so
+/// that every rank makes the same decision (needed without DDP or with sharded gradients).
+/// enabled=false makes every call a no-op except step(), which simply steps.
+template <memory_space Space = host>
+class GradScaler {
+ public:
+  using memory_space = Space;
+
+  explicit GradScaler(GradScalerOptions options = {}) : options_(options) { validate(); }
+
+  /// All-reduces each inf flag over `comm` (max) before the skip decision. The communicator must
+  /// outlive the scaler and move tensors of the scaler's memory space.
+  template <Communicator C>
+  requires std::same_as<typename C::memory_space, Space>
+  explicit GradScaler(C& comm, GradScalerOptions options = {})
+      : options_(options),
+        rank_(comm.rank()),
+        all_reduce_found_inf_([&comm](View<detail::amp::inf_flag, Space> flag) {
+          comm.all_reduce(flag, ReduceOp::max);
+        }) {
+    validate();
+  }
+
+  GradScaler(const GradScaler&) = delete;
+  GradScaler& operator=(const GradScaler&) = delete;
+  GradScaler(GradScaler&&) noexcept = default;
+  GradScaler& operator=(GradScaler&&) noexcept = default;
+  ~GradScaler() = default;
+
+  /// loss * scale, as torch does it: in float for float, half and bfloat16 losses (a half loss
+  /// times PyTorch's float32 scale tensor is float32), in double for double. The loss unchanged
+  /// when disabled. The first call starts the scale at init_scale.
+  template <class T>
+  requires(element_type<T>&& dtype_traits<T>::is_floating) [[nodiscard]] auto scale(T loss) {
+    using result = std::conditional_t<std::is_same_v<T, double>, double, float>;
+    if (!options_.enabled) return static_cast<result>(static_cast<detail::amp::opmath_t<T>>(loss));
+    started_ = true;
+    return static_cast<result>(static_cast<detail::amp::opmath_t<T>>(loss) *
+                               static_cast<result>(scale_));
+  }
+
+  /// Divides the optimizer's gradients by the scale in place and records whether any was inf or
+  /// NaN: one fused pass on opt.executor(). Errors as PyTorch: twice since the last update(), or
+  /// after step().
+  template <Optimizer O>
+  void unscale_(O& opt) {
+    static_assert(std::same_as<typename O::memory_space, Space>,
+                  "tandem: GradScaler<Space> unscales optimizers whose gradients live in Space");
+    if (!options_.enabled) return;
+    require_started("unscale_");
+    auto& state = state_of(&opt);
+    if (state.where == stage::unscaled) {
+      fail("unscale_",
+           "unscale_() has already been called on this optimizer since the last update()");
+    }
+    if (state.where == stage::stepped) fail("unscale_", "unscale_() is being called after step()");
+
+    // PyTorch takes the reciprocal in double: float division can be imprecise under some flags.
+    const auto inv_scale = static_cast<float>(1.0 / static_cast<double>(scale_));
+    auto exec = opt.executor();
+    View<typename O::value_type, Space> grads = opt.grads();
+    using detail::amp::inf_flag;
+    using T = typename O::value_type;
+    if (state.found_inf.empty()) state.found_inf = Buffer<inf_flag, Space>(1);
+    inf_flag* flag = state.found_inf.data();
+    if (inv_scale != 1.0f) {
+      transform_reduce_into(exec, flag, grads.size(), inf_flag{0},
+                            detail::amp::unscale_and_check<T>{grads.data(), inv_scale},
+                            detail::amp::or_combine{});
+    } else {
+      transform_reduce_into(exec, flag, grads.size(), inf_flag{0},
+                            detail::amp::check_finite<T>{grads.data()}, detail::amp::or_combine{});
+    }
+    if (all_reduce_found_inf_) {
+      exec.synchronize();  // the communicator may work on another stream or thread
+      all_reduce_found_inf_(View<inf_flag, Space>(flag, 1));
+    }
+    state.read_found_inf = [exec, flag] {
+      return transform_reduce(exec, 1, inf_flag{0}, detail::amp::load_flag{flag},
+                              detail::amp::or_combine{});
+    };
+    state.found_inf_value.reset();
+    state.where = stage::unscaled;
+  }
+
+  /// Unscales (unless unscale_() was called), then calls opt.step() unless a gradient was inf or
+  /// NaN. Returns whether the optimizer stepped. An Error when called twice since update().
+  /// Disabled: just opt.step().
+  template <Optimizer O>
+  bool step(O& opt) {
+    if (!options_.enabled) {
+      opt.step();
+      return true;
+    }
+    require_started("step");
+    auto& state = state_of(&opt);
+    if (state.where == stage::stepped) {
+      fail("step", "step() has already been called since the last update()");
+    }
+    if (state.where == stage::ready) unscale_(opt);
+    const bool skip = found_inf_of(state) != 0;
+    if (!skip) opt.step();
+    state.where = stage::stepped;
+    last_step_skipped_ = skip;
+    return !skip;
+  }
+
+  /// Updates the scale from this iteration's inf checks: backoff on inf/NaN, growth after
+  /// growth_interval clean steps in a row (never to inf), exactly torch._amp_update_scale_.
+  /// An Error when no optimizer was unscaled since the last update().
+  void update() {
+    if (!options_.enabled) return;
+    require_started("update");
+    detail::amp::inf_flag found_inf = 0;
+    bool recorded = false;
+    for (auto& state : states_) {
+      if (state->where == stage::ready) continue;
+      found_inf += found_inf_of(*state);
+      recorded = true;
+    }
+    if (!recorded) fail("update", "No inf checks were recorded prior to update()");
+    if (found_inf != 0) {
+      scale_ = static_cast<float>(static_cast<double>(scale_) * options_.backoff_factor);
+      growth_tracker_ = 0;
+    } else {
+      const std::int32_t successful = growth_tracker_ + 1;
+      if (successful == options_.growth_interval) {
+        const auto grown = static_cast<float>(static_cast<double>(scale_) * options_.growth_factor);
+        if (detail::amp::is_finite(grown)) scale_ = grown;
+        growth_tracker_ = 0;
+      } else {
+        growth_tracker_ = successful;
+      }
+    }
+    reset_states();
+  }
+
+  /// Sets the scale to new_scale (PyTorch's update(new_scale)); no inf check is needed.
+  void update(float new_scale) {
+    if (!options_.enabled) return;
+    require_started("update");
+    scale_ = new_scale;
+    reset_states();
+  }
+
+  /// The current scale (init_scale before the first scale()); 1 when disabled, as PyTorch.
+  [[nodiscard]] double get_scale() const noexcept {
+    if (!options_.enabled) return 1.0;
+    return started_ ? static_cast<double>(scale_) : options_.init_scale;
+  }
+  [[nodiscard]] double get_growth_factor() const noexcept { return options_.growth_factor; }
+  [[nodiscard]] double get_backoff_factor() const noexcept { return options_.backoff_factor; }
+  [[nodiscard]] std::int64_t get_growth_interval() const noexcept {
+    return options_.growth_interval;
+  }
+  [[nodiscard]] std::int32_t growth_tracker() const noexcept { return growth_tracker_; }
+  void set_growth_factor(double factor) { options_.growth_factor = factor; }
+  void set_backoff_factor(double factor) { options_.backoff_factor = factor; }
+  void set_growth_interval(std::int64_t interval) { options_.growth_interval = interval; }
+  [[nodiscard]] bool is_enabled() const noexcept { return options_.enabled; }
+  /// Whether the last step() skipped the optimizer (inf or NaN gradients).
+  [[nodiscard]] bool last_step_skipped() const noexcept { return last_step_skipped_; }
+
+  /// PyTorch's keys: scale, growth_factor, backoff_factor, growth_interval, _growth_tracker.
+  /// Empty when disabled, as PyTorch.
+  [[nodiscard]] std::map<std::string, double> state_dict() const {
+    if (!options_.enabled) return {};
+    return {{"scale", get_scale()},
+            {"growth_factor", options_.growth_factor},
+            {"backoff_factor", options_.backoff_factor},
+            {"growth_interval", static_cast<double>(options_.growth_interval)},
+            {"_growth_tracker", static_cast<double>(growth_tracker_)}};
+  }
+
+  /// Restores what state_dict() returned (a PyTorch GradScaler's state_dict too). An Error for an
+  /// empty dict (saved from a disabled scaler) or a missing key; a no-op when disabled.
+  void load_state_dict(const std::map<std::string, double>& state) {
+    if (!options_.enabled) return;
+    if (state.empty()) {
+      fail("load_state_dict",
+           "The source state dict is empty, possibly because it was saved from a disabled "
+           "instance of GradScaler");
+    }
+    const double new_scale = required(state, "scale");
+    options_.growth_factor = required(state, "growth_factor");
+    options_.backoff_factor = required(state, "backoff_factor");
+    options_.growth_interval = static_cast<std::int64_t>(required(state, "growth_interval"));
+    growth_tracker_ = static_cast<std::int32_t>(required(state, "_growth_tracker"));
+    options_.init_scale = new_scale;
+    scale_ = static_cast<float>(new_scale);
+  }
+
+ private:
+  enum class stage : std::uint8_t { ready, unscaled, stepped };
+
+  // Per-optimizer bookkeeping, found by the optimizer's address as PyTorch does by id().
+  struct Entry {
+    const void* optimizer = nullptr;
+    stage where = stage::ready;
+    Buffer<detail::amp::inf_flag, Space> found_inf;
+    std::function<detail::amp::inf_flag()> read_found_inf;
+    std::optional<detail::amp::inf_flag> found_inf_value;
+  };
+
+  void validate() const {
+    if (!options_.enabled) return;
+    if (!(options_.growth_factor > 1.0)) fail("GradScaler", "The growth factor must be > 1.0");
+    if (!(options_.backoff_factor < 1.0)) fail("GradScaler", "The backoff factor must be < 1.0");
+    if (options_.growth_interval <= 0) fail("GradScaler", "The growth interval must be > 0");
+  }
+
+  void require_started(const char* operation) {
+    if (!started_) {
+      // PyTorch asserts this; the scale and tracker start at the first scale().
+      fail(operation, std::string("Attempted ") + operation +
+                          " but the scale is not initialised. This may indicate your script did "
+                          "not use scaler.scale(loss) earlier in the iteration");
+    }
+  }
+
+  Entry& state_of(const void* optimizer) {
+    for (auto& entry : states_) {
+      if (entry->optimizer == optimizer) return *entry;
+    }
+    states_.push_back(std::make_unique<Entry>());
+    states_.back()->optimizer = optimizer;
+    return *states_.back();
+  }
+
+  detail::amp::inf_flag found_inf_of(Entry& state) {
+    if (!state.found_inf_value) state.found_inf_value = state.read_found_inf();
+    return *state.found_inf_value;
+  }
+
+  void reset_states() {
+    for (auto& entry : states_) {
+      entry->where = stage::ready;
+      entry->found_inf_value.reset();
+      entry->read_found_inf = nullptr;
+    }
+  }
+
+  static double required(const std::map<std::string, double>& state, const char* key) {
+    auto found = state.find(key);
+    if (found == state.end()) {
+      throw Error("GradScaler::load_state_dict",
+                  std::string("the state dict has no key '") + key + "'");
+    }
+    return found->second;
+  }
+
+  [[noreturn]] void fail(const std::string& operation, const std::string& cause) const {
+    throw Error(rank_, "GradScaler::" + operation, cause);
+  }
+
+  GradScalerOptions options_;
+  int rank_ = unknown_rank;
+  std::function<void(View<detail::amp::inf_flag, Space>)> all_reduce_found_inf_;
+  float scale_ = static_cast<float>(options_.init_scale);
+  std::int32_t growth_tracker_ = 0;
+  bool started_ = false;
+  bool last_step_skipped_ = false;
+  std::vector<std::unique_ptr<Entry>> states_;
+};
+
+}  // namespace tandem

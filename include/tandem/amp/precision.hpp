@@ -1,0 +1,250 @@
+// tandem/amp/precision.hpp - mixed-precision policies (apex O0..O3) and the low-precision compute
+// copy of fp32 master weights, refreshed by one cast pass.
+//   tandem::amp::ComputeWeights<tandem::amp::O2<>> w(params.numel()); w.refresh(on_host, master);
+// Needs: the standard library, tandem/tensor (device memory: tandem/cuda.hpp in a .cu file).
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "tandem/core/config.hpp"
+#include "tandem/core/error.hpp"
+#include "tandem/tensor/dtype.hpp"
+#include "tandem/tensor/exec.hpp"
+#include "tandem/tensor/memory.hpp"
+#include "tandem/tensor/tensor.hpp"
+
+namespace tandem::amp {
+
+/// A precision policy, chosen at compile time. Its four element types say where each number of a
+/// training step lives:
+///   master_type  - the parameters the optimizer updates (the arena's values and gradients);
+///   compute_type - the weights the forward and backward passes read;
+///   grad_type    - the gradients the backward pass writes;
+///   reduce_type  - the gradients as they are all-reduced across ranks.
+/// loss_scaling says whether a dynamic loss scale (GradScaler) belongs with it.
+template <element_type Master, element_type Compute, element_type Grad, element_type Reduce,
+          bool LossScaling>
+struct precision {
+  static_assert(dtype_traits<Master>::is_floating && dtype_traits<Compute>::is_floating &&
+                    dtype_traits<Grad>::is_floating && dtype_traits<Reduce>::is_floating,
+                "tandem: a precision policy names floating-point types only");
+
+  using master_type = Master;
+  using compute_type = Compute;
+  using grad_type = Grad;
+  using reduce_type = Reduce;
+  static constexpr bool loss_scaling = LossScaling;
+  /// Whether the compute weights are a separate low-precision copy of the master weights (apex O2)
+  /// rather than the master weights themselves.
+  static constexpr bool keeps_master_copy = !std::same_as<Master, Compute>;
+};
+
+/// Opt-in for user-written policies: specialise to true, or derive from tandem::amp::precision.
+template <class P>
+inline constexpr bool enable_precision_policy = requires {
+  typename P::master_type;
+  typename P::compute_type;
+  typename P::grad_type;
+  typename P::reduce_type;
+  { P::loss_scaling } -> std::convertible_to<bool>;
+  { P::keeps_master_copy } -> std::convertible_to<bool>;
+};
+
+/// A precision policy: 1. names master_type, compute_type, grad_type and reduce_type;
+/// 2. says loss_scaling and keeps_master_copy.
+template <class P>
+concept PrecisionPolicy = enable_precision_policy<P>;
+
+namespace detail {
+template <class Low>
+concept low_precision = std::same_as<Low, half> || std::same_as<Low, bfloat16>;
+}  // namespace detail
+
+/// apex O0: everything in fp32; the baseline.
+struct O0 : precision<float, float, float, float, false> {
+  static constexpr const char* name = "O0";
+};
+
+/// apex O1 (torch.autocast practice): fp32 parameters and gradients, layers compute in Low where
+/// that is safe; dynamic loss scaling for half (bfloat16 has fp32's range and needs none).
+template <detail::low_precision Low = half>
+struct O1 : precision<float, Low, float, float, std::same_as<Low, half>> {
+  static constexpr const char* name = "O1";
+};
+
+/// apex O2: fp32 master weights in the arena, a Low compute copy refreshed by one cast pass after
+/// each step, Low gradients cast back to fp32 for the optimizer; gradients all-reduced in Low as
+/// apex's DDP does; dynamic loss scaling for half.
+template <detail::low_precision Low = half>
+struct O2 : precision<float, Low, Low, Low, std::same_as<Low, half>> {
+  static constexpr const char* name = "O2";
+};
+
+/// apex O3: everything in Low, no master copy, no loss scaling (apex's loss_scale 1.0); a speed
+/// baseline rather than a way to train.
+template <detail::low_precision Low = half>
+struct O3 : precision<Low, Low, Low, Low, false> {
+  static constexpr const char* name = "O3";
+};
+
+namespace detail {
+
+/// 0xffffffff when condition holds, else 0: a select that stays branch-free.
+TANDEM_HD constexpr std::uint32_t all_ones_if(bool condition) noexcept {
+  return 0u - static_cast<std::uint32_t>(condition);
+}
+
+/// fp32 -> fp16 bits, round to nearest even: the same bits as tandem::half(value), written with
+/// selects instead of branches so that the host loop vectorises (the cast pass runs at memory
+/// speed). Subnormal results come from one float addition of 0.5, whose rounding does the work
+/// (F. Giesen's float_to_half_fast3_rtne); NaN keeps its top payload bits, as tandem::half.
+TANDEM_HD constexpr std::uint16_t float_to_half_bits_select(float value) noexcept {
+  const std::uint32_t x = tandem::detail::float_bits(value);
+  const std::uint32_t sign = (x >> 16) & 0x8000u;
+  const std::uint32_t magnitude = x & 0x7fffffffu;
+  // Normal results: rebias the exponent (127 -> 15), round the 13 dropped bits to nearest even.
+  const std::uint32_t normal = (magnitude - 0x38000000u + 0xfffu + ((magnitude >> 13) & 1u)) >> 13;
+  // Below 2^-14: adding 0.5 (2^-1) aligns the half subnormal's 10 bits at the bottom.
+  const std::uint32_t subnormal =
+      tandem::detail::float_bits(tandem::detail::bits_float(magnitude) + 0.5f) - 0x3f000000u;
+  const std::uint32_t nan = 0x7e00u | ((magnitude >> 13) & 0x3ffu);
+  // Masks rather than ?: throughout: GCC keeps ?: around a float addition (which may trap, as
+  // far as it knows) as branches, and the loop would stay scalar.
+  const std::uint32_t is_nan = all_ones_if(magnitude > 0x7f800000u);
+  const std::uint32_t is_subnormal = all_ones_if(magnitude < 0x38800000u);
+  const std::uint32_t is_special = all_ones_if(magnitude >= 0x47800000u);  // inf, NaN, overflow
+  const std::uint32_t special = (nan & is_nan) | (0x7c00u & ~is_nan);
+  std::uint32_t result = (subnormal & is_subnormal) | (normal & ~is_subnormal);
+  result = (special & is_special) | (result & ~is_special);
+  return static_cast<std::uint16_t>(sign | result);
+}
+
+/// out[i] = To(in[i]) with round-to-nearest-even (tandem's half/bfloat16 conversions).
+template <class From, class To>
+struct cast_element {
+  const From* in;
+  To* out;
+  TANDEM_HD void operator()(std::size_t i) const {
+    if constexpr (std::same_as<From, To>) {
+      out[i] = in[i];
+    } else if constexpr (std::same_as<From, float> && std::same_as<To, half>) {
+      out[i] = half::from_bits(float_to_half_bits_select(in[i]));
+    } else if constexpr (std::same_as<From, half> || std::same_as<From, bfloat16>) {
+      out[i] = To(static_cast<float>(in[i]));
+    } else {
+      out[i] = To(in[i]);
+    }
+  }
+};
+
+}  // namespace detail
+
+/// Writes To(in[i]) into out[i] for every element, in ONE pass on exec (does not wait on
+/// devices). Sizes must match.
+template <Executor E, element_type From, element_type To, memory_space Space>
+requires ExecutorFor<E, Space>
+void cast(const E& exec, View<const From, Space> in, View<To, Space> out) {
+  if (in.size() != out.size()) {
+    throw Error("amp::cast", "input has " + std::to_string(in.size()) + " elements, output " +
+                                 std::to_string(out.size()));
+  }
+  for_each_index(exec, in.size(), detail::cast_element<From, To>{in.data(), out.data()});
+}
+
+template <Executor E, element_type From, element_type To, memory_space Space>
+requires ExecutorFor<E, Space>
+void cast(const E& exec, View<From, Space> in, View<To, Space> out) {
+  cast(exec, View<const From, Space>(in), out);
+}
+
+/// The weights and gradients the model computes with under policy P, beside the master arena.
+/// When P keeps a master copy (O2) it owns compute_type copies of the values and gradients;
+/// otherwise (O0, O1, O3) it owns nothing and simply views the master arena, and both passes are
+/// free. One object per arena; the numbers of elements must agree.
+template <PrecisionPolicy P, memory_space Space = host>
+class ComputeWeights {
+  static_assert(P::keeps_master_copy ||
+                    std::same_as<typename P::grad_type, typename P::master_type>,
+                "tandem: without a master copy the gradients are the master gradients");
+
+ public:
+  using policy = P;
+  using master_type = typename P::master_type;
+  using compute_type = typename P::compute_type;
+  using grad_type = typename P::grad_type;
+  using memory_space = Space;
+
+  explicit ComputeWeights(std::size_t numel) : numel_(numel) {
+    if constexpr (P::keeps_master_copy) {
+      values_ = Buffer<compute_type, Space>(numel);
+      grads_ = Buffer<grad_type, Space>(numel);
+    }
+  }
+
+  /// Refreshes the compute copy from the master values: ONE cast pass after each optimizer step
+  /// (apex O2's master -> model copy). Without a master copy the compute weights ARE the master
+  /// weights, and this only remembers where they are.
+  template <Executor E>
+  requires ExecutorFor<E, Space>
+  void refresh(const E& exec, View<master_type, Space> master) {
+    check_size("amp::ComputeWeights::refresh", master.size());
+    if constexpr (P::keeps_master_copy) {
+      cast(exec, View<const master_type, Space>(master), values_.view());
+    } else {
+      master_values_ = master;
+    }
+  }
+
+  /// Casts the compute gradients into the master gradients the optimizer (and GradScaler) reads:
+  /// one pass; nothing to do without a master copy.
+  template <Executor E>
+  requires ExecutorFor<E, Space>
+  void grads_to_master(const E& exec, View<master_type, Space> master_grads) {
+    check_size("amp::ComputeWeights::grads_to_master", master_grads.size());
+    if constexpr (P::keeps_master_copy) {
+      cast(exec, View<const grad_type, Space>(grads_.view()), master_grads);
+    } else {
+      master_grads_ = master_grads;
+    }
+  }
+
+  /// The weights to compute with. Without a master copy, the master values last given to
+  /// refresh() (empty before that).
+  [[nodiscard]] View<compute_type, Space> values() noexcept {
+    if constexpr (P::keeps_master_copy)
+      return values_.view();
+    else
+      return master_values_;
+  }
+
+  /// Where the backward pass writes gradients. Without a master copy, the master gradients last
+  /// given to grads_to_master() (empty before that).
+  [[nodiscard]] View<grad_type, Space> grads() noexcept {
+    if constexpr (P::keeps_master_copy)
+      return grads_.view();
+    else
+      return master_grads_;
+  }
+
+  [[nodiscard]] std::size_t numel() const noexcept { return numel_; }
+
+ private:
+  void check_size(const char* operation, std::size_t size) const {
+    if (size != numel_) {
+      throw Error(operation, "the master view has " + std::to_string(size) +
+                                 " elements, the compute weights " + std::to_string(numel_));
+    }
+  }
+
+  std::size_t numel_;
+  Buffer<compute_type, Space> values_;
+  Buffer<grad_type, Space> grads_;
+  View<compute_type, Space> master_values_;
+  View<grad_type, Space> master_grads_;
+};
+
+}  // namespace tandem::amp

@@ -1,0 +1,313 @@
+// tandem/ema.hpp - tandem::EMA, an exponential moving average of a Parameters arena (timm's
+// ModelEmaV3 warm-up, torch.lerp's arithmetic) with O(1) apply_shadow()/restore().
+//   tandem::EMA ema(params, {.decay = 0.999}); ema.update(); auto guard = ema.applied();
+// Needs: the standard library, tandem/tensor, tandem/ddp/parameters.hpp (device: tandem/cuda.hpp).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "tandem/core/config.hpp"
+#include "tandem/core/error.hpp"
+#include "tandem/ddp/parameters.hpp"
+#include "tandem/tensor/dtype.hpp"
+#include "tandem/tensor/exec.hpp"
+#include "tandem/tensor/memory.hpp"
+#include "tandem/tensor/tensor.hpp"
+
+namespace tandem {
+
+/// EMA's settings: timm's ModelEmaV3 arguments and defaults.
+struct EMAOptions {
+  double decay = 0.9999;
+  double min_decay = 0.0;
+  std::size_t update_after_step = 0;
+  bool use_warmup = false;
+  double warmup_gamma = 1.0;
+  double warmup_power = 2.0 / 3.0;
+  /// Average floating buffers (running statistics) like parameters; false copies every buffer
+  /// (timm's exclude_buffers). Integral buffers (BufferKind::integral) are always copied.
+  bool average_buffers = true;
+};
+
+namespace detail::ema {
+
+/// a * b + c rounded once, as torch's vectorised lerp computes it (with an FMA). Without a
+/// hardware FMA the host computes it in double: a * b is exact there, so only a double-rounding
+/// tie (about one case in 2^29) could differ by one ulp, and the loop still vectorises.
+TANDEM_HD inline float fused_multiply_add(float a, float b, float c) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#elif defined(__FMA__)
+  return __builtin_fmaf(a, b, c);
+#else
+  return static_cast<float>(static_cast<double>(a) * static_cast<double>(b) +
+                            static_cast<double>(c));
+#endif
+}
+TANDEM_HD inline double fused_multiply_add(double a, double b, double c) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __fma_rn(a, b, c);
+#else
+  return __builtin_fma(a, b, c);
+#endif
+}
+
+/// torch.lerp(start, end, weight): start + weight * (end - start) for |weight| < 0.5, else
+/// end - (end - start) * (1 - weight), each as one fused multiply-add (ATen's lerp_vec).
+template <class Opmath>
+TANDEM_HD inline Opmath lerp(Opmath start, Opmath end, Opmath weight) noexcept {
+  const Opmath difference = end - start;
+  const Opmath magnitude = weight < Opmath(0) ? -weight : weight;
+  return magnitude < Opmath(0.5) ? fused_multiply_add(weight, difference, start)
+                                 : fused_multiply_add(weight - Opmath(1), difference, end);
+}
+
+template <class T>
+using opmath_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+/// shadow[i] = lerp(shadow[i], live[i], weight), in opmath (float for half and bfloat16).
+template <class T>
+struct lerp_into {
+  T* shadow;
+  const T* live;
+  opmath_t<T> weight;
+  TANDEM_HD void operator()(std::size_t i) const {
+    using opmath = opmath_t<T>;
+    shadow[i] = T(lerp(static_cast<opmath>(shadow[i]), static_cast<opmath>(live[i]), weight));
+  }
+};
+
+/// The same for buffers, copying the elements whose mask is set (integral buffers).
+template <class T>
+struct lerp_or_copy_into {
+  T* shadow;
+  const T* live;
+  const std::uint8_t* copy;
+  opmath_t<T> weight;
+  TANDEM_HD void operator()(std::size_t i) const {
+    using opmath = opmath_t<T>;
+    shadow[i] = copy[i]
+                    ? live[i]
+                    : T(lerp(static_cast<opmath>(shadow[i]), static_cast<opmath>(live[i]), weight));
+  }
+};
+
+template <class T>
+struct copy_into {
+  T* out;
+  const T* in;
+  TANDEM_HD void operator()(std::size_t i) const { out[i] = in[i]; }
+};
+
+struct fill_mask {
+  std::uint8_t* mask;
+  std::uint8_t value;
+  TANDEM_HD void operator()(std::size_t i) const { mask[i] = value; }
+};
+
+}  // namespace detail::ema
+
+/// An exponential moving average ("shadow") of every trained value and buffer of a Parameters
+/// arena: after each optimizer step, update() sets shadow = decay * shadow + (1 - decay) * live,
+/// computed as torch.lerp(shadow, live, 1 - decay), in one pass over the flat values and one over
+/// the buffers on the executor.
+///
+/// apply_shadow() / restore() swap the arena's storage with the shadow's (Parameters::
+/// swap_values, O(1), no copy): while applied, the arena itself - params.values(), every
+/// Parameter's value(), the model's forward - holds the averaged weights, and the live ones wait in
+/// the EMA. Views taken before the swap keep the storage they were taken of.
+template <element_type T, memory_space Space = host, class Exec = default_executor_t<Space>>
+requires ExecutorFor<Exec, Space>
+class EMA {
+ public:
+  using value_type = T;
+  using memory_space = Space;
+  using parameter = typename Parameters<T, Space>::Parameter;
+
+  /// Takes a copy of the arena's current values and buffers as the shadow (timm deep-copies the
+  /// model at construction). The arena must be finalized and outlive the EMA.
+  explicit EMA(Parameters<T, Space>& params, EMAOptions options = {}, Exec exec = {})
+      : params_(&params), options_(options), exec_(std::move(exec)) {
+    if (!params.finalized()) {
+      throw Error("EMA", "the Parameters arena must be finalized before an EMA is made of it");
+    }
+    if (!(options_.decay >= 0.0 && options_.decay <= 1.0)) {
+      throw Error("EMA", "decay " + std::to_string(options_.decay) + " lies outside [0, 1]");
+    }
+    if (options_.use_warmup && !(options_.warmup_gamma > 0.0)) {
+      throw Error("EMA", "warmup_gamma must be > 0");
+    }
+    shadow_values_ = Buffer<T, Space>(params.numel());
+    shadow_buffers_ = Buffer<T, Space>(params.buffer_numel());
+    build_copy_mask();
+    register_weights();
+  }
+
+  EMA(const EMA&) = delete;
+  EMA& operator=(const EMA&) = delete;
+  EMA(EMA&&) noexcept = default;
+  EMA& operator=(EMA&&) noexcept = default;
+  ~EMA() = default;
+
+  /// shadow := the arena's current values and buffers; the update count restarts at 0. An Error
+  /// while the shadow is applied.
+  void register_weights() {
+    require_not_applied("register_weights");
+    copy(params_->values(), shadow_values_);
+    copy(params_->buffer_values(), shadow_buffers_);
+    updates_ = 0;
+  }
+
+  /// The decay for update number `step` (timm's get_decay): 0 (copy) while
+  /// step <= update_after_step + 1; then `decay`, or with warm-up
+  /// 1 - (1 + s / gamma)^-power clamped to [min_decay, decay], s = step - update_after_step - 1.
+  [[nodiscard]] double decay_at(std::size_t step) const noexcept {
+    if (step <= options_.update_after_step + 1) return 0.0;
+    const auto s = static_cast<double>(step - options_.update_after_step - 1);
+    if (!options_.use_warmup) return options_.decay;
+    const double decay = 1.0 - std::pow(1.0 + s / options_.warmup_gamma, -options_.warmup_power);
+    return std::max(std::min(decay, options_.decay), options_.min_decay);
+  }
+
+  /// Counts one more update and blends the arena into the shadow with decay_at(count): call it
+  /// after each optimizer step (timm's `update(model, step=num_updates)`).
+  void update() { update(updates_ + 1); }
+
+  /// Blends with decay_at(step) and makes `step` the update count. Does not wait on devices. An
+  /// Error while the shadow is applied (the live weights are not the active ones then).
+  void update(std::size_t step) {
+    require_not_applied("update");
+    const double decay = decay_at(step);
+    // timm passes weight=1-decay as a Python float; torch rounds it to the element type.
+    const auto weight = static_cast<detail::ema::opmath_t<T>>(1.0 - decay);
+    View<T, Space> live = params_->values();
+    for_each_index(exec_, live.size(),
+                   detail::ema::lerp_into<T>{shadow_values_.data(), live.data(), weight});
+    View<T, Space> live_buffers = params_->buffer_values();
+    if (!live_buffers.empty()) {
+      if (options_.average_buffers) {
+        for_each_index(exec_, live_buffers.size(),
+                       detail::ema::lerp_or_copy_into<T>{
+                           shadow_buffers_.data(), live_buffers.data(), copy_mask_.data(), weight});
+      } else {
+        copy(live_buffers, shadow_buffers_);
+      }
+    }
+    updates_ = step;
+  }
+
+  /// Makes the shadow the active weights: O(1). An Error when already applied.
+  void apply_shadow() {
+    require_not_applied("apply_shadow");
+    swap_storage();
+    applied_ = true;
+  }
+
+  /// Makes the live weights active again: O(1). An Error when the shadow is not applied.
+  void restore() {
+    if (!applied_) throw Error("EMA::restore", "the shadow is not applied; nothing to restore");
+    swap_storage();
+    applied_ = false;
+  }
+
+  [[nodiscard]] bool shadow_applied() const noexcept { return applied_; }
+
+  /// Applies the shadow until the guard leaves scope, even by an exception.
+  class [[nodiscard]] AppliedGuard {
+   public:
+    explicit AppliedGuard(EMA& ema) : ema_(&ema) { ema.apply_shadow(); }
+    AppliedGuard(AppliedGuard&& other) noexcept : ema_(std::exchange(other.ema_, nullptr)) {}
+    AppliedGuard(const AppliedGuard&) = delete;
+    AppliedGuard& operator=(const AppliedGuard&) = delete;
+    AppliedGuard& operator=(AppliedGuard&&) = delete;
+    ~AppliedGuard() {
+      if (ema_ && ema_->applied_) {
+        ema_->swap_storage();
+        ema_->applied_ = false;
+      }
+    }
+
+   private:
+    EMA* ema_;
+  };
+
+  /// `auto guard = ema.applied();` - the shadow is active until guard's scope ends.
+  [[nodiscard]] AppliedGuard applied() { return AppliedGuard(*this); }
+
+  /// The active trained values, the arena's: the shadow while applied, the live ones otherwise.
+  [[nodiscard]] View<T, Space> values() { return params_->values(); }
+  /// The active buffers, likewise.
+  [[nodiscard]] View<T, Space> buffer_values() { return params_->buffer_values(); }
+  /// One parameter's or buffer's active value, shaped.
+  [[nodiscard]] View<T, Space> value(const parameter& p) {
+    View<T, Space> block = p.is_buffer() ? buffer_values() : values();
+    return View<T, Space>(block.data() + p.offset(), p.shape());
+  }
+
+  /// The shadow itself, wherever it is (in the arena while applied), for checkpoints.
+  [[nodiscard]] View<T, Space> shadow_values() {
+    return applied_ ? params_->values() : shadow_values_.view();
+  }
+  [[nodiscard]] View<T, Space> shadow_buffer_values() {
+    return applied_ ? params_->buffer_values() : shadow_buffers_.view();
+  }
+
+  /// The update count: the step the last update() used.
+  [[nodiscard]] std::size_t updates() const noexcept { return updates_; }
+  [[nodiscard]] const EMAOptions& options() const noexcept { return options_; }
+  [[nodiscard]] const Exec& executor() const noexcept { return exec_; }
+
+ private:
+  void require_not_applied(const char* operation) const {
+    if (applied_) {
+      throw Error(std::string("EMA::") + operation,
+                  "the shadow is applied; call restore() (or leave the applied() scope) first");
+    }
+  }
+
+  // Sizes match by construction, so the swaps cannot throw.
+  void swap_storage() {
+    params_->swap_values(shadow_values_);
+    params_->swap_buffer_values(shadow_buffers_);
+  }
+
+  void copy(View<T, Space> from, Buffer<T, Space>& to) {
+    for_each_index(exec_, from.size(), detail::ema::copy_into<T>{to.data(), from.data()});
+  }
+
+  // Integral buffers are copied, the rest averaged; the mask lets one pass do both.
+  void build_copy_mask() {
+    if (!options_.average_buffers || params_->buffer_numel() == 0) return;
+    copy_mask_ = Buffer<std::uint8_t, Space>(params_->buffer_numel());
+    for_each_index(exec_, copy_mask_.size(), detail::ema::fill_mask{copy_mask_.data(), 0});
+    for (const auto& buffer : params_->buffers()) {
+      if (buffer.kind() != BufferKind::integral) continue;
+      for_each_index(exec_, buffer.size(),
+                     detail::ema::fill_mask{copy_mask_.data() + buffer.offset(), 1});
+    }
+  }
+
+  Parameters<T, Space>* params_;
+  EMAOptions options_;
+  Exec exec_;
+  Buffer<T, Space> shadow_values_;
+  Buffer<T, Space> shadow_buffers_;
+  Buffer<std::uint8_t, Space> copy_mask_;
+  std::size_t updates_ = 0;
+  bool applied_ = false;
+};
+
+template <element_type T, memory_space Space>
+EMA(Parameters<T, Space>&) -> EMA<T, Space>;
+template <element_type T, memory_space Space>
+EMA(Parameters<T, Space>&, EMAOptions) -> EMA<T, Space>;
+template <element_type T, memory_space Space, class Exec>
+EMA(Parameters<T, Space>&, EMAOptions, Exec) -> EMA<T, Space, Exec>;
+
+}  // namespace tandem
