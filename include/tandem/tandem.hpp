@@ -1,5 +1,6 @@
 // tandem/tandem.hpp - everything tandem offers that needs no engine beyond the C++ standard
-// library and POSIX: World, tensors, the threads backend, stores and init_process_group.
+// library and POSIX: World, tensors and execution, the threads backend, stores and
+// init_process_group, DDP, optimizers and LR schedules, GradScaler, EMA and SyncBatchNorm.
 //   #include <tandem/tandem.hpp>
 //   tandem::run_local(4, [](tandem::LocalComm& comm) { /* comm.all_reduce(...) */ });
 // Needs: Linux. Engines with libraries of their own have headers of their own:
@@ -25,3 +26,17 @@
 #include "tandem/comm/local.hpp"
 #include "tandem/comm/store.hpp"
 #include "tandem/comm/tcp_store.hpp"
+
+#include "tandem/ddp/ddp.hpp"
+#include "tandem/ddp/parameters.hpp"
+#include "tandem/ddp/policies.hpp"
+
+#include "tandem/amp/grad_scaler.hpp"
+#include "tandem/amp/precision.hpp"
+#include "tandem/ema.hpp"
+#include "tandem/nn/sync_batch_norm.hpp"
+#include "tandem/optim/adamw.hpp"
+#include "tandem/optim/lr_scheduler.hpp"
+#include "tandem/optim/optimizer.hpp"
+#include "tandem/optim/param_groups.hpp"
+#include "tandem/optim/sgd.hpp"

@@ -17,7 +17,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "staged.hpp"
+#include "cuda/staged_comm.hpp"
 #include "support/collective_suite.hpp"
 #include "support/free_port.hpp"
 #include "support/temp_dir.hpp"
@@ -27,7 +27,7 @@
 
 using namespace std::chrono_literals;
 using tandem::NcclComm;
-using tandem::test::Staged;
+using Staged = tandem::test::StagedComm<tandem::NcclComm>;
 
 static_assert(tandem::Communicator<NcclComm>);
 static_assert(tandem::ProcessGroupBackend<NcclComm>);

@@ -18,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-#include "staged.hpp"
+#include "cuda/staged_comm.hpp"
 #include "support/collective_suite.hpp"
 #include "support/free_port.hpp"
 #include "tandem/comm/init.hpp"
@@ -76,7 +76,7 @@ tandem::test::Matrix nccl_matrix(std::vector<std::size_t> counts = {0, 1, 7, 13,
 
 /// The suite's Runner for one process's rank: the checks run on it directly.
 struct ProcessRunner {
-  tandem::test::Staged* staged;
+  tandem::test::StagedComm<tandem::NcclComm>* staged;
   template <class Fn>
   void operator()(int world_size, Fn fn) {
     REQUIRE(world_size == staged->size());
@@ -85,7 +85,7 @@ struct ProcessRunner {
 };
 
 void run_suite(tandem::NcclComm comm) {
-  tandem::test::Staged staged(std::move(comm));
+  tandem::test::StagedComm<tandem::NcclComm> staged(std::move(comm));
   ProcessRunner run{&staged};
   const int n = staged.size();
   tandem::test::check_all_collectives(run, n, nccl_matrix());

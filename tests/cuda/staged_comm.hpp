@@ -1,8 +1,10 @@
-// tests/cuda/nccl/staged.hpp - the conformance suite's host containers in front of an NcclComm:
-// Staged copies each call's host tensors to device memory on the caller's stream (keeping how
-// they overlap, so in-place calls stay in place), runs the NcclComm operation on the device
-// copies and copies the results back. Sync calls read the results back on the caller's stream
-// (which tests that the operation is ordered on it); `_async` calls wait for their Work first.
+// tests/cuda/staged_comm.hpp - the conformance suite's host containers in front of a communicator
+// that is given DEVICE tensors: NcclComm, or Gloo/MPI/LocalComm (which stage device tensors
+// through pinned memory). StagedComm copies each call's host tensors to device memory on the
+// caller's stream (keeping how they overlap, so in-place calls stay in place), runs the operation
+// on the device copies and copies the results back. Sync calls read the results back on the
+// caller's stream (for NcclComm this tests that the operation is ordered on it); `_async` calls
+// wait for their Work first.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,7 +16,6 @@
 #include <utility>
 
 #include "tandem/comm/communicator.hpp"
-#include "tandem/comm/nccl.hpp"
 #include "tandem/cuda/runtime.hpp"
 #include "tandem/tensor/tensor.hpp"
 
@@ -81,17 +82,18 @@ class DeviceCopies {
   E* b_ = nullptr;
 };
 
-/// A host-space Communicator whose every call goes through an NcclComm on device copies.
-class Staged {
+/// A host-space Communicator whose every call goes through Comm on device copies.
+template <class Comm>
+class StagedComm {
  public:
   using communicator_concept = communicator_tag;
   using memory_space = host;
 
-  explicit Staged(NcclComm comm) : comm_(std::move(comm)) {}
+  explicit StagedComm(Comm comm) : comm_(std::move(comm)) {}
 
   [[nodiscard]] int rank() const { return comm_.rank(); }
   [[nodiscard]] int size() const { return comm_.size(); }
-  [[nodiscard]] NcclComm& nccl() { return comm_; }
+  [[nodiscard]] Comm& inner() { return comm_; }
 
   template <class T>
   void all_reduce(T&& t, ReduceOp op = ReduceOp::sum) {
@@ -191,10 +193,10 @@ class Staged {
     return Work();
   }
 
-  [[nodiscard]] std::optional<Staged> split(int color, int key = 0) {
+  [[nodiscard]] std::optional<StagedComm> split(int color, int key = 0) {
     auto made = comm_.split(color, key);
     if (!made) return std::nullopt;
-    return Staged(std::move(*made));
+    return StagedComm(std::move(*made));
   }
 
  private:
@@ -209,11 +211,21 @@ class Staged {
   static constexpr bool is_mutable =
       !std::is_const_v<std::remove_reference_t<decltype(*std::declval<T&>().data())>>;
 
+  /// NcclComm orders its work after its caller's stream; the host communicators stage through
+  /// synchronous copies on the legacy default stream, which the uploads here are ordered with.
+  cudaStream_t stream() {
+    if constexpr (requires { comm_.caller_stream(); }) {
+      return comm_.caller_stream();
+    } else {
+      return cudaStream_t{};
+    }
+  }
+
   /// One tensor: upload, run, wait (Work or stream) and download.
   template <bool Async, class T, class Call>
   Work one(T& t, Call call) {
     using E = std::remove_cv_t<std::remove_reference_t<decltype(*t.data())>>;
-    const cudaStream_t stream = comm_.caller_stream();
+    const cudaStream_t stream = this->stream();
     DeviceCopies<E> copies(t.data(), static_cast<std::size_t>(t.size()), nullptr, 0, stream);
     if constexpr (Async) {
       call(device_view(t, copies.a())).wait();
@@ -232,7 +244,7 @@ class Staged {
   template <bool Async, class In, class Out, class Call>
   Work two(In& in, Out& out, Call call) {
     using E = std::remove_cv_t<std::remove_reference_t<decltype(*out.data())>>;
-    const cudaStream_t stream = comm_.caller_stream();
+    const cudaStream_t stream = this->stream();
     const auto in_size = static_cast<std::size_t>(in.size());
     const auto out_size = static_cast<std::size_t>(out.size());
     const E* out_host = out.data();
@@ -250,9 +262,7 @@ class Staged {
     return Work();
   }
 
-  NcclComm comm_;
+  Comm comm_;
 };
-
-static_assert(Communicator<Staged>);
 
 }  // namespace tandem::test
