@@ -5,18 +5,15 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "cuda/staged_comm.hpp"
+#include "support/child_process.hpp"
 #include "support/collective_suite.hpp"
 #include "tandem/cuda.hpp"
 #if TANDEM_TEST_GLOO
@@ -33,39 +30,8 @@ namespace {
 
 std::string mode;  // "", "gloo-worker" or "mpi-worker"
 
-std::string self_path() {
-  char path[4096] = {};
-  const ssize_t length = ::readlink("/proc/self/exe", path, sizeof path - 1);
-  return length > 0 ? std::string(path, static_cast<std::size_t>(length)) : std::string();
-}
-
-/// Runs argv; its exit code, or -1 once `limit` has passed (the process group is killed then).
-int run_process(const std::vector<std::string>& argv, std::chrono::seconds limit) {
-  const pid_t child = ::fork();
-  if (child == 0) {
-    ::setpgid(0, 0);
-    ::setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-    ::setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-    std::vector<char*> args;
-    for (const auto& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
-    args.push_back(nullptr);
-    ::execv(args[0], args.data());
-    std::_Exit(127);
-  }
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  for (;;) {
-    int status = 0;
-    if (::waitpid(child, &status, WNOHANG) == child) {
-      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    }
-    if (std::chrono::steady_clock::now() > deadline) {
-      ::kill(-child, SIGKILL);
-      ::waitpid(child, &status, 0);
-      return -1;
-    }
-    std::this_thread::sleep_for(20ms);
-  }
-}
+using tandem::test::run_process;
+using tandem::test::self_path;
 
 /// The suite's Runner for one process's rank.
 template <class Staged>
@@ -105,7 +71,7 @@ TEST_CASE("GlooComm with device tensors: 2, 3 and 4 processes on one GPU") {
     CAPTURE(n);
     CHECK(run_process({TANDEMRUN, "--standalone", "--nproc-per-node", std::to_string(n),
                        self_path(), "gloo-worker"},
-                      300s) == 0);
+                      {}, 300s) == 0);
   }
 }
 #endif
@@ -122,6 +88,7 @@ TEST_CASE("MpiComm with device tensors: 2, 3 and 4 processes on one GPU") {
     CAPTURE(n);
     CHECK(run_process({TANDEM_MPIEXEC, "-n", std::to_string(n), "--oversubscribe", "--bind-to",
                        "none", self_path(), "mpi-worker"},
+                      {{"OMPI_ALLOW_RUN_AS_ROOT", "1"}, {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"}},
                       300s) == 0);
   }
 }

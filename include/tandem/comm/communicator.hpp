@@ -16,6 +16,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "tandem/core/error.hpp"
@@ -78,6 +79,20 @@ class WorkState {
     return done_ && error_ != nullptr;
   }
 
+  /// For an operation that runs on a device stream: how another stream waits for it (NcclComm
+  /// sets this; `stream` is a cudaStream_t). Set before the Work is handed out.
+  void set_stream_waiter(std::function<void(void*)> waiter) { stream_waiter_ = std::move(waiter); }
+
+  /// Makes `stream` wait for the operation without blocking the host where the backend can
+  /// (set_stream_waiter); otherwise waits on the host, which orders the stream's later work too.
+  void wait_on_stream(void* stream) {
+    if (stream_waiter_ && !done()) {
+      stream_waiter_(stream);
+    } else {
+      wait();
+    }
+  }
+
   /// Runs `step` once the operation has succeeded and before anyone waiting sees it finish: on
   /// the thread that completes it, or on this one when it already has. A step that throws fails
   /// the operation. This is how a staged copy back to the device joins the operation it ends.
@@ -133,6 +148,7 @@ class WorkState {
   bool finishing_ = false;
   std::exception_ptr error_;
   std::function<void()> step_;
+  std::function<void(void*)> stream_waiter_;  // written before the Work is shared, then only read
 };
 
 }  // namespace detail
@@ -156,6 +172,14 @@ class [[nodiscard]] Work {
   }
   /// Whether the operation has finished with a failure (wait() would rethrow it).
   [[nodiscard]] bool failed() const { return state_ && state_->failed(); }
+
+  /// Makes a device stream (a cudaStream_t) wait for the operation: on the GPU for NcclComm's
+  /// operations, without blocking the host; for host backends' operations, by waiting here.
+  template <class Stream>
+  requires std::is_pointer_v<Stream>
+  void wait(Stream stream) const {
+    if (state_) state_->wait_on_stream(static_cast<void*>(stream));
+  }
 
   /// The shared state, for backends that add a step to the end of an operation.
   [[nodiscard]] const std::shared_ptr<detail::WorkState>& state() const noexcept { return state_; }

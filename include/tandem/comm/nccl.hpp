@@ -17,7 +17,8 @@
 //   its result (stream order, as in PyTorch). The host does not wait, and nothing synchronises
 //   the whole device. synchronize() waits on the host.
 // - an `_async` operation leaves the caller's stream alone and returns a tandem::Work that the
-//   host can wait on; wait_stream(s) makes a stream wait for every operation issued so far.
+//   host can wait on (work.wait()) or a stream (work.wait(stream), on the GPU); wait_stream(s)
+//   makes a stream wait for every operation issued so far.
 // The tensors of an operation must stay alive and untouched until it has finished on the GPU.
 //
 // Point to point: NCCL has no tags. Messages between two ranks match in the order they were
@@ -251,6 +252,17 @@ class Rank {
     if (next_work_) {  // nothing to move (no elements): done already
       next_work_.reset();
       state->complete();
+    } else if (group_depth_ == 0) {
+      // An event right behind the operation on our stream, owned by the Work: work.wait(stream)
+      // makes another stream wait on the GPU. (Inside a group the operation is launched only at
+      // ncclGroupEnd, so such a Work falls back to a host wait.)
+      DeviceGuard guard(device_);
+      auto end = std::make_shared<cuda::Event>();
+      end->record(stream_->get());
+      state->set_stream_waiter([end, rank = rank_](void* stream) {
+        cuda::check(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), end->get(), 0),
+                    "cudaStreamWaitEvent", rank);
+      });
     }
     return Work(state);
   }

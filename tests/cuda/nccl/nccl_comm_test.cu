@@ -150,6 +150,14 @@ TEST_CASE("a sync operation is ordered on the caller's stream; an async one comp
   CHECK_FALSE(work.failed());
   comm.wait_stream(mine.get());
   CHECK(data.download(mine.get())[12345] == 4.0f);
+
+  // One Work waited on by a stream, on the GPU: the download queued after it sees the result.
+  std::vector<float> sevens(1 << 20, 7.0f);
+  data.upload(sevens, mine.get());
+  tandem::Work seven = comm.all_reduce_async(data.view(), tandem::ReduceOp::max);
+  seven.wait(mine.get());
+  CHECK(data.download(mine.get())[54321] == 7.0f);
+  CHECK(seven.wait_for(60s));
   comm.synchronize();
   comm.barrier();
   CHECK(comm.barrier_async().wait_for(60s));

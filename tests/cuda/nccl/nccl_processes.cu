@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cuda/staged_comm.hpp"
+#include "support/child_process.hpp"
 #include "support/collective_suite.hpp"
 #include "support/free_port.hpp"
 #include "tandem/comm/init.hpp"
@@ -32,41 +33,8 @@ using namespace std::chrono_literals;
 
 namespace {
 
-std::string self_path() {
-  char path[4096] = {};
-  const ssize_t length = ::readlink("/proc/self/exe", path, sizeof path - 1);
-  return length > 0 ? std::string(path, static_cast<std::size_t>(length)) : std::string();
-}
-
-/// Runs argv with extra environment variables; its exit code, or -1 once `limit` has passed
-/// (the process group is killed then).
-int run_process(const std::vector<std::string>& argv,
-                const std::vector<std::pair<std::string, std::string>>& env,
-                std::chrono::seconds limit) {
-  const pid_t child = ::fork();
-  if (child == 0) {
-    ::setpgid(0, 0);
-    for (const auto& [name, value] : env) ::setenv(name.c_str(), value.c_str(), 1);
-    std::vector<char*> args;
-    for (const auto& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
-    args.push_back(nullptr);
-    ::execv(args[0], args.data());
-    std::_Exit(127);
-  }
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  for (;;) {
-    int status = 0;
-    if (::waitpid(child, &status, WNOHANG) == child) {
-      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    }
-    if (std::chrono::steady_clock::now() > deadline) {
-      ::kill(-child, SIGKILL);
-      ::waitpid(child, &status, 0);
-      return -1;
-    }
-    std::this_thread::sleep_for(20ms);
-  }
-}
+using tandem::test::run_process;
+using tandem::test::self_path;
 
 tandem::test::Matrix nccl_matrix(std::vector<std::size_t> counts = {0, 1, 7, 13, 1031}) {
   tandem::test::Matrix matrix{std::move(counts)};

@@ -57,6 +57,24 @@ TEST_CASE("WorkState::after_success runs before waiters wake, once, and only on 
     CHECK_THROWS_AS(tandem::Work(state).wait(), std::runtime_error);
     CHECK(steps == 0);
   }
+  SUBCASE("a stream waits through the backend's waiter while pending, else on the host") {
+    auto state = std::make_shared<tandem::detail::WorkState>();
+    void* seen = nullptr;
+    state->set_stream_waiter([&](void* stream) { seen = stream; });
+    int stream_object = 0;
+    tandem::Work(state).wait(&stream_object);
+    CHECK(seen == &stream_object);  // not done yet: the device-side wait was used
+    state->complete();
+    seen = nullptr;
+    tandem::Work(state).wait(&stream_object);
+    CHECK(seen == nullptr);  // already done: nothing to wait for
+
+    auto host_only = std::make_shared<tandem::detail::WorkState>();
+    std::thread completer([&] { host_only->complete(); });
+    tandem::Work(host_only).wait(&stream_object);  // no waiter: waits on the host
+    CHECK(host_only->done());
+    completer.join();
+  }
   SUBCASE("a throwing step fails the operation") {
     auto state = std::make_shared<tandem::detail::WorkState>();
     state->after_success([] { throw std::runtime_error("copy back failed"); });
