@@ -280,7 +280,15 @@ inline double option(const std::map<std::string, double>& options, const std::st
   return found->second;
 }
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__FMA__) && !defined(__CUDACC__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__CUDACC__)
+#define TANDEM_OPTIM_X86_DISPATCH 1
+/// Whether the AVX2+FMA clones and kernels may run on this CPU.
+inline bool has_avx2_fma() noexcept {
+  return __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx2");
+}
+#endif
+
+#if defined(TANDEM_OPTIM_X86_DISPATCH) && !defined(__FMA__)
 #define TANDEM_OPTIM_FMA_CLONE 1
 /// The same loop as host_exec's, compiled for AVX2 with FMA: std::fma inlined into it becomes
 /// one instruction, and the loop vectorises. Without it (a default x86-64 build) every fused
@@ -297,7 +305,7 @@ template <class E, class F>
 void run_pass(const E& exec, std::size_t n, const F& f) {
 #if defined(TANDEM_OPTIM_FMA_CLONE)
   if constexpr (std::is_same_v<E, host_exec>) {
-    if (__builtin_cpu_supports("fma") && __builtin_cpu_supports("avx2")) {
+    if (has_avx2_fma()) {
       for_each_index_fma(n, f);
       return;
     }
