@@ -18,10 +18,17 @@
 // find_unused_parameters flag is needed. Marking one twice in one step is an Error naming it.
 // Buckets start in the same order on every rank, whatever order the ranks mark gradients in.
 // While the gradients of a started bucket are on the wire, they must not be written.
+//
+// Memory spaces: the arena's space is the constructor's choice, not the class's. An arena in the
+// communicator's own space is reduced in place (host arenas on GlooComm, MpiComm, LocalComm;
+// device arenas on NcclComm); a device arena on a host communicator is staged by the
+// communicator through pinned host memory (several processes sharing one GPU). A host arena on a
+// device-only communicator (NcclComm) does not compile.
 // Device arenas: the numeric passes (pre-division, 16-bit casts, zeroing) run on the executor
-// (cuda_exec); before a bucket is handed to the communicator the executor is synchronised, since
-// the Communicator concept promises no stream order - so each launch waits, on the host, for the
-// backward queued before it.
+// (cuda_exec); before a bucket or the buffers are handed to the communicator the executor is
+// synchronised, since the Communicator concept promises no stream order (and staging copies on
+// the legacy default stream) - so each launch waits, on the host, for the backward queued before
+// it.
 #pragma once
 
 #include <algorithm>
@@ -30,6 +37,7 @@
 #include <cstdint>
 #include <exception>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -146,18 +154,102 @@ class ControlArray {
 /// Stands in for the wire buffer when no compress<W> policy is given.
 struct no_wire {};
 
+/// What DistributedDataParallel does to the arena's memory in a step. Behind this interface the
+/// arena's element type, memory space and executor are chosen by the constructor, not by the
+/// class's type; it is called once per bucket (and once per unused parameter), never per element.
+template <class Comm>
+class ArenaAccess {
+ public:
+  ArenaAccess() = default;
+  ArenaAccess(const ArenaAccess&) = delete;
+  ArenaAccess& operator=(const ArenaAccess&) = delete;
+  virtual ~ArenaAccess() = default;
+
+  /// Writes zeros over `count` gradients from `offset`, on the executor.
+  virtual void zero_grads(std::size_t offset, std::size_t count) = 0;
+  /// Pre-divides (or compresses) the bucket, waits for the executor, starts its all_reduce.
+  virtual Work launch(Comm& comm, const Bucket& bucket) = 0;
+  /// Writes the reduced 16-bit buckets back in the gradients' precision (compress<W> only).
+  virtual void expand(const std::vector<Bucket>& buckets) = 0;
+  /// Broadcasts the buffers from rank 0, and the trained values too when `values_too`.
+  virtual void broadcast(Comm& comm, bool values_too) = 0;
+  virtual void synchronize() = 0;
+};
+
+/// ArenaAccess for an arena of T in Space, processed on Exec, under the policies of Config.
+/// Holds the arena by address (so it sees the storage EMA swaps in) and the executor by value.
+template <class Comm, class Config, class T, class Space, class Exec>
+class ArenaAccessFor final : public ArenaAccess<Comm> {
+ public:
+  ArenaAccessFor(Parameters<T, Space>& params, const Exec& exec) : params_(&params), exec_(exec) {
+    if constexpr (Config::compressed) wire_ = Buffer<wire_type, Space>(params.numel());
+  }
+
+  void zero_grads(std::size_t offset, std::size_t count) override {
+    for_each_index(exec_, count, fill_zero<T>{grads() + offset});
+  }
+
+  Work launch(Comm& comm, const Bucket& bucket) override {
+    const int n = comm.size();
+    T* g = grads() + bucket.offset;
+    if constexpr (Config::compressed) {
+      wire_type* wire = wire_.data() + bucket.offset;
+      const float divisor = Config::averaged ? static_cast<float>(n) : 1.0f;
+      for_each_index(exec_, bucket.count, compress_into<T, wire_type>{g, wire, divisor});
+      exec_.synchronize();  // the communicator reads what the executor wrote
+      return comm.all_reduce_async(View<wire_type, Space>(wire, bucket.count), ReduceOp::sum);
+    } else {
+      if (Config::averaged && n > 1) {
+        for_each_index(exec_, bucket.count, divide<T>{g, static_cast<compute_t<T>>(n)});
+      }
+      exec_.synchronize();
+      return comm.all_reduce_async(View<T, Space>(g, bucket.count), ReduceOp::sum);
+    }
+  }
+
+  void expand(const std::vector<Bucket>& buckets) override {
+    if constexpr (Config::compressed) {
+      for (const auto& bucket : buckets) {
+        for_each_index(
+            exec_, bucket.count,
+            expand_from<T, wire_type>{wire_.data() + bucket.offset, grads() + bucket.offset});
+      }
+    }
+  }
+
+  void broadcast(Comm& comm, bool values_too) override {
+    exec_.synchronize();  // what the forward (or the caller) queued is written
+    if (values_too) comm.broadcast(params_->values(), 0);
+    if (params_->buffer_numel() > 0) comm.broadcast(params_->buffer_values(), 0);
+  }
+
+  void synchronize() override { exec_.synchronize(); }
+
+ private:
+  using wire_type = std::conditional_t<Config::compressed, typename Config::wire_type, float>;
+  using wire_storage = std::conditional_t<Config::compressed, Buffer<wire_type, Space>, no_wire>;
+
+  [[nodiscard]] T* grads() const { return params_->grads().data(); }
+
+  Parameters<T, Space>* params_;
+  Exec exec_;
+  wire_storage wire_;
+};
+
 }  // namespace detail::ddp
 
 /// Data-parallel training over a Communicator: see the top of this header for one step.
 /// Policies (tandem/ddp/policies.hpp) choose the bucket caps, overlap or sync_at_end, average or
 /// sum, 16-bit compression and the buffer broadcast; impossible combinations do not compile.
-/// The communicator and the arena must outlive this object; it neither copies nor moves.
+/// The arena's element type, memory space and executor are the constructor's, so one
+/// `DistributedDataParallel<tandem::GlooComm>` wraps a host or a device arena alike.
+/// The communicator and the arena must outlive this object and stay where they are (neither is
+/// moved while wrapped); it neither copies nor moves.
 template <Communicator Comm, class... Policies>
 class DistributedDataParallel {
  public:
   using config = detail::ddp_config<Policies...>;
-  using memory_space = typename Comm::memory_space;
-  using executor_type = default_executor_t<memory_space>;
+  using comm_type = Comm;
 
   /// While alive (see no_sync()), gradients accumulate locally and finish_gradient_sync() moves
   /// nothing.
@@ -179,16 +271,26 @@ class DistributedDataParallel {
 
   /// Collective: checks that every rank registered the same parameters and buffers (names,
   /// shapes, element type; an Error names the first difference and the ranks), then broadcasts
-  /// the values and buffers from rank 0. `params` must be finalized.
-  template <element_type T>
-  DistributedDataParallel(Comm& comm, Parameters<T, memory_space>& params, executor_type exec = {})
-      : comm_(&comm), exec_(exec), type_(dtype_of<T>) {
+  /// the values and buffers from rank 0. `params` must be finalized. The arena lives in the
+  /// communicator's memory space or, on a host communicator (which stages it through pinned
+  /// memory), in device memory; `exec` runs the numeric passes where the arena lives (by
+  /// default host_exec for host arenas, cuda_exec{} (its default stream) for device ones).
+  template <element_type T, memory_space Space, Executor Exec = default_executor_t<Space>>
+  DistributedDataParallel(Comm& comm, Parameters<T, Space>& params, Exec exec = {}) : comm_(&comm) {
+    using comm_space = typename Comm::memory_space;
+    static_assert(std::same_as<Space, comm_space> || host_accessible<comm_space>,
+                  "tandem: DistributedDataParallel: this communicator moves only tensors of its "
+                  "own memory space (NcclComm: device memory), so it cannot reduce an arena in "
+                  "another space; use Parameters<T, tandem::device> with NcclComm, or a host "
+                  "communicator (GlooComm, MpiComm, LocalComm), which takes host arenas and "
+                  "stages device arenas through pinned memory");
+    static_assert(ExecutorFor<Exec, Space>,
+                  "tandem: DistributedDataParallel: the executor must run where the arena lives "
+                  "(host_exec for host or pinned arenas, cuda_exec for device arenas)");
     if (!params.finalized()) {
       throw Error(comm.rank(), "DistributedDataParallel",
                   "the Parameters arena must be finalized before it is wrapped");
     }
-    grads_ = params.grads().data();
-    buffers_ = params.buffer_values().data();
     numel_ = params.numel();
     buffer_numel_ = params.buffer_numel();
 
@@ -206,17 +308,23 @@ class DistributedDataParallel {
       descriptions.push_back("buffer '" + b.name() + "' " + b.shape().to_string() + " " +
                              name(b.kind()));
     }
-    verify_registration(descriptions);
+    // The check's few integers travel in the communicator's own space: host memory on host
+    // communicators (nothing to stage), the arena's device memory on device-only ones.
+    if constexpr (host_accessible<comm_space>) {
+      verify_registration(on_host, descriptions);
+    } else {
+      verify_registration(exec, descriptions);
+    }
 
     plan_ =
         plan_buckets(sizes, sizeof(T), config::first_bucket_cap_bytes, config::bucket_cap_bytes);
-    if constexpr (config::compressed) wire_ = Buffer<wire_type, memory_space>(numel_);
     ready_.assign(sizes.size(), 0);
     touched_.assign(sizes.size(), 0);
     reset_step();
 
-    comm_->broadcast(params.values(), 0);
-    if (buffer_numel_ > 0) comm_->broadcast(params.buffer_values(), 0);
+    arena_ =
+        std::make_unique<detail::ddp::ArenaAccessFor<Comm, config, T, Space, Exec>>(params, exec);
+    arena_->broadcast(*comm_, /*values_too=*/true);
   }
 
   DistributedDataParallel(const DistributedDataParallel&) = delete;
@@ -237,9 +345,7 @@ class DistributedDataParallel {
   void before_forward() {
     if constexpr (config::broadcasts_buffers) {
       if (buffer_numel_ == 0 || comm_->size() == 1) return;
-      visit([&]<class T>(T*) {
-        comm_->broadcast(View<T, memory_space>(static_cast<T*>(buffers_), buffer_numel_), 0);
-      });
+      arena_->broadcast(*comm_, /*values_too=*/false);
     }
   }
 
@@ -299,17 +405,9 @@ class DistributedDataParallel {
       }
     }
     if constexpr (config::compressed) {
-      if (!failure) {
-        visit([&]<class T>(T*) {
-          for (const auto& bucket : plan_.buckets) {
-            for_each_index(exec_, bucket.count,
-                           detail::ddp::expand_from<T, wire_type>{wire_.data() + bucket.offset,
-                                                                  grad_data<T>() + bucket.offset});
-          }
-        });
-      }
+      if (!failure) arena_->expand(plan_.buckets);
     }
-    exec_.synchronize();
+    arena_->synchronize();
     touched_.assign(touched_.size(), 0);
     reset_step();
     if (failure) std::rethrow_exception(failure);
@@ -338,36 +436,6 @@ class DistributedDataParallel {
   [[nodiscard]] int world_size() const { return comm_->size(); }
 
  private:
-  using wire_type = std::conditional_t<config::compressed, typename config::wire_type, float>;
-  using wire_storage =
-      std::conditional_t<config::compressed, Buffer<wire_type, memory_space>, detail::ddp::no_wire>;
-
-  /// Calls f(static_cast<T*>(nullptr)) with the arena's element type T.
-  template <class F>
-  void visit(F&& f) const {
-    switch (type_) {
-      case dtype::float32:
-        f(static_cast<float*>(nullptr));
-        break;
-      case dtype::float64:
-        f(static_cast<double*>(nullptr));
-        break;
-      case dtype::float16:
-        f(static_cast<half*>(nullptr));
-        break;
-      case dtype::bfloat16:
-        f(static_cast<bfloat16*>(nullptr));
-        break;
-      default:
-        throw Error(comm_->rank(), "DistributedDataParallel", "unsupported element type");
-    }
-  }
-
-  template <class T>
-  [[nodiscard]] T* grad_data() const noexcept {
-    return static_cast<T*>(grads_);
-  }
-
   void mark(std::size_t i) {
     if (no_sync_depth_ > 0) {
       touched_[i] = 1;
@@ -392,12 +460,10 @@ class DistributedDataParallel {
 
   /// Zeroes the gradients of the bucket's parameters that nobody marked since the last sync.
   void zero_unused(const Bucket& bucket) {
-    visit([&]<class T>(T*) {
-      for (std::size_t i = bucket.first_param; i < bucket.end_param; ++i) {
-        if (ready_[i] || touched_[i]) continue;
-        for_each_index(exec_, sizes_of(i), detail::fill_zero<T>{grad_data<T>() + offsets_[i]});
-      }
-    });
+    for (std::size_t i = bucket.first_param; i < bucket.end_param; ++i) {
+      if (ready_[i] || touched_[i]) continue;
+      arena_->zero_grads(offsets_[i], sizes_of(i));
+    }
   }
 
   [[nodiscard]] std::size_t sizes_of(std::size_t i) const {
@@ -408,27 +474,7 @@ class DistributedDataParallel {
   void launch(std::size_t k) {
     const Bucket& bucket = plan_.buckets[k];
     if (bucket.count == 0) return;
-    const int n = comm_->size();
-    visit([&]<class T>(T*) {
-      T* g = grad_data<T>() + bucket.offset;
-      if constexpr (config::compressed) {
-        wire_type* wire = wire_.data() + bucket.offset;
-        const float divisor = config::averaged ? static_cast<float>(n) : 1.0f;
-        for_each_index(exec_, bucket.count,
-                       detail::ddp::compress_into<T, wire_type>{g, wire, divisor});
-        exec_.synchronize();  // the communicator reads what the executor wrote
-        works_.push_back(comm_->all_reduce_async(View<wire_type, memory_space>(wire, bucket.count),
-                                                 ReduceOp::sum));
-      } else {
-        if (config::averaged && n > 1) {
-          for_each_index(exec_, bucket.count,
-                         detail::ddp::divide<T>{g, static_cast<detail::ddp::compute_t<T>>(n)});
-        }
-        exec_.synchronize();
-        works_.push_back(
-            comm_->all_reduce_async(View<T, memory_space>(g, bucket.count), ReduceOp::sum));
-      }
-    });
+    works_.push_back(arena_->launch(*comm_, bucket));
   }
 
   void reset_step() {
@@ -444,15 +490,17 @@ class DistributedDataParallel {
 
   /// Every rank's registration hash, compared; on a difference, the first differing entry and
   /// which ranks have what, in an Error raised on every rank.
-  void verify_registration(const std::vector<std::string>& descriptions) {
+  template <class ControlExec>
+  void verify_registration(const ControlExec& exec, const std::vector<std::string>& descriptions) {
+    using control_space = typename Comm::memory_space;
     const auto n = static_cast<std::size_t>(comm_->size());
     const int me = comm_->rank();
     std::uint64_t whole = 0;
     for (const auto& text : descriptions) whole = detail::ddp::fnv1a(text + "\n", whole);
 
-    using control = detail::ddp::ControlArray<std::int64_t, memory_space, executor_type>;
-    control mine(exec_, 2);
-    control all(exec_, 2 * n);
+    using control = detail::ddp::ControlArray<std::int64_t, control_space, ControlExec>;
+    control mine(exec, 2);
+    control all(exec, 2 * n);
     mine.set(0, static_cast<std::int64_t>(whole));
     mine.set(1, static_cast<std::int64_t>(descriptions.size()));
     comm_->all_gather(mine.view(), all.view());
@@ -468,8 +516,8 @@ class DistributedDataParallel {
     if (same) return;
 
     // The first entry in which some ranks differ: compare the entries all ranks have...
-    control entry_hashes(exec_, common);
-    control all_entry_hashes(exec_, common * n);
+    control entry_hashes(exec, common);
+    control all_entry_hashes(exec, common * n);
     for (std::size_t i = 0; i < common; ++i) {
       entry_hashes.set(i, static_cast<std::int64_t>(detail::ddp::fnv1a(descriptions[i])));
     }
@@ -486,9 +534,9 @@ class DistributedDataParallel {
 
     // ...then every rank's text of that entry.
     constexpr std::size_t text_bytes = 200;
-    using text_array = detail::ddp::ControlArray<std::uint8_t, memory_space, executor_type>;
-    text_array text(exec_, text_bytes);
-    text_array texts(exec_, text_bytes * n);
+    using text_array = detail::ddp::ControlArray<std::uint8_t, control_space, ControlExec>;
+    text_array text(exec, text_bytes);
+    text_array texts(exec, text_bytes * n);
     const std::string own = first < descriptions.size() ? descriptions[first] : "nothing";
     for (std::size_t i = 0; i < text_bytes; ++i) {
       text.set(i, i < own.size() ? static_cast<std::uint8_t>(own[i]) : std::uint8_t{0});
@@ -528,10 +576,7 @@ class DistributedDataParallel {
   }
 
   Comm* comm_;
-  executor_type exec_;
-  dtype type_;
-  void* grads_ = nullptr;
-  void* buffers_ = nullptr;
+  std::unique_ptr<detail::ddp::ArenaAccess<Comm>> arena_;
   std::size_t numel_ = 0;
   std::size_t buffer_numel_ = 0;
   std::vector<const void*> identity_;
@@ -539,7 +584,6 @@ class DistributedDataParallel {
   std::map<std::string, std::size_t, std::less<>> index_of_;
   std::vector<std::size_t> offsets_;
   BucketPlan plan_;
-  wire_storage wire_;
 
   // The current step.
   std::vector<unsigned char> ready_;    // marked in this step

@@ -1,18 +1,34 @@
-// DistributedDataParallel on device arenas over NcclComm (one thread per GPU of this process,
-// through run_local_nccl): the broadcast at construction, average and sum, unused parameters,
-// float and half gradients, compress<half>, overlap and sync_at_end. Without a GPU it prints why
-// and exits 77 (skipped); it still proves that DDP compiles for Space = device under nvcc.
+// DistributedDataParallel on device arenas, on a GPU:
+// - over NcclComm, one thread per GPU of this process (run_local_nccl), when built with NCCL;
+// - over LocalComm (3 threads) and GlooComm (3 threads over 127.0.0.1, when built with Gloo)
+//   sharing GPU 0: the host communicators stage the buckets through pinned memory, as several
+//   processes sharing one GPU do.
+// Checked: the broadcast at construction and of the buffers, average and sum, unused parameters,
+// float / half / bfloat16 / double gradients, compress<half> and compress<bfloat16>, overlap and
+// sync_at_end. Without a GPU it prints why and exits 77 (skipped); it still proves that DDP
+// compiles for device arenas under nvcc, on each of those communicators.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <exception>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
-#include "tandem/comm/nccl.hpp"
+#include "tandem/comm/local.hpp"
 #include "tandem/cuda.hpp"
 #include "tandem/ddp/ddp.hpp"
+#if defined(TANDEM_TEST_NCCL)
+#include "tandem/comm/nccl.hpp"
+#endif
+#if defined(TANDEM_TEST_GLOO)
+#include "tandem/comm/gloo.hpp"
+#include "tandem/comm/store.hpp"
+#include "tandem/core/world.hpp"
+#endif
 
 namespace {
 
@@ -49,10 +65,9 @@ std::vector<float> to_host(tandem::View<T, tandem::device> view) {
 
 /// One step on every rank: parameter "a" marked ready, "b" left unused (garbage that must count
 /// as zero). Gradients are rank-dependent small integers, exact in every element type.
-template <class T, class... Policies>
-void check_step(tandem::NcclComm& comm, const char* label) {
+template <class Comm, class T, class... Policies>
+void check_step(Comm& comm, const std::string& label, const tandem::cuda_exec exec = {}) {
   using config = tandem::detail::ddp_config<Policies...>;
-  const tandem::cuda_exec exec{};
   const int me = comm.rank();
   const int n = comm.size();
   tandem::Parameters<T, tandem::device> params;
@@ -66,17 +81,17 @@ void check_step(tandem::NcclComm& comm, const char* label) {
                          fill_pattern<T>{stats.value().data(), 10.0f * me, 0.5f});
   exec.synchronize();
 
-  tandem::DistributedDataParallel<tandem::NcclComm, Policies...> ddp(comm, params, exec);
+  tandem::DistributedDataParallel<Comm, Policies...> ddp(comm, params, exec);
   const auto values = to_host(params.values());
   for (std::size_t i = 0; i < values.size(); ++i) {
     if (values[i] != static_cast<float>(i % 7)) {
-      expect(false, std::string(label) + ": values were not broadcast from rank 0");
+      expect(false, label + ": values were not broadcast from rank 0");
       break;
     }
   }
   ddp.before_forward();
   const auto buffers = to_host(stats.value());
-  expect(buffers[1] == 0.5f, std::string(label) + ": buffers were not broadcast from rank 0");
+  expect(buffers[1] == 0.5f, label + ": buffers were not broadcast from rank 0");
 
   const float unit = static_cast<float>(n);  // so that the mean is an integer
   tandem::for_each_index(exec, a.size(), fill_pattern<T>{a.grad().data(), unit * (me + 1), unit});
@@ -90,40 +105,101 @@ void check_step(tandem::NcclComm& comm, const char* label) {
     for (int r = 0; r < n; ++r) want += unit * (r + 1) + unit * static_cast<float>(i % 7);
     if (config::averaged) want /= static_cast<float>(n);
     if (ga[i] != want) {
-      expect(false, std::string(label) + ": a[" + std::to_string(i) +
-                        "] = " + std::to_string(ga[i]) + ", expected " + std::to_string(want));
+      expect(false, label + ": a[" + std::to_string(i) + "] = " + std::to_string(ga[i]) +
+                        ", expected " + std::to_string(want));
       break;
     }
   }
   expect(std::all_of(gb.begin(), gb.end(), [](float v) { return v == 0.0f; }),
-         std::string(label) + ": the unused parameter was not reduced as zeros");
+         label + ": the unused parameter was not reduced as zeros");
+}
+
+/// Every check, on every rank of comm; `backend` names it in failures. One runs on a stream of
+/// its own (non-blocking: no implicit order with the staging copies, only DDP's waits).
+template <class Comm>
+void check_all(Comm& comm, const std::string& backend) {
+  const tandem::cuda::Stream stream;
+  check_step<Comm, float, tandem::bucket_cap<512>>(comm, backend + ": float, own stream",
+                                                   tandem::cuda_exec{stream.get()});
+  check_step<Comm, float>(comm, backend + ": float, overlap, average");
+  check_step<Comm, float, tandem::sync_at_end, tandem::sum>(comm,
+                                                            backend + ": float, sync_at_end, sum");
+  check_step<Comm, tandem::half, tandem::bucket_cap<64>>(comm, backend + ": half, 64-byte buckets");
+  check_step<Comm, tandem::bfloat16, tandem::sync_at_end>(comm,
+                                                          backend + ": bfloat16, sync_at_end");
+  check_step<Comm, float, tandem::compress<tandem::half>, tandem::bucket_cap<256>>(
+      comm, backend + ": float, compress<half>");
+  check_step<Comm, double, tandem::compress<tandem::bfloat16>>(
+      comm, backend + ": double, compress<bfloat16>");
+}
+
+/// Runs fn(rank) on n threads and rethrows the first failure.
+template <class Fn>
+void on_threads(int n, Fn&& fn) {
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
+  {
+    std::vector<std::jthread> ranks;
+    for (int r = 0; r < n; ++r) {
+      ranks.emplace_back([&, r] {
+        try {
+          tandem::cuda::check(cudaSetDevice(0), "cudaSetDevice");
+          fn(r);
+        } catch (...) {
+          errors[static_cast<std::size_t>(r)] = std::current_exception();
+        }
+      });
+    }
+  }
+  for (auto& error : errors) {
+    if (error) std::rethrow_exception(error);
+  }
 }
 
 }  // namespace
 
 int main() {
+  using namespace std::chrono_literals;
   const int devices = tandem::cuda::device_count();
   if (devices == 0) {
     std::printf("SKIPPED: no CUDA device (DDP on device arenas compiled, not run)\n");
     return 77;
   }
-  const int n = std::min(devices, 4);
+  constexpr int sharing = 3;  // ranks sharing GPU 0 on the host communicators
+  std::vector<std::string> ran;
   try {
-    tandem::run_local_nccl(n, [](tandem::NcclComm& comm) {
-      check_step<float>(comm, "float, overlap, average");
-      check_step<float, tandem::sync_at_end, tandem::sum>(comm, "float, sync_at_end, sum");
-      check_step<tandem::half, tandem::bucket_cap<64>>(comm, "half, 64-byte buckets");
-      check_step<tandem::bfloat16, tandem::sync_at_end>(comm, "bfloat16, sync_at_end");
-      check_step<float, tandem::compress<tandem::half>, tandem::bucket_cap<256>>(
-          comm, "float, compress<half>");
-      check_step<double, tandem::compress<tandem::bfloat16>>(comm, "double, compress<bfloat16>");
+#if defined(TANDEM_TEST_NCCL)
+    const int n = std::min(devices, 4);
+    tandem::run_local_nccl(n, [](tandem::NcclComm& comm) { check_all(comm, "NcclComm"); });
+    ran.push_back("NcclComm x " + std::to_string(n));
+#endif
+    tandem::run_local(
+        sharing,
+        [](tandem::LocalComm& comm) {
+          tandem::cuda::check(cudaSetDevice(0), "cudaSetDevice");
+          check_all(comm, "LocalComm");
+        },
+        tandem::LocalCommOptions{60s});
+    ran.push_back("LocalComm x " + std::to_string(sharing));
+#if defined(TANDEM_TEST_GLOO)
+    tandem::HashStore store(60s);
+    on_threads(sharing, [&](int r) {
+      tandem::AnyStore any(store);
+      tandem::GlooCommOptions options;
+      options.timeout = 60s;
+      auto comm =
+          tandem::GlooComm::rendezvous(tandem::World::single_node(r, sharing), any, options);
+      check_all(comm, "GlooComm");
     });
+    ran.push_back("GlooComm x " + std::to_string(sharing));
+#endif
   } catch (const std::exception& e) {
     std::printf("FAILED: %s\n", e.what());
     return 1;
   }
   for (const auto& failure : failures) std::printf("FAILED: %s\n", failure.c_str());
-  std::printf("%s: %d rank(s), %zu failure(s)\n", failures.empty() ? "PASSED" : "FAILED", n,
+  std::string summary;
+  for (const auto& r : ran) summary += (summary.empty() ? "" : ", ") + r;
+  std::printf("%s: %s; %zu failure(s)\n", failures.empty() ? "PASSED" : "FAILED", summary.c_str(),
               failures.size());
   return failures.empty() ? 0 : 1;
 }

@@ -1,0 +1,436 @@
+// DistributedDataParallel over an arena in device memory on host communicators (LocalComm, and
+// GlooComm when built with it), without a GPU: the arena lives in support/fake_device.hpp's
+// memory space (ordinary memory that host code may not index: a host dereference on DDP's path
+// would not compile), DDP's numeric passes run on a fake device executor, and the communicators
+// stage the buckets through (fake, counted) pinned memory, as they stage real device tensors.
+// The model (tests/support/mlp.hpp) computes on the host; each gradient is copied into the device
+// arena as the backward completes it, and the reduced gradients are copied back for the step.
+// Checked on 1 to 4 ranks: the DDP theorem and bitwise identical parameters across ranks, each
+// rank's result bitwise equal to DDP over a host arena; exact reductions with unused parameters,
+// float / half / bfloat16 / double, average and sum, bucket caps, compress<W> (bitwise equal to
+// the host arena's); errors; and nothing left in pinned memory.
+#include "unit/nn/fake_device_space.hpp"  // first: it specialises templates the headers use
+
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ddp_suite.hpp"
+#include "tandem/comm/local.hpp"
+#if defined(TANDEM_TEST_GLOO)
+#include "tandem/comm/gloo.hpp"
+#include "tandem/comm/store.hpp"
+#include "tandem/core/world.hpp"
+#endif
+
+namespace {
+
+using namespace std::chrono_literals;
+using tandem::DistributedDataParallel;
+using tandem::host;
+using tandem::Parameters;
+using tandem::View;
+using tandem::test::Failures;
+using tandem::test::fake_device;
+using tandem::test::fake_device_exec;
+using tandem::test::staging_counters;
+namespace suite = tandem::test::ddp;
+
+struct LocalRunner {
+  template <class Fn>
+  void operator()(int n, Fn&& fn) {
+    tandem::run_local(
+        n, [&](tandem::LocalComm& comm) { fn(comm); }, tandem::LocalCommOptions{30s});
+  }
+};
+
+#if defined(TANDEM_TEST_GLOO)
+/// Each rank a thread of this process with its own GlooComm, meeting the others in a HashStore.
+struct GlooThreadRunner {
+  template <class Fn>
+  void operator()(int n, Fn&& fn) {
+    tandem::HashStore store(30s);  // a fresh store per group: no stale keys
+    std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
+    {
+      std::vector<std::jthread> ranks;
+      for (int r = 0; r < n; ++r) {
+        ranks.emplace_back([&, r] {
+          try {
+            tandem::AnyStore any(store);
+            tandem::GlooCommOptions options;
+            options.timeout = 30s;
+            auto comm =
+                tandem::GlooComm::rendezvous(tandem::World::single_node(r, n), any, options);
+            fn(comm);
+          } catch (...) {
+            errors[static_cast<std::size_t>(r)] = std::current_exception();
+          }
+        });
+      }
+    }
+    for (auto& error : errors) {
+      if (error) std::rethrow_exception(error);
+    }
+  }
+};
+#endif
+
+// --- moving data between the host model and the device arena ------------------------------------
+
+/// Ranks run on threads, where doctest's assertions are not safe: a wrong size throws instead.
+inline void same_size(std::size_t destination, std::size_t source) {
+  if (destination != source) {
+    throw tandem::Error("ddp_staged_test", "copy of " + std::to_string(source) + " elements into " +
+                                               std::to_string(destination));
+  }
+}
+
+template <class T>
+void to_device(View<T, fake_device> destination, View<T, host> source) {
+  same_size(destination.size(), source.size());
+  tandem::space_copy<fake_device, host>::copy(destination.data(), source.data(),
+                                              source.size_bytes());
+}
+
+template <class T>
+void to_host(View<T, host> destination, View<T, fake_device> source) {
+  same_size(destination.size(), source.size());
+  tandem::space_copy<host, fake_device>::copy(destination.data(), source.data(),
+                                              source.size_bytes());
+}
+
+/// A device arena registered as `like` (names, shapes, buffers), zeroed.
+template <class T>
+Parameters<T, fake_device> mirror_of(const Parameters<T>& like) {
+  Parameters<T, fake_device> arena;
+  for (const auto& p : like) arena.add(p.name(), p.shape());
+  for (const auto& b : like.buffers()) arena.add_buffer(b.name(), b.shape(), b.kind());
+  arena.finalize(fake_device_exec{});
+  return arena;
+}
+
+/// What one run of a check saw on every rank, rank after rank.
+using PerRank = std::vector<std::vector<unsigned char>>;
+
+template <class T>
+std::vector<unsigned char> bytes_of(View<T, host> view) {
+  std::vector<unsigned char> bytes(view.size_bytes());
+  if (!bytes.empty()) std::memcpy(bytes.data(), view.data(), bytes.size());
+  return bytes;
+}
+
+/// The staging counters move while ranks run; between runs nothing may stay in pinned memory.
+void expect_staging_clean(Failures& failures, int n, int to_pinned_before) {
+  failures.expect(staging_counters.pinned_live.load() == 0,
+                  "pinned memory left allocated: ", staging_counters.pinned_live.load(),
+                  " block(s) (", n, " ranks)");
+  failures.expect(staging_counters.to_pinned.load() > to_pinned_before,
+                  "the device arena was never staged through pinned memory (", n, " ranks)");
+}
+
+// --- the DDP theorem ----------------------------------------------------------------------------
+
+/// K SGD steps of the MLP on n ranks with DDP over a host arena (OnDevice false) or a device
+/// arena (true): every rank's final parameters. Checks on the way that the ranks' parameters are
+/// bitwise identical after every step and that they match 1 rank x batch n*b (as
+/// suite::check_theorem, whose tolerance and its justification apply).
+template <bool OnDevice, class Comm, class... Policies, class Runner>
+PerRank train(Runner& run, int n, Failures& failures) {
+  constexpr std::size_t steps = 4;
+  constexpr std::size_t per_rank = 4;
+  constexpr float lr = 0.1f;
+  constexpr double tolerance = 1e-6;
+  const char* space = OnDevice ? "device arena" : "host arena";
+
+  tandem::test::Mlp<float> reference(suite::mlp_widths, 100);
+  for (std::size_t k = 0; k < steps; ++k) {
+    reference.params().zero_grad();
+    const auto batch = tandem::test::make_batch(7, k, 0, per_rank * static_cast<std::size_t>(n),
+                                                reference.inputs(), reference.outputs());
+    reference.forward_backward(batch, 1.0 / static_cast<double>(batch.count));
+    reference.sgd_step(lr);
+  }
+  const auto expected = reference.params().values();
+
+  PerRank results(static_cast<std::size_t>(n));
+  run(n, [&](Comm& comm) {
+    const int me = comm.rank();
+    tandem::test::Mlp<float> model(suite::mlp_widths, 100 + static_cast<std::uint64_t>(me));
+    auto& params = model.params();
+    auto step = [&](auto& ddp, auto&& after_forward, auto&& ready, auto&& before_update) {
+      for (std::size_t k = 0; k < steps; ++k) {
+        params.zero_grad();
+        ddp.before_forward();
+        after_forward();
+        const auto batch = tandem::test::make_batch(7, k, per_rank * static_cast<std::size_t>(me),
+                                                    per_rank, model.inputs(), model.outputs());
+        model.forward_backward(batch, 1.0 / static_cast<double>(per_rank), ready);
+        ddp.finish_gradient_sync();
+        before_update();
+        model.sgd_step(lr);
+        const auto all = suite::gather_all<Comm, float>(comm, params.values());
+        failures.expect(suite::bitwise_same_chunks(all, params.numel()),
+                        suite::where(me, n, "parameters differ across ranks after step "), k, " (",
+                        space, ")");
+      }
+    };
+    if constexpr (OnDevice) {
+      const fake_device_exec exec;
+      auto arena = mirror_of(params);
+      to_device(arena.values(), params.values());
+      to_device(arena.buffer_values(), params.buffer_values());
+      DistributedDataParallel<Comm, Policies...> ddp(comm, arena, exec);
+      to_host(params.values(), arena.values());  // rank 0's, broadcast
+      to_host(params.buffer_values(), arena.buffer_values());
+      step(
+          ddp,
+          [&] {
+            to_host(params.buffer_values(), arena.buffer_values());
+            arena.zero_grad(exec);
+          },
+          [&](auto& p) {
+            auto& twin = arena[p.name()];
+            to_device(twin.grad(), p.grad());
+            ddp.grad_ready(twin);
+          },
+          [&] {
+            to_host(params.grads(), arena.grads());
+            // The host model updates its own buffers in forward; the arena keeps them for the
+            // next before_forward().
+            to_device(arena.buffer_values(), params.buffer_values());
+          });
+    } else {
+      DistributedDataParallel<Comm, Policies...> ddp(comm, params);
+      step(
+          ddp, [] {}, [&](auto& p) { ddp.grad_ready(p); }, [] {});
+    }
+    auto values = params.values();
+    double worst = 0.0;
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      worst = std::max(worst, std::abs(static_cast<double>(values[i]) - expected[i]));
+    }
+    failures.expect(worst <= tolerance,
+                    suite::where(me, n, "parameters differ from 1 rank x batch "),
+                    per_rank * static_cast<std::size_t>(n), " by ", worst, " (", space, ", ",
+                    suite::policy_name<Policies...>(), ")");
+    results[static_cast<std::size_t>(me)] = bytes_of(values);
+  });
+  return results;
+}
+
+/// The theorem on a device arena, and each rank's parameters bitwise equal to a host arena's.
+template <class Comm, class... Policies, class Runner>
+void check_theorem_on_device(Runner& run, int n) {
+  Failures failures;
+  const int to_pinned_before = staging_counters.to_pinned.load();
+  const int waits_before = fake_device_exec::host_waits.load();
+  const auto on_host = train<false, Comm, Policies...>(run, n, failures);
+  const auto on_device = train<true, Comm, Policies...>(run, n, failures);
+  for (int r = 0; r < n; ++r) {
+    failures.expect(on_host[static_cast<std::size_t>(r)] == on_device[static_cast<std::size_t>(r)],
+                    suite::where(r, n, "device arena's parameters differ from the host arena's"),
+                    " (", suite::policy_name<Policies...>(), ")");
+  }
+  failures.expect(fake_device_exec::host_waits.load() > waits_before,
+                  "DDP never synchronised the device executor");
+  expect_staging_clean(failures, n, to_pinned_before);
+  failures.report();
+}
+
+// --- exact reductions and compression -----------------------------------------------------------
+
+/// One step of suite::check_exact_reduction's set-up (parameter 1 unused on odd ranks, the last on
+/// every rank, holding garbage; ranks marking in different orders) over a host arena or a device
+/// arena: every rank's reduced gradients. Uncompressed, they must be the exact mean (or sum).
+template <bool OnDevice, class T, class Comm, class... Policies, class Runner>
+PerRank reduce_once(Runner& run, int n, const std::vector<std::int64_t>& sizes,
+                    Failures& failures) {
+  using config = tandem::detail::ddp_config<Policies...>;
+  const char* space = OnDevice ? "device arena" : "host arena";
+  PerRank results(static_cast<std::size_t>(n));
+  run(n, [&](Comm& comm) {
+    const int me = comm.rank();
+    Parameters<T> params;
+    for (std::size_t p = 0; p < sizes.size(); ++p) params.add("p" + std::to_string(p), {sizes[p]});
+    params.add_buffer("stats", {2});
+    params.finalize();
+    const std::size_t last = sizes.size() - 1;
+    auto unused_here = [&](int rank, std::size_t p) {
+      return p == last || (p == 1 && rank % 2 == 1);
+    };
+    std::vector<std::size_t> order(sizes.size());
+    for (std::size_t p = 0; p < order.size(); ++p) order[p] = p;
+    std::rotate(order.begin(), order.begin() + me % static_cast<int>(order.size()), order.end());
+    if (me % 2 == 1) std::reverse(order.begin(), order.end());
+    for (std::size_t p = 0; p < sizes.size(); ++p) {
+      auto g = params["p" + std::to_string(p)].grad();
+      for (std::size_t i = 0; i < g.size(); ++i) {
+        g[i] = unused_here(me, p) ? T(1000.0f) : T(suite::exact_grad(me, n, p, i));
+      }
+    }
+    auto mark_all = [&](auto& ddp, auto& arena) {
+      for (auto p : order) {
+        if (unused_here(me, p)) continue;
+        if (p % 2 == 0) {
+          ddp.grad_ready(arena["p" + std::to_string(p)]);
+        } else {
+          ddp.grad_ready("p" + std::to_string(p));
+        }
+      }
+      ddp.finish_gradient_sync();
+    };
+    if constexpr (OnDevice) {
+      auto arena = mirror_of(params);
+      DistributedDataParallel<Comm, Policies...> ddp(comm, arena, fake_device_exec{});
+      to_device(arena.grads(), params.grads());
+      mark_all(ddp, arena);
+      to_host(params.grads(), arena.grads());
+    } else {
+      DistributedDataParallel<Comm, Policies...> ddp(comm, params);
+      mark_all(ddp, params);
+    }
+    if constexpr (!config::compressed) {
+      for (std::size_t p = 0; p < sizes.size(); ++p) {
+        auto g = params["p" + std::to_string(p)].grad();
+        for (std::size_t i = 0; i < g.size(); ++i) {
+          float want = 0.0f;
+          for (int r = 0; r < n; ++r) {
+            if (!unused_here(r, p)) want += suite::exact_grad(r, n, p, i);
+          }
+          if (config::averaged) want /= static_cast<float>(n);
+          if (static_cast<float>(g[i]) != want) {
+            failures.add(suite::where(me, n, "wrong reduced gradient"), ": p", p, "[", i,
+                         "] = ", static_cast<float>(g[i]), ", expected ", want, " (",
+                         tandem::dtype_traits<T>::name, ", ", space, ", ",
+                         suite::policy_name<Policies...>(), ")");
+            break;
+          }
+        }
+      }
+    }
+    results[static_cast<std::size_t>(me)] = bytes_of(params.grads());
+  });
+  return results;
+}
+
+/// The reduction over a device arena: exact (uncompressed) and bitwise equal, rank by rank, to the
+/// host arena's (compressed too), with identical gradients on every rank.
+template <class T, class Comm, class... Policies, class Runner>
+void check_reduction_on_device(Runner& run, int n, const std::vector<std::int64_t>& sizes) {
+  Failures failures;
+  const int to_pinned_before = staging_counters.to_pinned.load();
+  const auto on_host = reduce_once<false, T, Comm, Policies...>(run, n, sizes, failures);
+  const auto on_device = reduce_once<true, T, Comm, Policies...>(run, n, sizes, failures);
+  for (int r = 0; r < n; ++r) {
+    const auto& mine = on_device[static_cast<std::size_t>(r)];
+    failures.expect(mine == on_host[static_cast<std::size_t>(r)],
+                    suite::where(r, n, "device arena's gradients differ from the host arena's"),
+                    " (", tandem::dtype_traits<T>::name, ", ", suite::policy_name<Policies...>(),
+                    ")");
+    failures.expect(mine == on_device[0], suite::where(r, n, "gradients differ across ranks"), " (",
+                    tandem::dtype_traits<T>::name, ", ", suite::policy_name<Policies...>(), ")");
+  }
+  expect_staging_clean(failures, n, to_pinned_before);
+  failures.report();
+}
+
+template <class Comm, class Runner>
+void check_reductions_on_device(Runner& run, int n) {
+  using namespace tandem::literals;
+  const std::vector<std::int64_t> sizes{7, 3, 4, 2};
+  const std::vector<std::int64_t> odd_sizes{3, 1, 0, 100, 2, 5};
+  check_reduction_on_device<float, Comm>(run, n, sizes);
+  check_reduction_on_device<tandem::half, Comm, tandem::bucket_cap<8>>(run, n, sizes);
+  check_reduction_on_device<tandem::bfloat16, Comm, tandem::sync_at_end>(run, n, sizes);
+  check_reduction_on_device<double, Comm, tandem::sum>(run, n, sizes);
+  check_reduction_on_device<float, Comm, tandem::bucket_cap<sizeof(float)>>(run, n, odd_sizes);
+  check_reduction_on_device<float, Comm, tandem::first_bucket_cap<8>, tandem::bucket_cap<16>,
+                            tandem::sync_at_end>(run, n, odd_sizes);
+  check_reduction_on_device<float, Comm, tandem::compress<tandem::half>, tandem::bucket_cap<16>>(
+      run, n, sizes);
+  check_reduction_on_device<double, Comm, tandem::compress<tandem::bfloat16>, tandem::sum>(
+      run, n, odd_sizes);
+}
+
+// --- errors -------------------------------------------------------------------------------------
+
+/// Device arenas registered differently: the Error names the difference on every rank; a host
+/// twin's Parameter given to grad_ready is refused; marking twice is an Error.
+template <class Comm, class Runner>
+void check_errors_on_device(Runner& run, int n) {
+  Failures failures;
+  run(n, [&](Comm& comm) {
+    const int me = comm.rank();
+    const bool odd_one = n > 1 && me == n - 1;
+    Parameters<float> host_twin;
+    host_twin.add("fc.weight", odd_one ? tandem::Shape{3, 2} : tandem::Shape{2, 3});
+    host_twin.add("fc.bias", {2});
+    host_twin.finalize();
+    auto arena = mirror_of(host_twin);
+    try {
+      DistributedDataParallel<Comm> ddp(comm, arena, fake_device_exec{});
+      failures.expect(n == 1, suite::where(me, n, "no error for a mismatched shape"));
+      try {
+        ddp.grad_ready(host_twin["fc.bias"]);
+        failures.add(suite::where(me, n, "a host twin's parameter raised no error"));
+      } catch (const tandem::Error& e) {
+        failures.expect(tandem::test::mentions(e.what(), "is not a trained parameter"),
+                        suite::where(me, n, "unexpected text: "), e.what());
+      }
+      ddp.grad_ready(arena["fc.bias"]);
+      try {
+        ddp.grad_ready("fc.bias");
+        failures.add(suite::where(me, n, "marking twice raised no error"));
+      } catch (const tandem::Error& e) {
+        failures.expect(tandem::test::mentions(e.what(), "'fc.bias'", "twice"),
+                        suite::where(me, n, "unexpected text: "), e.what());
+      }
+      ddp.finish_gradient_sync();
+    } catch (const tandem::Error& e) {
+      failures.expect(n > 1 && tandem::test::mentions(e.what(), "registered different",
+                                                      "'fc.weight' [2, 3]", "'fc.weight' [3, 2]"),
+                      suite::where(me, n, "unexpected error: "), e.what());
+    }
+    comm.barrier();  // the group is still usable
+  });
+  failures.report();
+}
+
+template <class Comm, class Runner>
+void check_all_on_device(Runner& run, int max_ranks) {
+  for (int n = 1; n <= max_ranks; ++n) {
+    CAPTURE(n);
+    check_theorem_on_device<Comm>(run, n);
+    check_theorem_on_device<Comm, tandem::sync_at_end>(run, n);
+    check_theorem_on_device<Comm, tandem::first_bucket_cap<64>, tandem::bucket_cap<256>>(run, n);
+    check_reductions_on_device<Comm>(run, n);
+    check_errors_on_device<Comm>(run, n);
+  }
+}
+
+}  // namespace
+
+// The arena's space comes from the constructor: the class is the same as over a host arena.
+static_assert(
+    std::constructible_from<DistributedDataParallel<tandem::LocalComm, tandem::overlap>,
+                            tandem::LocalComm&, Parameters<float, fake_device>&, fake_device_exec>);
+static_assert(std::constructible_from<DistributedDataParallel<tandem::LocalComm, tandem::overlap>,
+                                      tandem::LocalComm&, Parameters<float>&>);
+
+TEST_CASE("DDP over a device arena on LocalComm: staged, bitwise equal to a host arena") {
+  LocalRunner run;
+  check_all_on_device<tandem::LocalComm>(run, 4);
+}
+
+#if defined(TANDEM_TEST_GLOO)
+TEST_CASE("DDP over a device arena on GlooComm: staged, bitwise equal to a host arena") {
+  GlooThreadRunner run;
+  check_all_on_device<tandem::GlooComm>(run, 3);
+}
+#endif
