@@ -58,6 +58,13 @@
 //   still mix freely across ranks, at the speed of MPI's non-blocking collectives. Below that
 //   (SINGLE, FUNNELED) no other thread may call MPI: `_async` operations are the blocking calls,
 //   complete before they return, on the calling thread (so a recv_async waits for its message).
+// - CPU use: Open MPI spins while a blocking call waits. Where the ranks on this node times two
+//   (the caller and the `_async` worker, both waiting inside MPI) exceed its CPUs, or mpirun bound
+//   a rank to one core, the MPI that MpiComm initialises yields the CPU while it waits
+//   (OMPI_MCA_mpi_yield_when_idle=1, set only when unset: yours wins); otherwise a rank spinning
+//   for a peer without a CPU holds its own for a whole time slice (milliseconds per collective on
+//   a busy machine). The worker runs as SCHED_BATCH on Linux, so that queueing a collective does
+//   not hand the caller's CPU to it (a free CPU still runs it at once).
 // - One MpiComm is used by one thread at a time (several MpiComms may be used concurrently where
 //   MPI provides MPI_THREAD_MULTIPLE or SERIALIZED).
 #pragma once

@@ -21,6 +21,10 @@
 #include <vector>
 
 #include <mpi.h>
+#ifdef __linux__
+#include <pthread.h>
+#include <sched.h>
+#endif
 
 #include "tandem/comm/communicator.hpp"
 #include "tandem/comm/detail/mpi_runtime.hpp"
@@ -335,6 +339,7 @@ class Worker {
   };
 
   static void work(const std::shared_ptr<Shared>& shared) {
+    yield_to_callers();
     std::unique_lock lock(shared->mutex);
     for (;;) {
       shared->changed.wait(lock, [&] { return shared->stopping || !shared->queue.empty(); });
@@ -372,6 +377,7 @@ class Worker {
   /// Fails the queue's front collective when its deadline passes (the front has the earliest
   /// deadline: all are queued with one timeout, in order).
   void watch() {
+    yield_to_callers();
     std::unique_lock lock(shared_->mutex);
     for (;;) {
       shared_->changed.wait(lock, [&] {
@@ -396,6 +402,19 @@ class Worker {
   }
 
   using Failures = std::vector<std::pair<std::shared_ptr<WorkState>, Error>>;
+
+  /// Makes the calling thread (the worker or the watchdog) one that never preempts another on
+  /// waking (Linux's SCHED_BATCH; same share of the CPU otherwise). Woken by add(), the worker
+  /// used to take the CPU of the thread that queued the collective and spin in MPI, so that
+  /// thread - the backward pass that should go on computing - got it back only when the
+  /// collective ended. A free CPU still runs it at once. Best effort: a refusal changes nothing.
+  static void yield_to_callers() noexcept {
+#ifdef __linux__
+    sched_param param{};
+    param.sched_priority = 0;
+    (void)pthread_setschedparam(pthread_self(), SCHED_BATCH, &param);
+#endif
+  }
 
   /// Under the lock: the front collective fails because `why`; the communicator becomes unusable
   /// (before any Work fails, so that whoever sees a failure also finds it so) and the ones queued
