@@ -226,7 +226,7 @@ PerRank train(Runner& run, int n, Failures& failures) {
 
 /// The theorem on a device arena, and each rank's parameters bitwise equal to a host arena's.
 template <class Comm, class... Policies, class Runner>
-void check_theorem_on_device(Runner& run, int n) {
+std::size_t check_theorem_on_device(Runner& run, int n) {
   Failures failures;
   const int to_pinned_before = staging_counters.to_pinned.load();
   const int waits_before = fake_device_exec::host_waits.load();
@@ -241,6 +241,7 @@ void check_theorem_on_device(Runner& run, int n) {
                   "DDP never synchronised the device executor");
   expect_staging_clean(failures, n, to_pinned_before);
   failures.report();
+  return failures.count();
 }
 
 // --- exact reductions and compression -----------------------------------------------------------
@@ -322,7 +323,7 @@ PerRank reduce_once(Runner& run, int n, const std::vector<std::int64_t>& sizes,
 /// The reduction over a device arena: exact (uncompressed) and bitwise equal, rank by rank, to the
 /// host arena's (compressed too), with identical gradients on every rank.
 template <class T, class Comm, class... Policies, class Runner>
-void check_reduction_on_device(Runner& run, int n, const std::vector<std::int64_t>& sizes) {
+std::size_t check_reduction_on_device(Runner& run, int n, const std::vector<std::int64_t>& sizes) {
   Failures failures;
   const int to_pinned_before = staging_counters.to_pinned.load();
   const auto on_host = reduce_once<false, T, Comm, Policies...>(run, n, sizes, failures);
@@ -338,24 +339,30 @@ void check_reduction_on_device(Runner& run, int n, const std::vector<std::int64_
   }
   expect_staging_clean(failures, n, to_pinned_before);
   failures.report();
+  return failures.count();
 }
 
 template <class Comm, class Runner>
-void check_reductions_on_device(Runner& run, int n) {
+std::size_t check_reductions_on_device(Runner& run, int n) {
   using namespace tandem::literals;
   const std::vector<std::int64_t> sizes{7, 3, 4, 2};
   const std::vector<std::int64_t> odd_sizes{3, 1, 0, 100, 2, 5};
-  check_reduction_on_device<float, Comm>(run, n, sizes);
-  check_reduction_on_device<tandem::half, Comm, tandem::bucket_cap<8>>(run, n, sizes);
-  check_reduction_on_device<tandem::bfloat16, Comm, tandem::sync_at_end>(run, n, sizes);
-  check_reduction_on_device<double, Comm, tandem::sum>(run, n, sizes);
-  check_reduction_on_device<float, Comm, tandem::bucket_cap<sizeof(float)>>(run, n, odd_sizes);
-  check_reduction_on_device<float, Comm, tandem::first_bucket_cap<8>, tandem::bucket_cap<16>,
-                            tandem::sync_at_end>(run, n, odd_sizes);
-  check_reduction_on_device<float, Comm, tandem::compress<tandem::half>, tandem::bucket_cap<16>>(
-      run, n, sizes);
-  check_reduction_on_device<double, Comm, tandem::compress<tandem::bfloat16>, tandem::sum>(
-      run, n, odd_sizes);
+  std::size_t failed = 0;
+  failed += check_reduction_on_device<float, Comm>(run, n, sizes);
+  failed += check_reduction_on_device<tandem::half, Comm, tandem::bucket_cap<8>>(run, n, sizes);
+  failed += check_reduction_on_device<tandem::bfloat16, Comm, tandem::sync_at_end>(run, n, sizes);
+  failed += check_reduction_on_device<double, Comm, tandem::sum>(run, n, sizes);
+  failed +=
+      check_reduction_on_device<float, Comm, tandem::bucket_cap<sizeof(float)>>(run, n, odd_sizes);
+  failed +=
+      check_reduction_on_device<float, Comm, tandem::first_bucket_cap<8>, tandem::bucket_cap<16>,
+                                tandem::sync_at_end>(run, n, odd_sizes);
+  failed += check_reduction_on_device<float, Comm, tandem::compress<tandem::half>,
+                                      tandem::bucket_cap<16>>(run, n, sizes);
+  failed +=
+      check_reduction_on_device<double, Comm, tandem::compress<tandem::bfloat16>, tandem::sum>(
+          run, n, odd_sizes);
+  return failed;
 }
 
 // --- errors -------------------------------------------------------------------------------------
@@ -363,7 +370,7 @@ void check_reductions_on_device(Runner& run, int n) {
 /// Device arenas registered differently: the Error names the difference on every rank; a host
 /// twin's Parameter given to grad_ready is refused; marking twice is an Error.
 template <class Comm, class Runner>
-void check_errors_on_device(Runner& run, int n) {
+std::size_t check_errors_on_device(Runner& run, int n) {
   Failures failures;
   run(n, [&](Comm& comm) {
     const int me = comm.rank();
@@ -400,18 +407,22 @@ void check_errors_on_device(Runner& run, int n) {
     comm.barrier();  // the group is still usable
   });
   failures.report();
+  return failures.count();
 }
 
 template <class Comm, class Runner>
-void check_all_on_device(Runner& run, int max_ranks) {
+std::size_t check_all_on_device(Runner& run, int max_ranks) {
+  std::size_t failed = 0;
   for (int n = 1; n <= max_ranks; ++n) {
     CAPTURE(n);
-    check_theorem_on_device<Comm>(run, n);
-    check_theorem_on_device<Comm, tandem::sync_at_end>(run, n);
-    check_theorem_on_device<Comm, tandem::first_bucket_cap<64>, tandem::bucket_cap<256>>(run, n);
-    check_reductions_on_device<Comm>(run, n);
-    check_errors_on_device<Comm>(run, n);
+    failed += check_theorem_on_device<Comm>(run, n);
+    failed += check_theorem_on_device<Comm, tandem::sync_at_end>(run, n);
+    failed += check_theorem_on_device<Comm, tandem::first_bucket_cap<64>, tandem::bucket_cap<256>>(
+        run, n);
+    failed += check_reductions_on_device<Comm>(run, n);
+    failed += check_errors_on_device<Comm>(run, n);
   }
+  return failed;
 }
 
 }  // namespace
@@ -425,12 +436,12 @@ static_assert(std::constructible_from<DistributedDataParallel<tandem::LocalComm,
 
 TEST_CASE("DDP over a device arena on LocalComm: staged, bitwise equal to a host arena") {
   LocalRunner run;
-  check_all_on_device<tandem::LocalComm>(run, 4);
+  CHECK(check_all_on_device<tandem::LocalComm>(run, 4) == 0);
 }
 
 #if defined(TANDEM_TEST_GLOO)
 TEST_CASE("DDP over a device arena on GlooComm: staged, bitwise equal to a host arena") {
   GlooThreadRunner run;
-  check_all_on_device<tandem::GlooComm>(run, 3);
+  CHECK(check_all_on_device<tandem::GlooComm>(run, 3) == 0);
 }
 #endif

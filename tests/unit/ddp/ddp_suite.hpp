@@ -69,7 +69,7 @@ std::string policy_name() {
 /// 1e-6. Measured: 3e-8 (one ulp) for N = 2..4. A missing division by N or a dropped bucket moves
 /// the parameters by ~lr * |g| ~ 1e-2. With N = 1 nothing is regrouped: bitwise equal.
 template <class Comm, class... Policies, class Runner>
-void check_theorem(Runner& run, int n, std::size_t steps = 4) {
+std::size_t check_theorem(Runner& run, int n, std::size_t steps = 4) {
   constexpr std::size_t per_rank = 4;
   constexpr float lr = 0.1f;
   constexpr double tolerance = 1e-6;
@@ -123,6 +123,7 @@ void check_theorem(Runner& run, int n, std::size_t steps = 4) {
                     policy_name<Policies...>(), ")");
   });
   failures.report();
+  return failures.count();
 }
 
 // --- no_sync ------------------------------------------------------------------------------------
@@ -131,7 +132,7 @@ void check_theorem(Runner& run, int n, std::size_t steps = 4) {
 /// every rank's micro-batches (tolerance: as for the theorem, with one step over at most 36
 /// samples); no communication happens under the guard.
 template <class Comm, class... Policies, class Runner>
-void check_no_sync(Runner& run, int n) {
+std::size_t check_no_sync(Runner& run, int n) {
   constexpr std::size_t per_micro = 3;
   constexpr std::size_t micro = 3;
   constexpr float lr = 0.1f;
@@ -186,6 +187,7 @@ void check_no_sync(Runner& run, int n) {
                     where(me, n, "parameters differ across ranks after no_sync accumulation"));
   });
   failures.report();
+  return failures.count();
 }
 
 // --- unused parameters, marking order, marking twice, bucket caps -----------------------------
@@ -201,7 +203,7 @@ inline float exact_grad(int rank, int n, std::size_t p, std::size_t i) {
 /// mark in different orders. The unused ones hold garbage that must count as zero. The reduced
 /// gradient is the exact mean (or sum), bitwise identical on every rank.
 template <class T, class Comm, class... Policies, class Runner>
-void check_exact_reduction(Runner& run, int n, const std::vector<std::int64_t>& sizes) {
+std::size_t check_exact_reduction(Runner& run, int n, const std::vector<std::int64_t>& sizes) {
   using config = detail::ddp_config<Policies...>;
   Failures failures;
   run(n, [&](Comm& comm) {
@@ -259,11 +261,12 @@ void check_exact_reduction(Runner& run, int n, const std::vector<std::int64_t>& 
     }
   });
   failures.report();
+  return failures.count();
 }
 
 /// Marking a parameter twice is an Error naming it; the step can still be finished, correctly.
 template <class Comm, class... Policies, class Runner>
-void check_mark_twice(Runner& run, int n) {
+std::size_t check_mark_twice(Runner& run, int n) {
   Failures failures;
   run(n, [&](Comm& comm) {
     const int me = comm.rank();
@@ -309,13 +312,15 @@ void check_mark_twice(Runner& run, int n) {
     ddp.finish_gradient_sync();
   });
   failures.report();
+  return failures.count();
 }
 
 /// Ranks that registered different parameters all get an Error naming the first difference and
 /// the ranks; nothing hangs.
 template <class Comm, class Runner>
-void check_mismatched_registration(Runner& run, int n) {
+std::size_t check_mismatched_registration(Runner& run, int n) {
   REQUIRE(n >= 2);
+  std::size_t failed = 0;
   struct Case {
     const char* what;
     std::vector<const char*> expect;
@@ -365,13 +370,15 @@ void check_mismatched_registration(Runner& run, int n) {
       comm.barrier();  // the group is still usable
     });
     failures.report();
+    failed += failures.count();
   }
+  return failed;
 }
 
 /// Buckets: a parameter larger than the cap gets its own bucket, a cap of one element makes one
 /// bucket per parameter, and the reduction stays exact through every layout.
 template <class Comm, class Runner>
-void check_bucket_caps(Runner& run, int n) {
+std::size_t check_bucket_caps(Runner& run, int n) {
   // Sizes in elements: a zero-size parameter and one far over the caps below.
   const std::vector<std::int64_t> sizes{3, 1, 0, 100, 2, 5};
   check_exact_reduction<float, Comm, bucket_cap<sizeof(float)>>(run, n, sizes);
@@ -394,6 +401,7 @@ void check_bucket_caps(Runner& run, int n) {
                     where(comm.rank(), n, "small parameters need one default bucket"));
   });
   failures.report();
+  return failures.count();
 }
 
 // --- compression --------------------------------------------------------------------------------
@@ -404,7 +412,7 @@ void check_bucket_caps(Runner& run, int n) {
 /// sum of N such terms may round once per addition, so |error| <= (N + 1) u sum_r |g_r| / N, plus
 /// N half-ulps of the smallest subnormal for values near zero.
 template <class W, class Comm, class... Policies, class Runner>
-void check_compression(Runner& run, int n) {
+std::size_t check_compression(Runner& run, int n) {
   const double u = std::is_same_v<W, half> ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
   const double tiny = std::is_same_v<W, half> ? std::ldexp(1.0, -25) : 0.0;
   constexpr std::size_t count = 3000;
@@ -449,63 +457,74 @@ void check_compression(Runner& run, int n) {
                     where(me, n, "compressed gradients differ across ranks"));
   });
   failures.report();
+  return failures.count();
 }
 
 // --- groups of checks, for n = 1 .. max_ranks --------------------------------------------------
 
 template <class Comm, class Runner>
-void check_theorems(Runner& run, int max_ranks) {
+std::size_t check_theorems(Runner& run, int max_ranks) {
+  std::size_t failed = 0;
   for (int n = 1; n <= max_ranks; ++n) {
     CAPTURE(n);
-    check_theorem<Comm>(run, n);
-    check_theorem<Comm, sync_at_end>(run, n);
-    check_theorem<Comm, first_bucket_cap<64>, bucket_cap<256>>(run, n);
-    check_theorem<Comm, sync_at_end, bucket_cap<sizeof(float)>>(run, n);
+    failed += check_theorem<Comm>(run, n);
+    failed += check_theorem<Comm, sync_at_end>(run, n);
+    failed += check_theorem<Comm, first_bucket_cap<64>, bucket_cap<256>>(run, n);
+    failed += check_theorem<Comm, sync_at_end, bucket_cap<sizeof(float)>>(run, n);
   }
+  return failed;
 }
 
 template <class Comm, class Runner>
-void check_no_syncs(Runner& run, int max_ranks) {
+std::size_t check_no_syncs(Runner& run, int max_ranks) {
+  std::size_t failed = 0;
   for (int n = 1; n <= max_ranks; ++n) {
     CAPTURE(n);
-    check_no_sync<Comm>(run, n);
-    check_no_sync<Comm, sync_at_end, bucket_cap<128>>(run, n);
+    failed += check_no_sync<Comm>(run, n);
+    failed += check_no_sync<Comm, sync_at_end, bucket_cap<128>>(run, n);
   }
+  return failed;
 }
 
 /// Unused parameters, marking order, float / half / bfloat16 / double, average and sum, caps.
 template <class Comm, class Runner>
-void check_reductions(Runner& run, int max_ranks) {
+std::size_t check_reductions(Runner& run, int max_ranks) {
+  std::size_t failed = 0;
   for (int n = 1; n <= max_ranks; ++n) {
     CAPTURE(n);
-    check_exact_reduction<float, Comm>(run, n, {7, 3, 4, 2});
-    check_exact_reduction<half, Comm, bucket_cap<8>>(run, n, {7, 3, 4, 2});
-    check_exact_reduction<bfloat16, Comm, sync_at_end>(run, n, {7, 3, 4, 2});
-    check_exact_reduction<double, Comm, sum>(run, n, {7, 3, 4, 2});
-    check_exact_reduction<half, Comm, sum, first_bucket_cap<2>, bucket_cap<6>>(run, n,
-                                                                               {7, 3, 4, 2});
-    check_bucket_caps<Comm>(run, n);
+    failed += check_exact_reduction<float, Comm>(run, n, {7, 3, 4, 2});
+    failed += check_exact_reduction<half, Comm, bucket_cap<8>>(run, n, {7, 3, 4, 2});
+    failed += check_exact_reduction<bfloat16, Comm, sync_at_end>(run, n, {7, 3, 4, 2});
+    failed += check_exact_reduction<double, Comm, sum>(run, n, {7, 3, 4, 2});
+    failed += check_exact_reduction<half, Comm, sum, first_bucket_cap<2>, bucket_cap<6>>(
+        run, n, {7, 3, 4, 2});
+    failed += check_bucket_caps<Comm>(run, n);
   }
+  return failed;
 }
 
 template <class Comm, class Runner>
-void check_errors(Runner& run, int max_ranks) {
+std::size_t check_errors(Runner& run, int max_ranks) {
+  std::size_t failed = 0;
   for (int n = 1; n <= max_ranks; ++n) {
     CAPTURE(n);
-    check_mark_twice<Comm>(run, n);
-    check_mark_twice<Comm, sync_at_end>(run, n);
-    if (n >= 2) check_mismatched_registration<Comm>(run, n);
+    failed += check_mark_twice<Comm>(run, n);
+    failed += check_mark_twice<Comm, sync_at_end>(run, n);
+    if (n >= 2) failed += check_mismatched_registration<Comm>(run, n);
   }
+  return failed;
 }
 
 template <class Comm, class Runner>
-void check_compressions(Runner& run, int max_ranks) {
+std::size_t check_compressions(Runner& run, int max_ranks) {
+  std::size_t failed = 0;
   for (int n = 1; n <= max_ranks; ++n) {
     CAPTURE(n);
-    check_compression<half, Comm>(run, n);
-    check_compression<bfloat16, Comm, sync_at_end>(run, n);
-    check_compression<half, Comm, sum>(run, n);
+    failed += check_compression<half, Comm>(run, n);
+    failed += check_compression<bfloat16, Comm, sync_at_end>(run, n);
+    failed += check_compression<half, Comm, sum>(run, n);
   }
+  return failed;
 }
 
 }  // namespace tandem::test::ddp
