@@ -43,6 +43,7 @@
 #include "tandem/comm/detail/frontend.hpp"
 #include "tandem/comm/detail/issue_order.hpp"
 #include "tandem/comm/detail/local_group.hpp"
+#include "tandem/comm/detail/rank_threads.hpp"
 #include "tandem/comm/detail/reduction.hpp"
 #include "tandem/comm/store.hpp"
 #include "tandem/core/error.hpp"
@@ -372,20 +373,6 @@ static_assert(Communicator<LocalComm>);
 template <>
 inline constexpr bool detects_mismatched_collectives<LocalComm> = true;
 
-namespace detail::local {
-
-inline std::string describe_exception(const std::exception_ptr& error) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "an exception that is not a std::exception";
-  }
-}
-
-}  // namespace detail::local
-
 /// Runs fn(comm) on `n` threads, rank i's LocalComm on thread i, and joins them. `fn` is called
 /// concurrently from all threads. When a rank's fn throws, the ranks blocked in an operation are
 /// woken with tandem::Error("rank i failed: ..."); after the join, the first failure is rethrown
@@ -395,51 +382,16 @@ requires std::invocable<Fn&, LocalComm&>
 void run_local(int n, Fn fn, LocalCommOptions options) {
   auto comms = LocalComm::make_group(n, options, true);
   const auto family = comms.front().self().group()->family();
-
-  std::mutex mutex;
-  std::exception_ptr first_error;
-  int first_rank = -1;
-  auto fail = [&](int rank, std::exception_ptr error) {
-    const auto what = detail::local::describe_exception(error);
-    {
-      std::lock_guard lock(mutex);
-      if (!first_error) {
-        first_error = error;
-        first_rank = rank;
-      }
-    }
-    family->abort("rank " + std::to_string(rank) + " failed: " + what);
-  };
-
-  std::vector<std::thread> threads;
-  threads.reserve(static_cast<std::size_t>(n));
-  for (int r = 0; r < n; ++r) {
-    try {
-      threads.emplace_back(
-          [&fn, &fail, r, comm = std::move(comms[static_cast<std::size_t>(r)])]() mutable {
-            LocalComm own = std::move(comm);  // destroyed on this thread: waits, then leaves
-            try {
-              fn(own);
-            } catch (...) {
-              fail(r, std::current_exception());
-            }
-          });
-    } catch (...) {
-      fail(r, std::current_exception());
-      break;
-    }
-  }
-  for (auto& thread : threads) thread.join();
-
-  if (!first_error) return;
-  try {
-    std::rethrow_exception(first_error);
-  } catch (const Error& e) {
-    if (e.rank() == first_rank) throw;
-    throw Error(first_rank, "run_local", e.what());
-  } catch (...) {
-    throw Error(first_rank, "run_local", detail::local::describe_exception(first_error));
-  }
+  detail::FirstFailure failures;
+  detail::run_rank_threads(
+      n, "run_local", failures,
+      [&](int r) {
+        LocalComm own = std::move(comms[static_cast<std::size_t>(r)]);  // destroyed on this thread
+        fn(own);
+      },
+      [&](int r, const std::string& what) {
+        family->abort("rank " + std::to_string(r) + " failed: " + what);
+      });
 }
 
 }  // namespace tandem

@@ -68,6 +68,7 @@
 #include "tandem/comm/communicator.hpp"
 #include "tandem/comm/detail/frontend.hpp"
 #include "tandem/comm/detail/nccl_support.hpp"
+#include "tandem/comm/detail/rank_threads.hpp"
 #include "tandem/comm/store.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/core/timeout.hpp"
@@ -1061,75 +1062,40 @@ void run_local_nccl(int n, Fn fn, NcclCommOptions options) {
                 "call comm.use_stream(s) inside fn for a stream of that rank's GPU");
   }
   const ncclUniqueId id = NcclComm::unique_id();
-  std::mutex mutex;
   std::atomic<bool> stop{false};
-  std::exception_ptr first_error;
-  int first_rank = -1;
+  detail::FirstFailure failures;
+  std::mutex ranks_mutex;
   std::vector<std::weak_ptr<detail::nccl::Rank>> ranks(static_cast<std::size_t>(n));
-
-  auto describe_error = [](const std::exception_ptr& error) -> std::string {
-    try {
-      std::rethrow_exception(error);
-    } catch (const std::exception& e) {
-      return e.what();
-    } catch (...) {
-      return "an exception that is not a std::exception";
-    }
-  };
-  auto fail = [&](int rank, std::exception_ptr error) {
-    const std::string what = describe_error(error);
-    std::vector<std::shared_ptr<detail::nccl::Rank>> others;
-    {
-      std::lock_guard lock(mutex);
-      if (!first_error) {
-        first_error = error;
-        first_rank = rank;
-      }
-      stop = true;
-      for (int r = 0; r < n; ++r) {
-        if (r == rank) continue;
-        if (auto other = ranks[static_cast<std::size_t>(r)].lock()) others.push_back(other);
-      }
-    }
-    for (auto& other : others) other->abort("rank " + std::to_string(rank) + " failed: " + what);
-  };
-
-  std::vector<std::thread> threads;
-  threads.reserve(static_cast<std::size_t>(n));
-  for (int r = 0; r < n; ++r) {
-    try {
-      threads.emplace_back([&, r] {
-        try {
-          NcclCommOptions own = options;
-          own.device = r;
-          cuda::check(cudaSetDevice(r), "cudaSetDevice", r);
-          NcclComm comm = NcclComm::create(id, r, n, own, &stop);
-          {
-            std::lock_guard lock(mutex);
-            ranks[static_cast<std::size_t>(r)] = comm.self_;
-            if (first_error) comm.abort("rank " + std::to_string(first_rank) + " failed");
-          }
-          fn(comm);
-        } catch (...) {
-          fail(r, std::current_exception());
+  detail::run_rank_threads(
+      n, "run_local_nccl", failures,
+      [&](int r) {
+        NcclCommOptions own = options;
+        own.device = r;
+        cuda::check(cudaSetDevice(r), "cudaSetDevice", r);
+        NcclComm comm = NcclComm::create(id, r, n, own, &stop);
+        {
+          // A rank that failed before this one registered cannot have aborted it: do it here.
+          std::lock_guard lock(ranks_mutex);
+          ranks[static_cast<std::size_t>(r)] = comm.self_;
         }
+        if (auto failed = failures.rank()) {
+          comm.abort("rank " + std::to_string(*failed) + " failed");
+        }
+        fn(comm);
+      },
+      [&](int rank, const std::string& what) {
+        stop = true;  // ranks still creating their communicators give up
+        std::vector<std::shared_ptr<detail::nccl::Rank>> others;
+        {
+          std::lock_guard lock(ranks_mutex);
+          for (int r = 0; r < n; ++r) {
+            if (r == rank) continue;
+            if (auto other = ranks[static_cast<std::size_t>(r)].lock()) others.push_back(other);
+          }
+        }
+        for (auto& other : others)
+          other->abort("rank " + std::to_string(rank) + " failed: " + what);
       });
-    } catch (...) {
-      fail(r, std::current_exception());
-      break;
-    }
-  }
-  for (auto& thread : threads) thread.join();
-
-  if (!first_error) return;
-  try {
-    std::rethrow_exception(first_error);
-  } catch (const Error& e) {
-    if (e.rank() == first_rank) throw;
-    throw Error(first_rank, "run_local_nccl", e.what());
-  } catch (...) {
-    throw Error(first_rank, "run_local_nccl", describe_error(first_error));
-  }
 }
 
 }  // namespace tandem
