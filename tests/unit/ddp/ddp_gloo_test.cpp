@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ddp_suite.hpp"
+#include "runners.hpp"
 #include "tandem/comm/gloo.hpp"
 #include "tandem/comm/init.hpp"
 #include "tandem/comm/store.hpp"
@@ -25,34 +26,8 @@ namespace {
 
 using namespace std::chrono_literals;
 namespace suite = tandem::test::ddp;
-
-struct GlooThreadRunner {
-  template <class Fn>
-  void operator()(int n, Fn&& fn) {
-    tandem::HashStore store(30s);  // a fresh store per group: no stale keys
-    std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
-    {
-      std::vector<std::jthread> ranks;
-      for (int r = 0; r < n; ++r) {
-        ranks.emplace_back([&, r] {
-          try {
-            tandem::AnyStore any(store);
-            tandem::GlooCommOptions options;
-            options.timeout = 30s;
-            auto comm =
-                tandem::GlooComm::rendezvous(tandem::World::single_node(r, n), any, options);
-            fn(comm);
-          } catch (...) {
-            errors[static_cast<std::size_t>(r)] = std::current_exception();
-          }
-        });
-      }
-    }
-    for (auto& error : errors) {
-      if (error) std::rethrow_exception(error);
-    }
-  }
-};
+using suite::GlooThreadRunner;
+using suite::LocalRunner;
 
 /// This process's rank of the tandemrun job, or nullptr when it runs alone.
 tandem::GlooComm* job() {

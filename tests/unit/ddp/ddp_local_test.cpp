@@ -4,20 +4,14 @@
 #include <chrono>
 
 #include "ddp_suite.hpp"
+#include "runners.hpp"
 #include "tandem/comm/local.hpp"
 
 namespace {
 
 using namespace std::chrono_literals;
 namespace suite = tandem::test::ddp;
-
-struct LocalRunner {
-  template <class Fn>
-  void operator()(int n, Fn&& fn) {
-    tandem::run_local(
-        n, [&](tandem::LocalComm& comm) { fn(comm); }, tandem::LocalCommOptions{30s});
-  }
-};
+using suite::LocalRunner;
 
 constexpr int max_ranks = 4;
 

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "ddp_suite.hpp"
+#include "runners.hpp"
 #include "tandem/comm/local.hpp"
 #if defined(TANDEM_TEST_GLOO)
 #include "tandem/comm/gloo.hpp"
@@ -41,44 +42,10 @@ using tandem::test::fake_device;
 using tandem::test::fake_device_exec;
 using tandem::test::staging_counters;
 namespace suite = tandem::test::ddp;
-
-struct LocalRunner {
-  template <class Fn>
-  void operator()(int n, Fn&& fn) {
-    tandem::run_local(
-        n, [&](tandem::LocalComm& comm) { fn(comm); }, tandem::LocalCommOptions{30s});
-  }
-};
+using suite::GlooThreadRunner;
+using suite::LocalRunner;
 
 #if defined(TANDEM_TEST_GLOO)
-/// Each rank a thread of this process with its own GlooComm, meeting the others in a HashStore.
-struct GlooThreadRunner {
-  template <class Fn>
-  void operator()(int n, Fn&& fn) {
-    tandem::HashStore store(30s);  // a fresh store per group: no stale keys
-    std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
-    {
-      std::vector<std::jthread> ranks;
-      for (int r = 0; r < n; ++r) {
-        ranks.emplace_back([&, r] {
-          try {
-            tandem::AnyStore any(store);
-            tandem::GlooCommOptions options;
-            options.timeout = 30s;
-            auto comm =
-                tandem::GlooComm::rendezvous(tandem::World::single_node(r, n), any, options);
-            fn(comm);
-          } catch (...) {
-            errors[static_cast<std::size_t>(r)] = std::current_exception();
-          }
-        });
-      }
-    }
-    for (auto& error : errors) {
-      if (error) std::rethrow_exception(error);
-    }
-  }
-};
 #endif
 
 // --- moving data between the host model and the device arena ------------------------------------
