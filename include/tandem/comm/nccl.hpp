@@ -172,7 +172,11 @@ inline ncclComm_t init_rank(const ncclUniqueId& id, int rank, int size, Timeout 
   const Deadline deadline(timeout);
   ncclResult_t state = ncclCommInitRankConfig(slot.get(), size, id, rank, &config);
   const ncclComm_t comm = *slot;
-  if (state == ncclInProgress) state = settle(comm, state, deadline, stop);
+  // NCCL sets *slot before returning; its job writes it again when it ends. Poll the new
+  // communicator until it has settled (ncclCommGetAsyncError then has joined the job's thread).
+  if (comm && (state == ncclSuccess || state == ncclInProgress)) {
+    state = settle(comm, ncclInProgress, deadline, stop);
+  }
   if (state == ncclSuccess) return *slot;
   (void)slot.release();
   std::string why = error_text(state, comm);
@@ -401,48 +405,61 @@ class Rank {
     if (!async && end) wait_on_host(end, "barrier");
   }
 
-  /// split's collective part: ncclCommSplit, polled within the timeout (see split_group).
+  /// split's collective part: ncclCommSplit on the nonblocking parent, following NCCL's rules
+  /// for such communicators (the notes on nonblocking communicators in nccl_support.hpp). Returns
+  /// null for no_color. The parent finishes its operations first (NCCL: none may be outstanding).
   std::unique_ptr<Rank> split(int color, int key) {
+    if (group_depth_ > 0) throw Error(rank_, "split", "split cannot run inside an NcclGroup");
+    synchronize();
     DeviceGuard guard(device_);
     std::unique_lock lock(mutex_);
     throw_if_failed("split");
-    if (group_depth_ > 0) throw Error(rank_, "split", "split cannot run inside an NcclGroup");
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    // NCCL writes the new handle when its background split finishes (null until then), so the
-    // slot outlives a timeout (leaked then, as NCCL may still write it).
-    auto slot = std::make_unique<ncclComm_t>(nullptr);
+    // NCCL's split job writes the child's handle into *slot from its own thread when it ends
+    // (null for no_color), which may be after ncclCommSplit has returned ncclSuccess. The slot is
+    // freed only once the parent has reported ncclSuccess (NCCL has then joined that thread);
+    // on every other path it is leaked (one pointer), never freed under a running job.
+    auto* slot = new ncclComm_t(nullptr);
     const Deadline deadline(options_.timeout);
-    ncclResult_t state = ncclCommSplit(comm_, color == no_color ? NCCL_SPLIT_NOCOLOR : color, key,
-                                       slot.get(), &config);
-    // The split runs as a job of the parent: the parent is in progress until it has finished,
-    // for a rank with no_color too. The new communicator then reports its own state. The lock
-    // is released between polls, so that an abort (another rank failed) can end the wait.
-    if (state == ncclInProgress) state = settle_locked(lock, comm_, state, deadline);
-    if (failure_) {
-      (void)slot.release();  // NCCL's aborted split job may still write it
-      throw_if_failed("split");
+    ncclResult_t state = ncclCommSplit(comm_, split_color(color), key, slot, &config);
+    // Success from ncclCommSplit only means "queued": the parent reports ncclInProgress until its
+    // job has finished, for a no_color rank too. Poll it (lock released between polls, so that
+    // the watchdog or an abort from another rank's thread can step in); touch nothing else.
+    if (state == ncclSuccess || state == ncclInProgress) {
+      state = settle_locked(lock, comm_, ncclInProgress, deadline);
     }
-    const ncclComm_t made = state == ncclSuccess ? *slot : nullptr;
-    if (state == ncclSuccess && made) {
+    if (state == ncclSuccess && !failure_) {
+      const ncclComm_t made = *slot;
+      delete slot;
+      if (!made) return nullptr;
+      // The child is usable once it too reports anything but ncclInProgress.
       ncclResult_t own = ncclInProgress;
       if (ncclCommGetAsyncError(made, &own) != ncclSuccess) own = ncclInternalError;
-      state = settle_locked(lock, made, own, deadline);
-    }
-    if (state != ncclSuccess) {
-      const std::string why = state == ncclInProgress
-                                  ? "ncclCommSplit did not finish within " +
-                                        describe(options_.timeout) +
-                                        " (a rank of the group did not call split)"
-                                  : error_text(state, comm_);
-      if (made) (void)ncclCommAbort(made);
-      if (state == ncclInProgress && !made) (void)slot.release();
+      own = settle_locked(lock, made, own, deadline);
+      if (own == ncclSuccess && !failure_) {
+        lock.unlock();
+        return std::make_unique<Rank>(made, device_, options_);
+      }
+      const std::string why = "the new communicator failed: " + error_text(own, made);
+      (void)ncclCommAbort(made);
+      if (failure_) throw_if_failed("split");
       abort_locked("split", ++sequence_, why);
       throw *failure_;
     }
-    if (!made) return nullptr;
-    lock.unlock();
-    return std::make_unique<Rank>(made, device_, options_);
+    // Failed, timed out or aborted meanwhile. Aborting the parent stops NCCL's split job and joins
+    // its thread; only then is the slot final, and a child it holds is aborted too (NCCL's rule).
+    const bool aborted_elsewhere = failure_.has_value();
+    if (!aborted_elsewhere) {
+      abort_locked("split", ++sequence_,
+                   state == ncclInProgress
+                       ? "ncclCommSplit did not finish within " + describe(options_.timeout) +
+                             " (a rank of the group did not call split)"
+                       : error_text(state, comm_));
+    }
+    if (const ncclComm_t made = *slot) (void)ncclCommAbort(made);
+    if (aborted_elsewhere) throw_if_failed("split");
+    throw *failure_;
   }
 
   // --- beyond the Communicator concept ----------------------------------------------------
@@ -483,6 +500,9 @@ class Rank {
     if (failure_) return;
     abort_locked("abort", sequence_, cause);
   }
+
+  /// Whether an abort has begun (set before ncclCommAbort runs); lock-free, any thread.
+  [[nodiscard]] bool aborted() const noexcept { return aborted_.load(std::memory_order_acquire); }
 
   /// The Error the communicator was aborted with, if it was.
   [[nodiscard]] std::optional<Error> failure() const {
@@ -687,6 +707,7 @@ class Rank {
                                  ? nccl::describe_operation(operation, sequence)
                                  : operation;
     failure_.emplace(rank_, name, cause);
+    aborted_.store(true, std::memory_order_release);
     if (comm_) (void)ncclCommAbort(comm_);
     comm_ = nullptr;
     const auto error = std::make_exception_ptr(*failure_);
@@ -874,6 +895,7 @@ class Rank {
   std::size_t async_pending_ = 0;
   std::vector<cudaEvent_t> free_events_;
   std::optional<Error> failure_;
+  std::atomic<bool> aborted_{false};  ///< failure_ is set: readable without mutex_
   std::optional<std::pair<std::string, std::pair<std::uint64_t, std::string>>> deferred_abort_;
 
   std::thread watchdog_;  // last: starts once everything above exists
@@ -940,6 +962,9 @@ class NcclComm : public detail::CollectiveFrontend<NcclComm, device> {
   void abort(const std::string& cause = "aborted by the program") { self().abort(cause); }
   /// The Error that aborted the communicator, if one did.
   [[nodiscard]] std::optional<Error> failure() const { return self().failure(); }
+  /// Whether the communicator has been aborted (or an abort is under way). Unlike failure() it
+  /// takes no lock, so it answers at once even while NCCL's abort is still running.
+  [[nodiscard]] bool aborted() const { return self().aborted(); }
   /// NCCL's communicator, for calls tandem does not make (null once aborted).
   [[nodiscard]] ncclComm_t native() const { return self().native(); }
 

@@ -85,3 +85,10 @@ TEST_CASE("versions: both of NCCL's encodings, and the library this test loaded"
                          << nccl::version_text(loaded));
   CHECK(nccl::native_rooted_collectives == (NCCL_VERSION_CODE >= 22800));
 }
+
+TEST_CASE("split's colour: no_color is NCCL_SPLIT_NOCOLOR, any other colour is itself") {
+  CHECK(nccl::split_color(tandem::no_color) == NCCL_SPLIT_NOCOLOR);
+  CHECK(nccl::split_color(0) == 0);
+  CHECK(nccl::split_color(13) == 13);
+  static_assert(nccl::split_color(7) == 7);
+}

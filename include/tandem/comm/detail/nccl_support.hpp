@@ -127,6 +127,33 @@ inline ncclUniqueId decode_unique_id(std::string_view text, int rank = unknown_r
   return id;
 }
 
+// --- nonblocking communicators
+// ----------------------------------------------------------------------
+//
+// NcclComm makes every communicator nonblocking (ncclConfig_t::blocking = 0), so that no NCCL
+// call can hang and ncclCommAbort can end anything. NCCL's rules for such communicators, from its
+// documentation (communicators.rst, comms.rst) and checked against its source (2.18 to 2.28):
+// - A call may return ncclInProgress, and ncclCommSplit may even return ncclSuccess, while its
+//   work goes on in a thread of NCCL's. The communicator named in the call (for a split: the
+//   parent) reports ncclInProgress through ncclCommGetAsyncError until that work has ended; poll
+//   it. Any other call on it meanwhile is refused ("Attempt to use communicator before the
+//   previous operation returned ncclSuccess", ncclInvalidArgument) and spoils the operation.
+// - *newcomm of ncclCommInitRankConfig and ncclCommSplit is written by that thread when its work
+//   ends (again, for init), and set to NULL for a rank that passed NCCL_SPLIT_NOCOLOR. So the
+//   memory *newcomm points at must stay allocated until the call has settled; after a timeout
+//   it may never be freed, unless the communicator was aborted.
+// - Once ncclCommGetAsyncError has reported ncclSuccess, NCCL has joined its thread; the new
+//   communicator then reports its own state (poll it until it is not ncclInProgress).
+// - ncclCommAbort(parent) stops a split in progress and joins its thread; a child it has already
+//   written must then be aborted as well. Nothing else may call NCCL on the communicator during
+//   ncclCommAbort, and no operation may be outstanding on a communicator being split.
+
+/// NCCL's colour for split(color): tandem's no_color is NCCL_SPLIT_NOCOLOR, any other colour
+/// (already checked to be non-negative) is itself.
+constexpr int split_color(int color) noexcept {
+  return color == no_color ? NCCL_SPLIT_NOCOLOR : color;
+}
+
 // --- versions
 // -------------------------------------------------------------------------------------
 
