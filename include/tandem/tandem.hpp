@@ -27,6 +27,11 @@
 #include "tandem/comm/store.hpp"
 #include "tandem/comm/tcp_store.hpp"
 
+#include "tandem/data/batches.hpp"
+#include "tandem/data/dataset.hpp"
+#include "tandem/data/loader.hpp"
+#include "tandem/data/sampler.hpp"
+
 #include "tandem/ddp/ddp.hpp"
 #include "tandem/ddp/parameters.hpp"
 #include "tandem/ddp/policies.hpp"

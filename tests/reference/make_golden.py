@@ -35,6 +35,14 @@ class Writer:
         flat = [float(v) for v in _flatten(values)]
         self.lines.append(" ".join([key, str(len(flat))] + [v.hex() for v in flat]))
 
+    def record_ints(self, key, values):
+        """Integers in decimal (indices, counts): exact, and a third of the size of hex floats."""
+        if " " in key or key in self.keys:
+            raise ValueError(f"{self.topic}: bad or duplicate key {key!r}")
+        self.keys.add(key)
+        ints = [int(v) for v in values]
+        self.lines.append(" ".join([key, str(len(ints))] + [str(v) for v in ints]))
+
     def write(self):
         import torch
 

@@ -1,0 +1,86 @@
+// tandem/data/cuda_delivery.hpp - tandem::cuda_delivery, the Loader's way to the GPU: batches are
+// gathered into page-locked memory and copied to the device on the loader's own stream; the
+// training stream waits on an event for each batch, so the host never blocks the training stream.
+//   tandem::cuda::Stream train_stream;
+//   tandem::Loader loader(data, sampler | tandem::views::batches(64), {.workers = 2},
+//                         tandem::cuda_delivery(train_stream.get()));
+//   for (const auto& batch : loader) { auto [x, y] = batch.views(); /* kernels on train_stream */ }
+// Needs: the CUDA runtime; include from .cu translation units (nvcc).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <memory>
+
+#include "tandem/cuda/memory.hpp"
+#include "tandem/cuda/runtime.hpp"
+#include "tandem/cuda/stream.hpp"
+#include "tandem/data/loader.hpp"
+
+namespace tandem {
+
+/// Delivers a Loader's batches in device memory: staging in pinned memory, one host-to-device
+/// copy per field on the loader's stream, and two events per slot of the prefetch ring (the
+/// upload done; the training stream done with the slot's previous batch). The consumer's stream
+/// is given at construction; batches must only be read by work on that stream (or work ordered
+/// after it).
+class cuda_delivery {
+ public:
+  using staging_space = pinned;
+  using memory_space = device;
+
+  /// The events of one slot. `consumed_recorded` says whether `consumed` was ever recorded.
+  struct slot {
+    std::unique_ptr<cuda::Event> uploaded;
+    std::unique_ptr<cuda::Event> consumed;
+    bool upload_recorded = false;
+    bool consumed_recorded = false;
+  };
+
+  /// Batches for kernels on `training_stream` (the legacy default stream when null).
+  explicit cuda_delivery(cudaStream_t training_stream = nullptr)
+      : training_(training_stream), copies_(std::make_unique<cuda::Stream>()) {}
+
+  slot make_slot() {
+    return {std::make_unique<cuda::Event>(), std::make_unique<cuda::Event>(), false, false};
+  }
+  /// Pinned staging may be overwritten once the slot's previous upload has read it.
+  void before_gather(slot& s) {
+    if (s.upload_recorded) s.uploaded->synchronize();
+  }
+  /// The copy waits (on the device) for the training stream to be done with the slot's last batch.
+  void upload(slot& s, void* to, const void* from, std::size_t bytes) {
+    if (s.consumed_recorded) copies_->wait(*s.consumed);
+    if (bytes == 0) return;
+    cuda::check(cudaMemcpyAsync(to, from, bytes, cudaMemcpyHostToDevice, copies_->get()),
+                "Loader: cudaMemcpyAsync to the device");
+  }
+  void uploaded(slot& s) {
+    s.uploaded->record(copies_->get());
+    s.upload_recorded = true;
+  }
+  /// The training stream waits for the batch's copies: no host synchronisation.
+  void hand_over(slot& s) {
+    if (s.upload_recorded) {
+      cuda::check(cudaStreamWaitEvent(training_, s.uploaded->get(), 0),
+                  "Loader: cudaStreamWaitEvent");
+    }
+  }
+  void release(slot& s) {
+    s.consumed->record(training_);
+    s.consumed_recorded = true;
+  }
+  void synchronize() { copies_->synchronize(); }
+
+  [[nodiscard]] cudaStream_t training_stream() const noexcept { return training_; }
+  [[nodiscard]] cudaStream_t copy_stream() const noexcept { return copies_->get(); }
+
+ private:
+  cudaStream_t training_;
+  std::unique_ptr<cuda::Stream> copies_;
+};
+
+static_assert(BatchDelivery<cuda_delivery>);
+
+}  // namespace tandem

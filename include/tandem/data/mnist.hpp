@@ -1,0 +1,160 @@
+// tandem/data/mnist.hpp - Fashion-MNIST and MNIST as tandem Datasets: 28x28 images as 784
+// floats normalised the way torchvision's ToTensor + Normalize(mean, std) does, labels as int64.
+//   tandem::FashionMNIST train(tandem::split::train);   // Debian's dataset-fashion-mnist files
+//   tandem::FashionMNIST test(tandem::split::test, "/data/fashion-mnist");
+// Needs: zlib (the tandem::data CMake component), for the .gz files.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tandem/core/error.hpp"
+#include "tandem/data/dataset.hpp"
+#include "tandem/data/idx.hpp"
+
+namespace tandem {
+
+/// Which half of an MNIST-family data set: the training set or the test set (t10k).
+enum class split { train, test };
+
+/// Images and labels of an MNIST-family data set, read from its four IDX files. Sample i is the
+/// image as rows*cols floats, (pixel / 255 - mean) / std exactly as torchvision computes it in
+/// float, and its label as one std::int64_t. The pixels stay bytes in memory (47 MB for 60000
+/// images); the normalisation is a 256-entry table applied as a batch is gathered.
+class IdxImageDataset {
+ public:
+  using fields = sample_fields<float, std::int64_t>;
+
+  /// The two IDX files (plain or .gz) and the normalisation's mean and standard deviation.
+  IdxImageDataset(const std::filesystem::path& images, const std::filesystem::path& labels,
+                  float mean, float std)
+      : mean_(mean), std_(std) {
+    IdxArray image_array = read_idx(images);
+    IdxArray label_array = read_idx(labels);
+    const std::string where = images.string() + " and " + labels.string();
+    if (image_array.type() != idx_type::u8 || image_array.shape().size() != 3) {
+      throw Error("IdxImageDataset " + images.string(),
+                  "expected unsigned bytes in 3 dimensions (count, rows, columns)");
+    }
+    if (label_array.type() != idx_type::u8 || label_array.shape().size() != 1) {
+      throw Error("IdxImageDataset " + labels.string(), "expected unsigned bytes in 1 dimension");
+    }
+    if (image_array.shape()[0] != label_array.shape()[0]) {
+      throw Error("IdxImageDataset " + where,
+                  std::to_string(image_array.shape()[0]) + " images but " +
+                      std::to_string(label_array.shape()[0]) + " labels");
+    }
+    if (image_array.shape()[0] == 0) throw Error("IdxImageDataset " + where, "no samples");
+    if (!(std > 0.0f)) throw Error("IdxImageDataset " + where, "std must be positive");
+    rows_ = image_array.shape()[1];
+    columns_ = image_array.shape()[2];
+    const auto pixels = image_array.values<std::uint8_t>();
+    pixels_.assign(pixels.begin(), pixels.end());
+    const auto label_values = label_array.values<std::uint8_t>();
+    labels_.assign(label_values.begin(), label_values.end());
+    for (unsigned v = 0; v < 256; ++v) {
+      // torchvision: ToTensor divides by 255 in float, Normalize subtracts and divides in float.
+      table_[v] = (static_cast<float>(v) / 255.0f - mean) / std;
+    }
+  }
+
+  [[nodiscard]] std::size_t size() const noexcept { return labels_.size(); }
+  [[nodiscard]] std::array<std::size_t, 2> field_numel() const noexcept {
+    return {rows_ * columns_, 1};
+  }
+  [[nodiscard]] std::size_t rows() const noexcept { return rows_; }
+  [[nodiscard]] std::size_t columns() const noexcept { return columns_; }
+  [[nodiscard]] float mean() const noexcept { return mean_; }
+  [[nodiscard]] float std() const noexcept { return std_; }
+  /// The raw pixels, sample after sample.
+  [[nodiscard]] std::span<const std::uint8_t> pixels() const noexcept { return pixels_; }
+  [[nodiscard]] std::span<const std::uint8_t> labels() const noexcept { return labels_; }
+
+  /// Sample `index` (< size()): its normalised image and its label.
+  void read(std::size_t index, std::span<float> image, std::span<std::int64_t> label) const {
+    const std::size_t pixels = rows_ * columns_;
+    if (index >= size() || image.size() != pixels || label.size() != 1) {
+      throw Error("IdxImageDataset::read", "sample " + std::to_string(index) + " of " +
+                                               std::to_string(size()) + " into spans of " +
+                                               std::to_string(image.size()) + " and " +
+                                               std::to_string(label.size()) + " elements (want " +
+                                               std::to_string(pixels) + " and 1)");
+    }
+    const std::uint8_t* source = pixels_.data() + index * pixels;
+    float* out = image.data();
+    for (std::size_t p = 0; p < pixels; ++p) out[p] = table_[source[p]];
+    label[0] = labels_[index];
+  }
+
+ private:
+  std::vector<std::uint8_t> pixels_;
+  std::vector<std::uint8_t> labels_;
+  std::size_t rows_ = 0;
+  std::size_t columns_ = 0;
+  float mean_ = 0.0f;
+  float std_ = 1.0f;
+  std::array<float, 256> table_{};
+};
+
+namespace detail {
+/// `stem` in `directory`, gzip-compressed or not (the .gz file first).
+inline std::filesystem::path idx_file(const std::filesystem::path& directory, const char* stem) {
+  std::filesystem::path gz = directory / (std::string(stem) + ".gz");
+  if (std::filesystem::exists(gz)) return gz;
+  std::filesystem::path plain = directory / stem;
+  if (std::filesystem::exists(plain)) return plain;
+  throw Error("mnist " + directory.string(),
+              std::string("neither ") + gz.string() + " nor " + plain.string() + " exists");
+}
+
+inline IdxImageDataset mnist_family(const std::filesystem::path& directory, split which, float mean,
+                                    float std) {
+  const bool train = which == split::train;
+  // Images first, so a missing directory is reported by its first file.
+  const auto images =
+      idx_file(directory, train ? "train-images-idx3-ubyte" : "t10k-images-idx3-ubyte");
+  const auto labels =
+      idx_file(directory, train ? "train-labels-idx1-ubyte" : "t10k-labels-idx1-ubyte");
+  return IdxImageDataset(images, labels, mean, std);
+}
+}  // namespace detail
+
+/// Fashion-MNIST (Zalando): 60000 training and 10000 test images of 10 kinds of clothing.
+/// Normalised with the training set's pixel mean 0.2860406 and standard deviation 0.3530242
+/// (over all 47,040,000 training pixels / 255), for both splits, as torchvision users do.
+class FashionMNIST : public IdxImageDataset {
+ public:
+  static constexpr float mean_value = 0.2860406f;
+  static constexpr float std_value = 0.3530242f;
+
+  /// Where the files are looked for: $FASHION_MNIST_DIR, else Debian's dataset-fashion-mnist.
+  static std::filesystem::path default_directory() {
+    if (const char* dir = std::getenv("FASHION_MNIST_DIR"); dir && *dir) return dir;
+    return "/usr/share/datasets/fashion-mnist";
+  }
+
+  explicit FashionMNIST(split which, const std::filesystem::path& directory = default_directory())
+      : IdxImageDataset(detail::mnist_family(directory, which, mean_value, std_value)) {}
+};
+
+/// MNIST (handwritten digits), in the same files and layout; normalised with its usual
+/// mean 0.1307 and standard deviation 0.3081.
+class MNIST : public IdxImageDataset {
+ public:
+  static constexpr float mean_value = 0.1307f;
+  static constexpr float std_value = 0.3081f;
+
+  MNIST(split which, const std::filesystem::path& directory)
+      : IdxImageDataset(detail::mnist_family(directory, which, mean_value, std_value)) {}
+};
+
+static_assert(Dataset<FashionMNIST>);
+
+}  // namespace tandem
