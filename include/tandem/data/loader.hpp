@@ -85,9 +85,6 @@ struct host_delivery {
 };
 static_assert(BatchDelivery<host_delivery>);
 
-template <Dataset D, class Batches, class Delivery = host_delivery>
-class Loader;
-
 /// One batch as the consumer sees it: `size()` samples, each field a contiguous View of
 /// size() x field_numel elements in the delivery's memory space. It stays valid until the
 /// loader's iterator moves past it.
@@ -95,6 +92,13 @@ template <memory_space Space, class... T>
 class Batch {
  public:
   using memory_space = Space;
+
+  Batch() = default;
+  /// What a Loader hands out: `size` samples at `data` (one pointer per field, `numel` elements
+  /// per sample each), batch number `index`, with their data-set indices at `indices`.
+  Batch(std::size_t size, std::size_t index, const std::int64_t* indices, std::tuple<T*...> data,
+        std::array<std::size_t, sizeof...(T)> numel) noexcept
+      : size_(size), index_(index), indices_(indices), data_(data), numel_(numel) {}
 
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
   /// This batch's position in the epoch (0, 1, ...).
@@ -115,9 +119,6 @@ class Batch {
   }
 
  private:
-  template <Dataset D, class B, class Delivery>
-  friend class Loader;
-
   template <std::size_t... K>
   std::tuple<View<T, Space>...> views_of(std::index_sequence<K...>) const {
     return {get<K>()...};
@@ -153,7 +154,7 @@ concept batch_of_indices = std::ranges::sized_range<R> && std::ranges::input_ran
 /// exception thrown by the data set on a worker is rethrown on the consumer's thread at the
 /// batch where it happened (earlier batches are delivered first).
 /// The data set must outlive the Loader; so must a sampler it refers to.
-template <Dataset D, class Batches, class Delivery>
+template <Dataset D, class Batches, class Delivery = host_delivery>
 class Loader {
   static_assert(std::ranges::random_access_range<const Batches> &&
                     std::ranges::sized_range<const Batches>,
@@ -369,18 +370,16 @@ class Loader {
     if (slot.error) std::rethrow_exception(slot.error);
     delivery_.hand_over(slot.transfer);
     handed_ = b;
-    current_.size_ = slot.count;
-    current_.index_ = b;
-    current_.indices_ = slot.indices.data();
     [&]<std::size_t... K>(std::index_sequence<K...>) {
       if constexpr (staged) {
-        current_.data_ = {std::get<K>(slot.delivered).data()...};
+        current_ = batch_type(slot.count, b, slot.indices.data(),
+                              {std::get<K>(slot.delivered).data()...}, numel_);
       } else {
-        current_.data_ = {std::get<K>(slot.staging).data()...};
+        current_ = batch_type(slot.count, b, slot.indices.data(),
+                              {std::get<K>(slot.staging).data()...}, numel_);
       }
     }
     (std::make_index_sequence<field_count>{});
-    current_.numel_ = numel_;
     return current_;
   }
 
