@@ -1,6 +1,10 @@
-# cmake -DMODE=installed|components|subdirectory|readme -DTANDEM_SOURCE_DIR=.. -DCONSUMER_SOURCE_DIR=..
-#       -DWORK_DIR=.. -DGENERATOR=.. -DCXX_COMPILER=.. -P run_consumer.cmake
+# cmake -DMODE=installed|components|cuda|subdirectory|readme|vcpkg -DTANDEM_SOURCE_DIR=..
+#       -DCONSUMER_SOURCE_DIR=.. -DWORK_DIR=.. -DGENERATOR=.. -DCXX_COMPILER=.. [-DCUDA_COMPILER=..]
+#       [-DFEATURES=gloo,mpi] -P run_consumer.cmake
 # Builds and runs the consumer project in a clean directory; any failing step fails the test.
+# MODE=vcpkg runs packaging/vcpkg/portfile.cmake for FEATURES with vcpkg's helpers imitated
+# (vcpkg_helpers.cmake), then builds the usage file's snippets for those features.
+cmake_minimum_required(VERSION 3.25)  # policies of today (IN_LIST, ...) in script mode
 file(REMOVE_RECURSE "${WORK_DIR}")
 file(MAKE_DIRECTORY "${WORK_DIR}")
 
@@ -31,6 +35,72 @@ if(MODE STREQUAL "installed" OR MODE STREQUAL "components" OR MODE STREQUAL "cud
   endif()
   run(${CMAKE_COMMAND} -S "${CONSUMER_SOURCE_DIR}" -B "${WORK_DIR}/consumer-build" ${common}
       -DCMAKE_PREFIX_PATH=${prefix})
+elseif(MODE STREQUAL "vcpkg")
+  string(REPLACE "," ";" FEATURES "${FEATURES}")
+  set(PORT tandem)
+  set(CURRENT_PACKAGES_DIR "${WORK_DIR}/prefix")
+  if("cuda" IN_LIST FEATURES)
+    list(APPEND common -DCMAKE_CUDA_COMPILER=${CUDA_COMPILER})
+  endif()
+  include("${CMAKE_CURRENT_LIST_DIR}/vcpkg_helpers.cmake")
+  include("${TANDEM_SOURCE_DIR}/packaging/vcpkg/portfile.cmake")
+  file(GLOB_RECURSE installed_binaries "${CURRENT_PACKAGES_DIR}/*.a" "${CURRENT_PACKAGES_DIR}/*.so")
+  if(installed_binaries)
+    message(FATAL_ERROR "the port installed compiled files: ${installed_binaries}")
+  endif()
+
+  # The usage file's snippets (runs of indented lines) whose components these features provide.
+  file(STRINGS "${CURRENT_PACKAGES_DIR}/share/${PORT}/usage" usage_lines)
+  set(provided ${FEATURES})
+  if("cuda" IN_LIST FEATURES)
+    list(APPEND provided nccl)  # NCCL comes with the CUDA feature where the toolkit has it
+  endif()
+  set(snippets "")
+  set(block "")
+  set(block_ok TRUE)
+  list(APPEND usage_lines "")
+  foreach(line IN LISTS usage_lines)
+    if(line MATCHES "^  [^ ]")
+      string(APPEND block "${line}\n")
+      if(line MATCHES "COMPONENTS ([a-z ]+)\\)")
+        string(REPLACE " " ";" wanted "${CMAKE_MATCH_1}")
+        foreach(component IN LISTS wanted)
+          if(NOT component IN_LIST provided)
+            set(block_ok FALSE)
+          endif()
+        endforeach()
+      endif()
+    else()
+      if(block AND block_ok)
+        string(APPEND snippets "${block}")
+      endif()
+      set(block "")
+      set(block_ok TRUE)
+    endif()
+  endforeach()
+  if(NOT snippets MATCHES "find_package\\(tandem")
+    message(FATAL_ERROR "the usage file has no find_package(tandem ...) snippet")
+  endif()
+  string(REPLACE "target_link_libraries(main " "target_link_libraries(consumer " snippets "${snippets}")
+  message("usage snippets for [${FEATURES}]:\n${snippets}")
+
+  set(languages CXX)
+  set(source "${CONSUMER_SOURCE_DIR}/main.cpp")
+  if("cuda" IN_LIST FEATURES)
+    set(languages CXX CUDA)
+    set(source "${CONSUMER_SOURCE_DIR}/../cuda/main.cu")
+  elseif("gloo" IN_LIST FEATURES AND "mpi" IN_LIST FEATURES)
+    set(source "${CONSUMER_SOURCE_DIR}/../components/main.cpp")
+  endif()
+  get_filename_component(source_name "${source}" NAME)
+  file(COPY "${source}" DESTINATION "${WORK_DIR}/project")
+  file(WRITE "${WORK_DIR}/project/CMakeLists.txt"
+    "cmake_minimum_required(VERSION 3.25)\n"
+    "project(tandem_vcpkg_consumer LANGUAGES ${languages})\n"
+    "add_executable(consumer ${source_name})\n"
+    "${snippets}")
+  run(${CMAKE_COMMAND} -S "${WORK_DIR}/project" -B "${WORK_DIR}/consumer-build" ${common}
+      -DCMAKE_PREFIX_PATH=${CURRENT_PACKAGES_DIR})
 elseif(MODE STREQUAL "subdirectory")
   run(${CMAKE_COMMAND} -S "${CONSUMER_SOURCE_DIR}" -B "${WORK_DIR}/consumer-build" ${common}
       -DTANDEM_SOURCE_DIR=${TANDEM_SOURCE_DIR})
@@ -49,11 +119,11 @@ elseif(MODE STREQUAL "readme")
   run(${CMAKE_COMMAND} -S "${WORK_DIR}/project" -B "${WORK_DIR}/consumer-build" ${common}
       -DTANDEM_SOURCE_DIR=${TANDEM_SOURCE_DIR})
 else()
-  message(FATAL_ERROR "MODE must be installed, components, cuda, subdirectory or readme, not '${MODE}'")
+  message(FATAL_ERROR "MODE must be installed, components, cuda, subdirectory, readme or vcpkg, not '${MODE}'")
 endif()
 
 run(${CMAKE_COMMAND} --build "${WORK_DIR}/consumer-build")
-if(MODE STREQUAL "cuda")
+if(MODE STREQUAL "cuda" OR source_name MATCHES "[.]cu$")
   # Without a GPU the program exits 77, which ctest reports as skipped (after the build passed).
   execute_process(COMMAND "${WORK_DIR}/consumer-build/consumer" RESULT_VARIABLE result)
   if(result EQUAL 77)

@@ -1,11 +1,12 @@
 // Built against tandem as a user would: four ranks as threads average a vector.
 #include <tandem/tandem.hpp>
 
+#include <atomic>
 #include <cstdio>
 #include <vector>
 
 int main() {
-  int wrong = 0;
+  std::atomic<int> wrong{0};  // the ranks are threads
   tandem::run_local(4, [&](tandem::LocalComm& comm) {
     std::vector<float> values(100, static_cast<float>(comm.rank()));
     comm.all_reduce(values, tandem::ReduceOp::avg);

@@ -1,0 +1,45 @@
+# cmake -DCONAN=<conan> -DTANDEM_SOURCE_DIR=.. -DWORK_DIR=.. -DGENERATOR=.. -DCXX_COMPILER=..
+#       [-DWITH_GLOO=ON] -P run_conan.cmake
+# `conan create packaging/conan` as a user runs it, offline: a Conan home of its own in WORK_DIR
+# (a detected profile, no remotes), C++20, and test_package built and run from a copy in WORK_DIR
+# so the source tree stays clean. With WITH_GLOO, the gloo option on and test_package's Gloo run.
+cmake_minimum_required(VERSION 3.25)
+if(NOT CONAN)
+  message("SKIPPED: no conan on PATH (scripts/setup.sh installs it)")
+  return()
+endif()
+file(REMOVE_RECURSE "${WORK_DIR}")
+file(MAKE_DIRECTORY "${WORK_DIR}")
+set(ENV{CONAN_HOME} "${WORK_DIR}/home")
+set(ENV{CXX} "${CXX_COMPILER}")
+
+function(run)
+  execute_process(COMMAND ${ARGV} COMMAND_ECHO STDOUT COMMAND_ERROR_IS_FATAL ANY)
+endfunction()
+
+run(${CONAN} profile detect)
+run(${CONAN} remote remove "*")  # offline: every package comes from this machine
+file(COPY "${TANDEM_SOURCE_DIR}/packaging/conan/test_package" DESTINATION "${WORK_DIR}")
+
+set(options "")
+if(WITH_GLOO)
+  list(APPEND options -o "tandem/*:gloo=True")
+endif()
+if(GENERATOR STREQUAL "Ninja")
+  list(APPEND options -c tools.cmake.cmaketoolchain:generator=Ninja)
+endif()
+execute_process(
+  COMMAND ${CONAN} create "${TANDEM_SOURCE_DIR}/packaging/conan"
+          --test-folder "${WORK_DIR}/test_package" -s compiler.cppstd=20 ${options}
+  OUTPUT_VARIABLE output ERROR_VARIABLE output RESULT_VARIABLE result)
+message("${output}")
+if(NOT result EQUAL 0)
+  message(FATAL_ERROR "conan create failed: ${result}")
+endif()
+# The test program's own lines, so that a test_package that ran nothing cannot pass.
+if(NOT output MATCHES "LocalComm all_reduce over 4 ranks ok")
+  message(FATAL_ERROR "test_package did not report its LocalComm all_reduce")
+endif()
+if(WITH_GLOO AND NOT output MATCHES "GlooComm all_reduce over 1 rank ok")
+  message(FATAL_ERROR "test_package did not report its Gloo all_reduce")
+endif()
