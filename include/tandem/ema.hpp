@@ -243,13 +243,35 @@ class EMA {
   /// Blends with decay_at(step) and makes `step` the update count. Does not wait on devices. An
   /// Error while the shadow is applied (the live weights are not the active ones then).
   void update(std::size_t step) {
+    update_with(step, [this](T* shadow, detail::ema::opmath_t<T> weight) {
+      View<T, Space> live = params_->values();
+      detail::ema::run_lerp<detail::ema::lerp_into, T>(exec_, live.size(), shadow, live.data(),
+                                                       weight);
+    });
+  }
+
+  /// The lerp weight (1 - decay) that update() would blend with now, as the elements' opmath.
+  [[nodiscard]] detail::ema::opmath_t<T> next_weight() const noexcept {
+    return static_cast<detail::ema::opmath_t<T>>(1.0 - decay_at(updates_ + 1));
+  }
+
+  /// For fused steps (tandem/amp/fused_step.hpp): update() with the blend of the trained values
+  /// done by `blend(shadow, weight)`, which must set shadow[i] = lerp(shadow[i], values[i],
+  /// weight) for every trained value (detail::ema::lerp's arithmetic); the buffers and the count
+  /// are handled here as update() does.
+  template <class Blend>
+  void update_with(Blend&& blend) {
+    update_with(updates_ + 1, std::forward<Blend>(blend));
+  }
+
+ private:
+  template <class Blend>
+  void update_with(std::size_t step, Blend&& blend) {
     require_not_applied("update");
     const double decay = decay_at(step);
     // timm passes weight=1-decay as a Python float; torch rounds it to the element type.
     const auto weight = static_cast<detail::ema::opmath_t<T>>(1.0 - decay);
-    View<T, Space> live = params_->values();
-    detail::ema::run_lerp<detail::ema::lerp_into, T>(exec_, live.size(), shadow_values_.data(),
-                                                     live.data(), weight);
+    blend(shadow_values_.data(), weight);
     View<T, Space> live_buffers = params_->buffer_values();
     if (!live_buffers.empty()) {
       if (options_.average_buffers) {
@@ -263,6 +285,7 @@ class EMA {
     updates_ = step;
   }
 
+ public:
   /// Makes the shadow the active weights: O(1). An Error when already applied.
   void apply_shadow() {
     require_not_applied("apply_shadow");

@@ -202,6 +202,49 @@ class GradScaler {
     return !skip;
   }
 
+  /// For fused steps (tandem/amp/fused_step.hpp): step(opt) with the unscale folded into the
+  /// optimizer's own pass. `check(flag)` must write into *flag (one inf_flag in Space, on
+  /// opt.executor()) 1 if any of opt's gradients is inf or NaN and 0 otherwise, changing none;
+  /// the flag is all-reduced as unscale_'s is. Then, unless it was set, `apply(inv_scale)` runs:
+  /// the step itself, which multiplies each gradient by inv_scale as it reads it (1/scale; 1 when
+  /// unscale_() has already unscaled them, whose check is used instead of `check`). Returns
+  /// whether apply ran. Errors as step(); disabled: apply(1) and true.
+  template <Optimizer O, class Check, class Apply>
+  bool fused_step(O& opt, Check&& check, Apply&& apply) {
+    if (!options_.enabled) {
+      apply(1.0f);
+      return true;
+    }
+    require_started("step");
+    auto& state = state_of(&opt);
+    if (state.where == stage::stepped) {
+      fail("step", "step() has already been called since the last update()");
+    }
+    float inv_scale = 1.0f;
+    if (state.where == stage::ready) {
+      inv_scale = static_cast<float>(1.0 / static_cast<double>(scale_));  // as unscale_()
+      auto exec = opt.executor();
+      using detail::amp::inf_flag;
+      if (state.found_inf.empty()) state.found_inf = Buffer<inf_flag, Space>(1);
+      inf_flag* flag = state.found_inf.data();
+      check(flag);
+      if (all_reduce_found_inf_) {
+        exec.synchronize();
+        all_reduce_found_inf_(View<inf_flag, Space>(flag, 1));
+      }
+      state.read_found_inf = [exec, flag] {
+        return transform_reduce(exec, 1, inf_flag{0}, detail::amp::load_flag{flag},
+                                detail::amp::or_combine{});
+      };
+      state.found_inf_value.reset();
+    }
+    const bool skip = found_inf_of(state) != 0;
+    if (!skip) apply(inv_scale);
+    state.where = stage::stepped;
+    last_step_skipped_ = skip;
+    return !skip;
+  }
+
   /// Updates the scale from this iteration's inf checks: backoff on inf/NaN, growth after
   /// growth_interval clean steps in a row (never to inf), exactly torch._amp_update_scale_.
   /// An Error when no optimizer was unscaled since the last update().

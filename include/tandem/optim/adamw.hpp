@@ -80,8 +80,12 @@ struct adamw_update {
   M neg_step_size;  // -lr / (1 - beta1^step)
   bool maximize;
 
-  TANDEM_HD void operator()(std::size_t i) const {
-    const M gradient = static_cast<M>(grad[i]);
+  TANDEM_HD void operator()(std::size_t i) const { (void)apply(i, static_cast<M>(grad[i])); }
+
+  /// The update of element i given its gradient (read from grad[i] by operator(); a fused step
+  /// passes the unscaled gradient instead). Writes param[i] and the moments; returns the new
+  /// parameter as stored.
+  TANDEM_HD T apply(std::size_t i, M gradient) const {
     const M g = maximize ? -gradient : gradient;
     const M p = multiply(static_cast<M>(param[i]), decay);  // mul_, rounded before the add
     const M m = fused_multiply_add(one_minus_beta1, g, exp_avg[i] * beta1);         // add_(alpha=)
@@ -95,7 +99,9 @@ struct adamw_update {
       max_exp_avg_sq[i] = second;
     }
     const M denom = square_root(second) / bias_correction2_sqrt + eps;
-    param[i] = static_cast<T>(p + (neg_step_size * m) / denom);  // addcdiv_(value=): (v*m)/d
+    const T updated = static_cast<T>(p + (neg_step_size * m) / denom);  // addcdiv_(value=)
+    param[i] = updated;
+    return updated;
   }
 };
 
@@ -186,6 +192,17 @@ class AdamW : public detail::GroupedOptimizer<AdamWOptions, T, Space, E> {
 
   /// One update of every group: one fused pass each (asynchronous on a device executor).
   void step() {
+    step_with(
+        [this](std::size_t, std::size_t size, const auto& update) { run_update(update, size); });
+  }
+
+  /// For fused steps (tandem/amp/fused_step.hpp): step() with its validation, step counts and
+  /// bias corrections, but each group's pass is handed to `run(offset, size, update)` instead of
+  /// being run here: `update` is the detail::adamw_update that step() would run over the arena's
+  /// elements [offset, offset + size) (its pointers already point at element `offset`), and run
+  /// must call update.apply(i, gradient) once for each i in [0, size).
+  template <class Run>
+  void step_with(Run&& run) {
     for (std::size_t g = 0; g < this->groups_.size(); ++g) {
       Group& group = this->groups_[g];
       const AdamWOptions& o = group.options;
@@ -201,11 +218,21 @@ class AdamW : public detail::GroupedOptimizer<AdamWOptions, T, Space, E> {
       const double bias_correction2 = 1 - std::pow(o.betas[1], step);
       const double step_size = o.lr / bias_correction1;
       if (o.amsgrad) {
-        launch<true>(group, moments, step_size, bias_correction2);
+        run(group.offset, group.size,
+            make_update<true>(group, moments, step_size, bias_correction2));
       } else {
-        launch<false>(group, moments, step_size, bias_correction2);
+        run(group.offset, group.size,
+            make_update<false>(group, moments, step_size, bias_correction2));
       }
     }
+  }
+
+  /// Each group's [offset, offset + size) within the arena's values, in group order (a fused
+  /// step checks that they cover every trained value).
+  [[nodiscard]] std::vector<std::pair<std::size_t, std::size_t>> group_slices() const {
+    std::vector<std::pair<std::size_t, std::size_t>> slices;
+    for (const Group& group : this->groups_) slices.emplace_back(group.offset, group.size);
+    return slices;
   }
 
   /// PyTorch's layout: state[i] has "step", "exp_avg", "exp_avg_sq" (and "max_exp_avg_sq" with
@@ -338,31 +365,36 @@ class AdamW : public detail::GroupedOptimizer<AdamWOptions, T, Space, E> {
   using M = state_type;
 
   template <bool Amsgrad>
-  void launch(const Group& group, Moments& moments, double step_size, double bias_correction2) {
+  detail::adamw_update<T, Amsgrad> make_update(const Group& group, Moments& moments,
+                                               double step_size, double bias_correction2) {
     const AdamWOptions& o = group.options;
-    const detail::adamw_update<T, Amsgrad> update{this->values_.data() + group.offset,
-                                                  this->grads_.data() + group.offset,
-                                                  moments.exp_avg.data(),
-                                                  moments.exp_avg_sq.data(),
-                                                  moments.max_exp_avg_sq.data(),
-                                                  static_cast<M>(1 - o.lr * o.weight_decay),
-                                                  static_cast<M>(o.betas[0]),
-                                                  static_cast<M>(1 - o.betas[0]),
-                                                  static_cast<M>(o.betas[1]),
-                                                  static_cast<M>(1 - o.betas[1]),
-                                                  static_cast<M>(std::sqrt(bias_correction2)),
-                                                  static_cast<M>(o.eps),
-                                                  static_cast<M>(-step_size),
-                                                  o.maximize};
+    return detail::adamw_update<T, Amsgrad>{this->values_.data() + group.offset,
+                                            this->grads_.data() + group.offset,
+                                            moments.exp_avg.data(),
+                                            moments.exp_avg_sq.data(),
+                                            moments.max_exp_avg_sq.data(),
+                                            static_cast<M>(1 - o.lr * o.weight_decay),
+                                            static_cast<M>(o.betas[0]),
+                                            static_cast<M>(1 - o.betas[0]),
+                                            static_cast<M>(o.betas[1]),
+                                            static_cast<M>(1 - o.betas[1]),
+                                            static_cast<M>(std::sqrt(bias_correction2)),
+                                            static_cast<M>(o.eps),
+                                            static_cast<M>(-step_size),
+                                            o.maximize};
+  }
+
+  template <bool Amsgrad>
+  void run_update(const detail::adamw_update<T, Amsgrad>& update, std::size_t size) {
 #if defined(TANDEM_OPTIM_X86_DISPATCH)
     if constexpr (std::is_same_v<E, host_exec> && std::is_same_v<T, float>) {
       if (detail::has_avx2_fma()) {
-        detail::adamw_avx2_fma(update, group.size);
+        detail::adamw_avx2_fma(update, size);
         return;
       }
     }
 #endif
-    detail::run_pass(this->exec_, group.size, update);
+    detail::run_pass(this->exec_, size, update);
   }
 
   void ensure(Buffer<state_type, Space>& buffer, std::size_t size) {

@@ -1,0 +1,372 @@
+// tandem/amp/fused_step.hpp - tandem::amp::FusedStep: the non-model part of a mixed-precision AdamW
+// step (GradScaler's inf check and unscale, AdamW, the EMA's lerp, O2's half copy) in two passes.
+//   tandem::amp::FusedStep fused;  fused.step(scaler, adamw, ema, compute);  scaler.update();
+// Needs: the standard library, tandem/amp, tandem/optim/adamw.hpp, tandem/ema.hpp (device: a .cu
+// translation unit with tandem/cuda.hpp).
+//
+// The same results, bit for bit, as the unfused sequence
+//   scaler.step(adamw) (unscale_ + inf check, then adamw.step()); ema.update(); compute.refresh()
+// when the step runs, in two passes instead of four or five: one reads the gradients for the inf
+// check (GradScaler must know before anything is written), the other reads parameters, gradients,
+// both moments and the EMA shadow and writes all of them but the gradients, plus the half copy:
+// 42 bytes per float parameter instead of 62. Differences from the unfused sequence, both by
+// design: the gradients are left scaled (nothing reads them after the step; unscale_ would write
+// them), and a step that finds inf or NaN changes nothing at all - parameters, moments, the EMA
+// shadow and its update count, the half copy - as `if (scaler.step(opt)) ema.update();` would.
+// The optimizer's groups must cover every trained value (the EMA and the cast cover them all).
+//
+// On the host both passes run on `threads` threads (default: this rank's share of the cores,
+// rank_cores()); on float parameters with AVX2, FMA and F16C the update pass is vectorised by hand.
+// On a device executor each pass is one kernel on AdamW's stream.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#if defined(__linux__)
+#include <sched.h>
+#endif
+
+#include "tandem/amp/grad_scaler.hpp"
+#include "tandem/amp/precision.hpp"
+#include "tandem/core/config.hpp"
+#include "tandem/core/error.hpp"
+#include "tandem/ema.hpp"
+#include "tandem/optim/adamw.hpp"
+#include "tandem/tensor/exec.hpp"
+#include "tandem/tensor/memory.hpp"
+
+namespace tandem::amp {
+
+/// How FusedStep runs on the host.
+struct FusedStepOptions {
+  /// Threads for each host pass; 0: rank_cores().
+  int threads = 0;
+  /// A host pass uses no more threads than it has blocks of this many elements (threads cost
+  /// tens of microseconds to start).
+  std::size_t min_elements_per_thread = std::size_t{1} << 16;
+};
+
+/// This rank's share of the machine's cores: the CPUs this process may run on, when it has been
+/// pinned to fewer than the machine has (taskset, numactl, a launcher's binding); otherwise the
+/// machine's cores divided by LOCAL_WORLD_SIZE (set by tandemrun and torchrun; 1 when unset or
+/// not a positive number). At least 1.
+inline int rank_cores() {
+  const int machine = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  int allowed = machine;
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) allowed = std::max(1, CPU_COUNT(&set));
+#endif
+  if (allowed < machine) return allowed;
+  int local_ranks = 1;
+  if (const char* text = std::getenv("LOCAL_WORLD_SIZE")) {
+    char* end = nullptr;
+    const long value = std::strtol(text, &end, 10);
+    if (end != text && *end == '\0' && value > 0 && value <= machine) {
+      local_ranks = static_cast<int>(value);
+    }
+  }
+  return std::max(1, machine / local_ranks);
+}
+
+namespace detail::fused {
+
+/// Runs body(begin, end) over [0, n) split into up to `threads` ranges (multiples of 64
+/// elements, so that no two threads write one cache line), on this thread and threads started
+/// for the call. body must not throw.
+template <class Body>
+void parallel_ranges(int threads, std::size_t min_per_thread, std::size_t n, const Body& body) {
+  const std::size_t useful = std::max<std::size_t>(1, n / std::max<std::size_t>(1, min_per_thread));
+  const auto count = static_cast<std::size_t>(
+      std::min<std::size_t>(static_cast<std::size_t>(std::max(1, threads)), useful));
+  if (count <= 1) {
+    body(std::size_t{0}, n);
+    return;
+  }
+  const std::size_t chunk = ((n + count - 1) / count + 63) / 64 * 64;
+  std::vector<std::thread> pool;
+  pool.reserve(count - 1);
+  for (std::size_t k = 1; k < count; ++k) {
+    const std::size_t begin = std::min(n, k * chunk);
+    const std::size_t end = std::min(n, begin + chunk);
+    if (begin < end) pool.emplace_back([&body, begin, end] { body(begin, end); });
+  }
+  body(std::size_t{0}, std::min(n, chunk));
+  for (auto& thread : pool) thread.join();
+}
+
+/// One element of the fused update: unscale the gradient as GradScaler::unscale_ would store it,
+/// AdamW's update of it (adamw_update::apply), the EMA's lerp towards the new value, and its
+/// cast into the compute copy (`low`, null for none). Hardware: the lerp's fused multiply-add,
+/// as detail::ema::lerp.
+template <class T, bool Amsgrad, class Low, bool Hardware>
+struct adamw_ema_cast {
+  using ema_math = ::tandem::detail::ema::opmath_t<T>;
+  using scale_math = ::tandem::detail::amp::opmath_t<T>;
+
+  optim::detail::adamw_update<T, Amsgrad> update;  ///< pointers at the group's first element
+  T* shadow;                                       ///< likewise
+  Low* low;                                        ///< likewise; null: no compute copy
+  scale_math inv_scale;
+  bool unscale;  ///< inv_scale != 1 (GradScaler then leaves the gradients as they are)
+  ema_math weight;
+
+  TANDEM_HD void operator()(std::size_t i) const {
+    const T gradient =
+        unscale ? T(static_cast<scale_math>(update.grad[i]) * inv_scale) : update.grad[i];
+    const T value = update.apply(i, static_cast<optim::detail::math_t<T>>(gradient));
+    shadow[i] = T(::tandem::detail::ema::lerp<Hardware>(static_cast<ema_math>(shadow[i]),
+                                                        static_cast<ema_math>(value), weight));
+    if (low != nullptr) cast_element<T, Low>{&value, low + i}(0);
+  }
+};
+
+/// Elements [begin, end) one at a time.
+template <class F>
+void run_range(const F& f, std::size_t begin, std::size_t end) {
+  for (std::size_t i = begin; i < end; ++i) f(i);
+}
+
+#if defined(TANDEM_OPTIM_X86_DISPATCH)
+/// The same compiled for AVX2 with FMA: every fused multiply-add one instruction, as in the
+/// unfused passes' clones (detail::run_pass, detail::ema::run_lerp).
+template <class F>
+[[gnu::target("avx2,fma")]] void run_range_fma(const F& f, std::size_t begin, std::size_t end) {
+  for (std::size_t i = begin; i < end; ++i) f(i);
+}
+
+/// The last elements of a range, outside the AVX2 clone (as adamw_scalar_tail, for the same
+/// reason: no contraction of the weight-decay product).
+template <class F>
+[[gnu::noinline]] void run_tail(const F& f, std::size_t begin, std::size_t end) {
+  for (std::size_t i = begin; i < end; ++i) f(i);
+}
+
+/// adamw_ema_cast<float> eight elements at a time: the IEEE operations of adamw_avx2_fma,
+/// lerp_float_avx2_fma and float_to_half_f16c in their order, so the same bits as the unfused
+/// passes on this CPU.
+template <bool Amsgrad, class Low>
+[[gnu::target("avx2,fma,f16c")]] void adamw_ema_cast_avx2(
+    const adamw_ema_cast<float, Amsgrad, Low, true>& f, std::size_t begin, std::size_t end) {
+  const auto& u = f.update;
+  const __m256 sign = _mm256_set1_ps(u.maximize ? -0.0f : 0.0f);
+  const __m256 inv_scale = _mm256_set1_ps(f.inv_scale);
+  const __m256 decay = _mm256_set1_ps(u.decay);
+  const __m256 beta1 = _mm256_set1_ps(u.beta1);
+  const __m256 one_minus_beta1 = _mm256_set1_ps(u.one_minus_beta1);
+  const __m256 beta2 = _mm256_set1_ps(u.beta2);
+  const __m256 one_minus_beta2 = _mm256_set1_ps(u.one_minus_beta2);
+  const __m256 bias_correction2_sqrt = _mm256_set1_ps(u.bias_correction2_sqrt);
+  const __m256 eps = _mm256_set1_ps(u.eps);
+  const __m256 neg_step_size = _mm256_set1_ps(u.neg_step_size);
+  const bool near_start = (f.weight < 0.0f ? -f.weight : f.weight) < 0.5f;
+  const __m256 weight = _mm256_set1_ps(near_start ? f.weight : f.weight - 1.0f);
+  const bool unscale = f.unscale;
+  std::size_t i = begin;
+  for (; i + 8 <= end; i += 8) {
+    __m256 g = _mm256_loadu_ps(u.grad + i);
+    if (unscale) g = _mm256_mul_ps(g, inv_scale);
+    g = _mm256_xor_ps(g, sign);
+    __m256 p = _mm256_mul_ps(_mm256_loadu_ps(u.param + i), decay);
+    __asm__("" : "+x"(p));  // rounded on its own, never fused into the final addition
+    const __m256 m =
+        _mm256_fmadd_ps(one_minus_beta1, g, _mm256_mul_ps(_mm256_loadu_ps(u.exp_avg + i), beta1));
+    const __m256 v = _mm256_fmadd_ps(_mm256_mul_ps(one_minus_beta2, g), g,
+                                     _mm256_mul_ps(_mm256_loadu_ps(u.exp_avg_sq + i), beta2));
+    _mm256_storeu_ps(u.exp_avg + i, m);
+    _mm256_storeu_ps(u.exp_avg_sq + i, v);
+    __m256 second = v;
+    if constexpr (Amsgrad) {
+      const __m256 previous = _mm256_loadu_ps(u.max_exp_avg_sq + i);
+      const __m256 take_v =
+          _mm256_or_ps(_mm256_cmp_ps(v, previous, _CMP_GT_OQ), _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+      second = _mm256_blendv_ps(previous, v, take_v);
+      _mm256_storeu_ps(u.max_exp_avg_sq + i, second);
+    }
+    const __m256 denom =
+        _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(second), bias_correction2_sqrt), eps);
+    const __m256 value = _mm256_add_ps(p, _mm256_div_ps(_mm256_mul_ps(neg_step_size, m), denom));
+    _mm256_storeu_ps(u.param + i, value);
+    const __m256 start = _mm256_loadu_ps(f.shadow + i);
+    _mm256_storeu_ps(f.shadow + i, _mm256_fmadd_ps(weight, _mm256_sub_ps(value, start),
+                                                   near_start ? start : value));
+    if constexpr (std::is_same_v<Low, half>) {
+      if (f.low != nullptr) {
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(f.low + i),
+                         _mm256_cvtps_ph(value, _MM_FROUND_TO_NEAREST_INT));
+      }
+    }
+  }
+  run_tail(f, i, end);
+}
+#endif
+
+/// The inf check on the host: OR of "not finite" over [begin, end).
+template <class T>
+::tandem::detail::amp::inf_flag check_range(const T* grads, std::size_t begin, std::size_t end) {
+  ::tandem::detail::amp::inf_flag found = 0;
+  const ::tandem::detail::amp::check_finite<T> check{grads};
+  for (std::size_t i = begin; i < end; ++i) found |= check(i);
+  return found;
+}
+
+}  // namespace detail::fused
+
+/// The fused non-model step; see the top of this header. Holds only its settings: one object can
+/// serve any number of optimizers.
+class FusedStep {
+ public:
+  explicit FusedStep(FusedStepOptions options = {})
+      : options_(options), threads_(options.threads > 0 ? options.threads : rank_cores()) {}
+
+  /// Host threads per pass.
+  [[nodiscard]] int threads() const noexcept { return threads_; }
+  [[nodiscard]] const FusedStepOptions& options() const noexcept { return options_; }
+
+  /// scaler.step(adamw), ema.update() and compute.refresh(values) as two passes (see the top of
+  /// this header). Returns whether the step ran (false: inf or NaN found, nothing changed). Call
+  /// scaler.update() afterwards, as with scaler.step().
+  template <element_type T, memory_space Space, class E, class EmaExec, PrecisionPolicy P>
+  bool step(GradScaler<Space>& scaler, optim::AdamW<T, Space, E>& adamw,
+            EMA<T, Space, EmaExec>& ema, ComputeWeights<P, Space>& compute) {
+    static_assert(std::is_same_v<typename P::master_type, T>,
+                  "tandem: FusedStep needs the compute weights' master type to be the arena's");
+    if constexpr (P::keeps_master_copy) {
+      if (compute.numel() != ema.values().size()) {
+        throw Error("amp::FusedStep",
+                    "the compute weights have " + std::to_string(compute.numel()) +
+                        " elements, the arena " + std::to_string(ema.values().size()));
+      }
+      return run(scaler, adamw, ema, compute.values().data());
+    } else {
+      const bool stepped = run(scaler, adamw, ema, static_cast<T*>(nullptr));
+      compute.refresh(adamw.executor(), adamw.values());  // only remembers where they are
+      return stepped;
+    }
+  }
+
+  /// The same without a compute copy (O0, or models kept in fp32).
+  template <element_type T, memory_space Space, class E, class EmaExec>
+  bool step(GradScaler<Space>& scaler, optim::AdamW<T, Space, E>& adamw,
+            EMA<T, Space, EmaExec>& ema) {
+    return run(scaler, adamw, ema, static_cast<T*>(nullptr));
+  }
+
+ private:
+  template <class T, class Space, class E, class EmaExec, class Low>
+  bool run(GradScaler<Space>& scaler, optim::AdamW<T, Space, E>& adamw, EMA<T, Space, EmaExec>& ema,
+           Low* low) {
+    if (ema.shadow_applied())
+      throw Error("amp::FusedStep", "the EMA's shadow is applied; restore() it first");
+    const std::size_t n = ema.values().size();  // the arena's trained values
+    if (ema.values().data() != adamw.values().data()) {
+      throw Error("amp::FusedStep",
+                  "the EMA and the optimizer are of different arenas, or the optimizer's groups "
+                  "leave out the first values");
+    }
+    require_cover(adamw.group_slices(), n);
+    const E& exec = adamw.executor();
+    const T* grads = adamw.grads().data();
+    return scaler.fused_step(
+        adamw, [&](::tandem::detail::amp::inf_flag* flag) { check(exec, grads, n, flag); },
+        [&](float inv_scale) {
+          ema.update_with([&](T* shadow, ::tandem::detail::ema::opmath_t<T> weight) {
+            adamw.step_with([&](std::size_t offset, std::size_t size, const auto& update) {
+              update_pass(exec, update, size, shadow + offset, low ? low + offset : nullptr,
+                          inv_scale, weight);
+            });
+          });
+        });
+  }
+
+  static void require_cover(std::vector<std::pair<std::size_t, std::size_t>> slices,
+                            std::size_t n) {
+    std::sort(slices.begin(), slices.end());
+    std::size_t covered = 0;
+    for (const auto& [offset, size] : slices) {
+      if (offset != covered) break;
+      covered += size;
+    }
+    if (covered != n) {
+      throw Error("amp::FusedStep",
+                  "the optimizer's param groups must cover every trained value (the EMA and the "
+                  "cast cover them all); they leave out some of the " +
+                      std::to_string(n) + " values");
+    }
+  }
+
+  template <class E, class T>
+  void check(const E& exec, const T* grads, std::size_t n,
+             ::tandem::detail::amp::inf_flag* flag) const {
+    using ::tandem::detail::amp::inf_flag;
+    if constexpr (std::is_same_v<E, host_exec>) {
+      std::vector<inf_flag> found(static_cast<std::size_t>(threads_), 0);
+      std::atomic<std::size_t> next{0};
+      detail::fused::parallel_ranges(
+          threads_, options_.min_elements_per_thread, n, [&](std::size_t begin, std::size_t end) {
+            found[next.fetch_add(1)] = detail::fused::check_range(grads, begin, end);
+          });
+      inf_flag any = 0;
+      for (inf_flag f : found) any |= f;
+      *flag = any;
+    } else {
+      transform_reduce_into(exec, flag, n, inf_flag{0},
+                            ::tandem::detail::amp::check_finite<T>{grads},
+                            ::tandem::detail::amp::or_combine{});
+    }
+  }
+
+  template <class E, class T, bool Amsgrad, class Low>
+  void update_pass(const E& exec, const optim::detail::adamw_update<T, Amsgrad>& update,
+                   std::size_t size, T* shadow, Low* low, float inv_scale,
+                   ::tandem::detail::ema::opmath_t<T> weight) const {
+    using scale_math = ::tandem::detail::amp::opmath_t<T>;
+    const bool unscale = inv_scale != 1.0f;
+    const auto make = [&]<bool Hardware>() {
+      return detail::fused::adamw_ema_cast<T, Amsgrad, Low, Hardware>{
+          update, shadow, low, static_cast<scale_math>(inv_scale), unscale, weight};
+    };
+    if constexpr (std::is_same_v<E, host_exec>) {
+#if defined(TANDEM_OPTIM_X86_DISPATCH)
+      if (optim::detail::has_avx2_fma()) {
+        const auto f = make.template operator()<true>();
+        constexpr bool vector_float =
+            std::is_same_v<T, float> && (std::is_same_v<Low, half> || std::is_same_v<Low, float>);
+        const bool f16c = detail::has_f16c();
+        detail::fused::parallel_ranges(threads_, options_.min_elements_per_thread, size,
+                                       [&](std::size_t begin, std::size_t end) {
+                                         if constexpr (vector_float) {
+                                           if (f16c) {
+                                             detail::fused::adamw_ema_cast_avx2(f, begin, end);
+                                             return;
+                                           }
+                                         }
+                                         detail::fused::run_range_fma(f, begin, end);
+                                       });
+        return;
+      }
+#endif
+      const auto f = make.template operator()<false>();
+      detail::fused::parallel_ranges(
+          threads_, options_.min_elements_per_thread, size,
+          [&](std::size_t begin, std::size_t end) { detail::fused::run_range(f, begin, end); });
+    } else {
+      for_each_index(exec, size, make.template operator()<false>());
+    }
+  }
+
+  FusedStepOptions options_;
+  int threads_;
+};
+
+}  // namespace tandem::amp
