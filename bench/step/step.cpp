@@ -9,6 +9,8 @@
 //   bench_step [--params N] [--repeats R] [--threads T]   prints a Markdown table, RESULT lines
 // Bandwidth counts the bytes each pass must read and write once (memcpy: read + write).
 // --threads: the fused step's threads (default amp::rank_cores(), this rank's share).
+// --poison: one gradient is inf, every training step is skipped, and the run must fail (exit 1):
+// the check of the checks.
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
@@ -16,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -64,16 +67,21 @@ int main(int argc, char** argv) {
   std::size_t n = 124'000'000;
   int repeats = 5;
   int threads = tandem::amp::rank_cores();
+  bool poison =
+      false;  // --poison: one gradient is inf, so every step is skipped and the run must fail
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--params" && i + 1 < argc) {
       n = parse_size(argv[++i]);
     } else if (arg == "--repeats" && i + 1 < argc) {
       repeats = static_cast<int>(parse_size(argv[++i]));
+    } else if (arg == "--poison") {
+      poison = true;
     } else if (arg == "--threads" && i + 1 < argc) {
       threads = static_cast<int>(parse_size(argv[++i]));
     } else {
-      std::fprintf(stderr, "usage: bench_step [--params N] [--repeats R] [--threads T]\n");
+      std::fprintf(stderr,
+                   "usage: bench_step [--params N] [--repeats R] [--threads T] [--poison]\n");
       return 2;
     }
   }
@@ -96,6 +104,7 @@ int main(int argc, char** argv) {
   tandem::GradScaler scaler;
   std::vector<float> copy_target(n);
 
+  if (poison) grads[n / 2] = std::numeric_limits<float>::infinity();
   const std::vector<float> original_grads(grads.begin(), grads.end());
 
   // Training steps as a program runs them: fresh gradients (restored: GradScaler unscales them in
