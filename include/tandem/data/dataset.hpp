@@ -49,6 +49,8 @@ inline constexpr bool reads_fields<D, sample_fields<T...>> = sizeof...(T) > 0 &&
 /// 3. `d.field_numel()` gives, per field, the elements one sample holds (a std::array);
 /// 4. `d.read(i, std::span<T>... out)` writes sample i's fields into `out`, one span per field of
 ///    exactly field_numel() elements; it may be called from several threads at once.
+/// A data set may also offer `d.prefetch(i)`, a hint that sample i is read next (a Loader gives
+/// it one sample ahead), to start fetching it from memory or storage.
 template <class D>
 concept Dataset = requires(const D& dataset) {
   typename D::fields;
@@ -56,6 +58,12 @@ concept Dataset = requires(const D& dataset) {
   { dataset.field_numel() } -> std::convertible_to<std::array<std::size_t, D::fields::count>>;
 }
 &&detail::reads_fields<D, typename D::fields>;
+
+/// Whether D takes prefetch hints (`d.prefetch(i)`).
+template <class D>
+concept prefetching_dataset = requires(const D& dataset, std::size_t index) {
+  dataset.prefetch(index);
+};
 
 /// The element type of field K of data set D.
 template <Dataset D, std::size_t K>

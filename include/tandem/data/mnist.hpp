@@ -15,11 +15,43 @@
 #include <utility>
 #include <vector>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
 #include "tandem/core/error.hpp"
 #include "tandem/data/dataset.hpp"
 #include "tandem/data/idx.hpp"
 
 namespace tandem {
+
+namespace detail {
+
+#if defined(__x86_64__) || defined(__i386__)
+#define TANDEM_DATA_HAS_AVX2_PATH 1
+// torchvision's arithmetic, eight pixels at a time: (float(p) / 255 - mean) / std, each operation
+// rounded in float exactly as the scalar table computes it (no reciprocal, no fused operation).
+[[gnu::target("avx2")]] inline void normalize_pixels_avx2(const std::uint8_t* in, float* out,
+                                                          std::size_t n, float mean, float std) {
+  const __m256 scale = _mm256_set1_ps(255.0f);
+  const __m256 shift = _mm256_set1_ps(mean);
+  const __m256 spread = _mm256_set1_ps(std);
+  std::size_t p = 0;
+  for (; p + 8 <= n; p += 8) {
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(in + p));
+    const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+    _mm256_storeu_ps(out + p, _mm256_div_ps(_mm256_sub_ps(_mm256_div_ps(v, scale), shift), spread));
+  }
+  for (; p < n; ++p) out[p] = (static_cast<float>(in[p]) / 255.0f - mean) / std;
+}
+
+inline bool cpu_has_avx2() noexcept {
+  static const bool available = __builtin_cpu_supports("avx2");
+  return available;
+}
+#endif
+
+}  // namespace detail
 
 /// Which half of an MNIST-family data set: the training set or the test set (t10k).
 enum class split { train, test };
@@ -27,7 +59,8 @@ enum class split { train, test };
 /// Images and labels of an MNIST-family data set, read from its four IDX files. Sample i is the
 /// image as rows*cols floats, (pixel / 255 - mean) / std exactly as torchvision computes it in
 /// float, and its label as one std::int64_t. The pixels stay bytes in memory (47 MB for 60000
-/// images); the normalisation is a 256-entry table applied as a batch is gathered.
+/// images) and are normalised as a batch is gathered: eight at a time with AVX2 where the CPU
+/// has it, else through a 256-entry table; both give torchvision's floats bit for bit.
 class IdxImageDataset {
  public:
   using fields = sample_fields<float, std::int64_t>;
@@ -77,6 +110,15 @@ class IdxImageDataset {
   [[nodiscard]] std::span<const std::uint8_t> pixels() const noexcept { return pixels_; }
   [[nodiscard]] std::span<const std::uint8_t> labels() const noexcept { return labels_; }
 
+  /// A hint that sample `index` is read next: its pixels are fetched into the cache, so that a
+  /// shuffled epoch does not wait on memory for every row.
+  void prefetch(std::size_t index) const noexcept {
+    if (index >= size()) return;
+    const std::size_t pixels = rows_ * columns_;
+    const auto* row = reinterpret_cast<const char*>(pixels_.data() + index * pixels);
+    for (std::size_t offset = 0; offset < pixels; offset += 64) __builtin_prefetch(row + offset);
+  }
+
   /// Sample `index` (< size()): its normalised image and its label.
   void read(std::size_t index, std::span<float> image, std::span<std::int64_t> label) const {
     const std::size_t pixels = rows_ * columns_;
@@ -89,6 +131,13 @@ class IdxImageDataset {
     }
     const std::uint8_t* source = pixels_.data() + index * pixels;
     float* out = image.data();
+#if defined(TANDEM_DATA_HAS_AVX2_PATH)
+    if (detail::cpu_has_avx2()) {
+      detail::normalize_pixels_avx2(source, out, pixels, mean_, std_);
+      label[0] = labels_[index];
+      return;
+    }
+#endif
     for (std::size_t p = 0; p < pixels; ++p) out[p] = table_[source[p]];
     label[0] = labels_[index];
   }
