@@ -29,6 +29,7 @@ namespace tandem {
 /// element types only (an integer average would silently truncate).
 enum class ReduceOp { sum, avg, prod, min, max };
 
+/// The operation's name as torch.distributed spells it ("sum", "avg", ...), for messages.
 constexpr const char* name(ReduceOp op) noexcept {
   switch (op) {
     case ReduceOp::sum:
@@ -158,6 +159,7 @@ class WorkState {
 class [[nodiscard]] Work {
  public:
   Work() = default;
+  /// Watches the operation whose shared state a backend made.
   explicit Work(std::shared_ptr<detail::WorkState> state) : state_(std::move(state)) {}
 
   /// Blocks until the operation has finished; rethrows its failure (a tandem::Error).
@@ -191,6 +193,7 @@ class [[nodiscard]] Work {
 /// A backend opts in as a communicator with `using communicator_concept = communicator_tag;`.
 struct communicator_tag {};
 
+/// True for a type that opted in with `using communicator_concept = communicator_tag;`.
 template <class C>
 inline constexpr bool enable_communicator = requires {
   typename C::communicator_concept;
@@ -278,6 +281,7 @@ template <Communicator C>
   return comm.split(0, static_cast<int>(position - ranks.begin()));
 }
 
+/// new_group with the ranks listed in braces: `tandem::new_group(comm, {0, 2})`.
 template <Communicator C>
 [[nodiscard]] std::optional<C> new_group(C& comm, std::initializer_list<int> ranks) {
   return new_group(comm, std::span<const int>(ranks.begin(), ranks.size()));

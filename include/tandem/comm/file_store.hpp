@@ -31,8 +31,9 @@
 
 namespace tandem {
 
+/// What a FileStore takes besides its path.
 struct FileStoreOptions {
-  Timeout timeout = default_timeout;
+  Timeout timeout = default_timeout;  ///< the default timeout of get() and wait()
 };
 
 /// A Store in a file. The file is an append-only log of records: a set record is the byte 'S',
@@ -53,18 +54,23 @@ struct FileStoreOptions {
 /// handle.
 class FileStore {
  public:
+  /// Opts in as a tandem::Store.
   using store_concept = store_tag;
 
+  /// Opens (or creates) the store's file at `path`; see the class for when it starts empty.
   explicit FileStore(std::filesystem::path path, FileStoreOptions options = {})
       : state_(std::make_shared<State>(std::move(path))), timeout_(options.timeout) {}
 
+  /// Stores `value` under `key`, replacing what was there (Store requirement 2).
   void set(const std::string& key, std::string_view value) {
     Session session(*state_);
     session.append_set(key, value);
   }
 
+  /// The value under `key`, waiting at most timeout() for the key to exist (requirement 3).
   [[nodiscard]] std::string get(const std::string& key) { return get(key, timeout_); }
 
+  /// The value under `key`, waiting at most `timeout` for the key to exist.
   [[nodiscard]] std::string get(const std::string& key, Timeout timeout) {
     std::string value;
     const bool found = poll_until(timeout, [&] {
@@ -78,6 +84,8 @@ class FileStore {
     return value;
   }
 
+  /// Atomically adds `delta` to the decimal counter under `key` (missing: 0); the new value
+  /// (requirement 4).
   std::int64_t add(const std::string& key, std::int64_t delta) {
     Session session(*state_);
     const auto it = state_->map.find(key);
@@ -87,6 +95,8 @@ class FileStore {
     return value;
   }
 
+  /// Sets `key` to `desired` when it holds `expected` (or is missing and `expected` is empty), as
+  /// torch does; returns the value it holds then (requirement 5).
   std::string compare_set(const std::string& key, std::string_view expected,
                           std::string_view desired) {
     Session session(*state_);
@@ -97,8 +107,10 @@ class FileStore {
     return outcome.result;
   }
 
+  /// Blocks until every key exists, at most timeout() (requirement 6).
   void wait(std::span<const std::string> keys) { wait(keys, timeout_); }
 
+  /// Blocks until every key exists, at most `timeout`.
   void wait(std::span<const std::string> keys, Timeout timeout) {
     std::vector<std::string> missing;
     const bool found = poll_until(timeout, [&] {
@@ -112,12 +124,14 @@ class FileStore {
     if (!found) throw detail::wait_timeout_error("FileStore", missing, timeout);
   }
 
+  /// True when every key exists; never blocks (requirement 7).
   [[nodiscard]] bool check(std::span<const std::string> keys) {
     Session session(*state_);
     return std::all_of(keys.begin(), keys.end(),
                        [&](const std::string& key) { return state_->map.contains(key); });
   }
 
+  /// Removes `key`; says whether it was there (requirement 8).
   bool delete_key(const std::string& key) {
     Session session(*state_);
     if (!state_->map.contains(key)) return false;
@@ -125,14 +139,18 @@ class FileStore {
     return true;
   }
 
+  /// Number of keys in the store (requirement 9).
   [[nodiscard]] std::int64_t num_keys() {
     Session session(*state_);
     return static_cast<std::int64_t>(state_->map.size());
   }
 
+  /// The default timeout of get() and wait().
   [[nodiscard]] Timeout timeout() const { return timeout_; }
+  /// Changes the default timeout of get() and wait().
   void set_timeout(Timeout timeout) { timeout_ = timeout; }
 
+  /// The store's file.
   [[nodiscard]] const std::filesystem::path& path() const noexcept { return state_->path; }
 
  private:

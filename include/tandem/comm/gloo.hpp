@@ -702,9 +702,12 @@ class Rank : public IssueOrder {
 /// has its own gloo connections.
 class GlooComm : public detail::CollectiveFrontend<GlooComm, host> {
  public:
+  /// What init_process_group<GlooComm> and rendezvous take besides the World and the store.
   using options_type = GlooCommOptions;
 
+  /// Moves the group's connections; the moved-from GlooComm may only be destroyed or assigned.
   GlooComm(GlooComm&&) noexcept = default;
+  /// Moves the group's connections; the moved-from GlooComm may only be destroyed or assigned.
   GlooComm& operator=(GlooComm&&) noexcept = default;
   ~GlooComm() = default;
 
@@ -726,6 +729,7 @@ class GlooComm : public detail::CollectiveFrontend<GlooComm, host> {
                                                               name, options));
   }
 
+  /// The options this group was made with.
   [[nodiscard]] const GlooCommOptions& options() const { return self().options(); }
   /// The store this group met in (shared: copies see the same keys).
   [[nodiscard]] AnyStore store() const { return self().store(); }

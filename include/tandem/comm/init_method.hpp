@@ -18,8 +18,10 @@ namespace tandem {
 
 /// Where the ranks of a job meet: a TCP store hosted by rank 0, or a shared file.
 struct InitMethod {
+  /// How the ranks meet: env:// (MASTER_ADDR and MASTER_PORT), tcp://host:port, or file:///path.
   enum class Scheme { env, tcp, file };
 
+  /// Which of the three the URL named.
   Scheme scheme = Scheme::env;
   std::string host;               ///< env, tcp: the address rank 0 listens on and the others reach
   std::uint16_t port = 0;         ///< env, tcp

@@ -255,9 +255,12 @@ class Rank : public IssueOrder {
 /// detail::CollectiveFrontend.
 class LocalComm : public detail::CollectiveFrontend<LocalComm, host> {
  public:
+  /// What init_process_group<LocalComm>, create_group and run_local take.
   using options_type = LocalCommOptions;
 
+  /// Moves this rank's membership; the moved-from LocalComm may only be destroyed or assigned.
   LocalComm(LocalComm&&) noexcept = default;
+  /// Moves this rank's membership; the moved-from LocalComm may only be destroyed or assigned.
   LocalComm& operator=(LocalComm&&) noexcept = default;
   ~LocalComm() = default;
 
@@ -288,6 +291,7 @@ class LocalComm : public detail::CollectiveFrontend<LocalComm, host> {
     return pending_groups().take(std::stoull(published.substr(colon + 1)), world.rank);
   }
 
+  /// The options this group was made with.
   [[nodiscard]] const LocalCommOptions& options() const { return self().group()->options(); }
 
  private:

@@ -98,6 +98,7 @@
 
 namespace tandem {
 
+/// What MpiComm::world, duplicate and init_process_group<MpiComm> take.
 struct MpiCommOptions {
   /// How long an `_async` operation may stay pending (queued or inside MPI) before its Work
   /// fails and the communicator becomes unusable; also how long a sync collective waits for the
@@ -272,11 +273,17 @@ class State {
 /// MpiComm::world() (every process of the job) or MpiComm::duplicate(comm), subgroups with split.
 class MpiComm {
  public:
+  /// Opts in as a tandem::Communicator.
   using communicator_concept = communicator_tag;
+  /// The memory its operations take tensors in: host (device tensors are staged through pinned
+  /// memory).
   using memory_space = host;
+  /// What init_process_group<MpiComm>, world() and duplicate() take.
   using options_type = MpiCommOptions;
 
+  /// Moves the communicator; the moved-from MpiComm may only be destroyed or assigned.
   MpiComm(MpiComm&&) noexcept = default;
+  /// Moves the communicator; the moved-from MpiComm may only be destroyed or assigned.
   MpiComm& operator=(MpiComm&&) noexcept = default;
   ~MpiComm() = default;
 
@@ -328,8 +335,11 @@ class MpiComm {
     return detail::mpi::Runtime::instance().thread_level();
   }
 
+  /// This process's rank in the group.
   [[nodiscard]] int rank() const { return self().rank(); }
+  /// Number of ranks in the group.
   [[nodiscard]] int size() const { return self().size(); }
+  /// The options this communicator was made with.
   [[nodiscard]] const MpiCommOptions& options() const { return self().options(); }
   /// The MPI communicator underneath (owned by this MpiComm), for calls tandem does not make.
   [[nodiscard]] MPI_Comm native() const { return self().comm(); }
@@ -341,6 +351,7 @@ class MpiComm {
   void all_reduce(T&& t, ReduceOp op = ReduceOp::sum) {
     all_reduce(t, t, op);
   }
+  /// Out of place: every rank's `out` becomes the reduction of all ranks' `in` (same sizes).
   template <Tensor In, Tensor Out>
   void all_reduce(In&& in, Out&& out, ReduceOp op = ReduceOp::sum) {
     if constexpr (detail::needs_staging<memory_space, In, Out>) {
@@ -349,10 +360,12 @@ class MpiComm {
       run_sync("all_reduce", true, [&] { return all_reduce_call(in, out, op); });
     }
   }
+  /// all_reduce in place, without waiting: the Work completes when it has.
   template <Tensor T>
   Work all_reduce_async(T&& t, ReduceOp op = ReduceOp::sum) {
     return all_reduce_async(t, t, op);
   }
+  /// all_reduce out of place, without waiting: the Work completes when it has.
   template <Tensor In, Tensor Out>
   Work all_reduce_async(In&& in, Out&& out, ReduceOp op = ReduceOp::sum) {
     if constexpr (detail::needs_staging<memory_space, In, Out>) {
@@ -365,6 +378,7 @@ class MpiComm {
 
   // --- reduce (result on root only) -------------------------------------------------------------
 
+  /// The reduction of all ranks' `t` into `root`'s `t`; the others' `t` is left unchanged.
   template <Tensor T>
   void reduce(T&& t, int root, ReduceOp op = ReduceOp::sum) {
     if constexpr (detail::needs_staging<memory_space, T>) {
@@ -375,6 +389,7 @@ class MpiComm {
       run_sync("reduce", true, [&] { return reduce_call(t, root, op); });
     }
   }
+  /// reduce, without waiting: the Work completes when it has.
   template <Tensor T>
   Work reduce_async(T&& t, int root, ReduceOp op = ReduceOp::sum) {
     if constexpr (detail::needs_staging<memory_space, T>) {
@@ -388,6 +403,7 @@ class MpiComm {
 
   // --- broadcast --------------------------------------------------------------------------------
 
+  /// Every rank's `t` becomes `root`'s `t`.
   template <Tensor T>
   void broadcast(T&& t, int root) {
     if constexpr (detail::needs_staging<memory_space, T>) {
@@ -397,6 +413,7 @@ class MpiComm {
       run_sync("broadcast", true, [&] { return broadcast_call(t, root); });
     }
   }
+  /// broadcast, without waiting: the Work completes when it has.
   template <Tensor T>
   Work broadcast_async(T&& t, int root) {
     if constexpr (detail::needs_staging<memory_space, T>) {
@@ -410,6 +427,7 @@ class MpiComm {
 
   // --- all_gather: out holds size() * in.size() elements, rank r's at r * in.size() -----------
 
+  /// Every rank's `out` (size() * in.size() elements) gets rank r's `in` at offset r * in.size().
   template <Tensor In, Tensor Out>
   void all_gather(In&& in, Out&& out) {
     if constexpr (detail::needs_staging<memory_space, In, Out>) {
@@ -418,6 +436,7 @@ class MpiComm {
       run_sync("all_gather", true, [&] { return all_gather_call(in, out); });
     }
   }
+  /// all_gather, without waiting: the Work completes when it has.
   template <Tensor In, Tensor Out>
   Work all_gather_async(In&& in, Out&& out) {
     if constexpr (detail::needs_staging<memory_space, In, Out>) {
@@ -430,6 +449,8 @@ class MpiComm {
 
   // --- gather: out (size() * in.size() elements) is used on the root only -------------------
 
+  /// `root`'s `out` (size() * in.size() elements) gets rank r's `in` at offset r * in.size(); `out`
+  /// matters on `root` only.
   template <Tensor In, Tensor Out>
   void gather(In&& in, Out&& out, int root) {
     if constexpr (detail::needs_staging<memory_space, In, Out>) {
@@ -438,6 +459,7 @@ class MpiComm {
       run_sync("gather", true, [&] { return gather_call(in, out, root); });
     }
   }
+  /// gather, without waiting: the Work completes when it has.
   template <Tensor In, Tensor Out>
   Work gather_async(In&& in, Out&& out, int root) {
     if constexpr (detail::needs_staging<memory_space, In, Out>) {
@@ -450,6 +472,8 @@ class MpiComm {
 
   // --- scatter: in (size() * out.size() elements) is used on the root only ------------------
 
+  /// Rank r's `out` gets the r-th slice of `root`'s `in` (size() * out.size() elements, read on
+  /// `root` only).
   template <Tensor In, Tensor Out>
   void scatter(In&& in, Out&& out, int root) {
     if constexpr (detail::needs_staging<memory_space, In, Out>) {
@@ -458,6 +482,7 @@ class MpiComm {
       run_sync("scatter", true, [&] { return scatter_call(in, out, root); });
     }
   }
+  /// scatter, without waiting: the Work completes when it has.
   template <Tensor In, Tensor Out>
   Work scatter_async(In&& in, Out&& out, int root) {
     if constexpr (detail::needs_staging<memory_space, In, Out>) {
@@ -470,6 +495,8 @@ class MpiComm {
 
   // --- reduce_scatter: in holds size() * out.size() elements --------------------------------
 
+  /// Rank r's `out` becomes the reduction of slice r of every rank's `in` (size() * out.size()
+  /// elements).
   template <Tensor In, Tensor Out>
   void reduce_scatter(In&& in, Out&& out, ReduceOp op = ReduceOp::sum) {
     if constexpr (detail::needs_staging<memory_space, In, Out>) {
@@ -478,6 +505,7 @@ class MpiComm {
       run_sync("reduce_scatter", true, [&] { return reduce_scatter_call(in, out, op); });
     }
   }
+  /// reduce_scatter, without waiting: the Work completes when it has.
   template <Tensor In, Tensor Out>
   Work reduce_scatter_async(In&& in, Out&& out, ReduceOp op = ReduceOp::sum) {
     if constexpr (detail::needs_staging<memory_space, In, Out>) {
@@ -490,6 +518,7 @@ class MpiComm {
 
   // --- all_to_all: in and out hold size() * k elements; slot s of in goes to rank s ---------
 
+  /// Slice s of rank r's `in` becomes slice r of rank s's `out` (both size() equal slices).
   template <Tensor In, Tensor Out>
   void all_to_all(In&& in, Out&& out) {
     if constexpr (detail::needs_staging<memory_space, In, Out>) {
@@ -498,6 +527,7 @@ class MpiComm {
       run_sync("all_to_all", true, [&] { return all_to_all_call(in, out); });
     }
   }
+  /// all_to_all, without waiting: the Work completes when it has.
   template <Tensor In, Tensor Out>
   Work all_to_all_async(In&& in, Out&& out) {
     if constexpr (detail::needs_staging<memory_space, In, Out>) {
@@ -519,6 +549,7 @@ class MpiComm {
       run_sync("send", false, [&] { return send_call(t, peer, tag); });
     }
   }
+  /// send, without waiting: the Work completes when `t` may be reused.
   template <Tensor T>
   Work send_async(T&& t, int peer, int tag = 0) {
     if constexpr (detail::needs_staging<memory_space, T>) {
@@ -537,6 +568,7 @@ class MpiComm {
       run_sync("recv", false, [&] { return recv_call(t, peer, tag); });
     }
   }
+  /// recv, without waiting: the Work completes when `t` holds the message.
   template <Tensor T>
   Work recv_async(T&& t, int peer, int tag = 0) {
     if constexpr (detail::needs_staging<memory_space, T>) {
@@ -549,9 +581,11 @@ class MpiComm {
 
   // --- barrier and split --------------------------------------------------------------------
 
+  /// Blocks until every rank of the group has called barrier.
   void barrier() {
     run_sync("barrier", true, [&] { return barrier_call(); });
   }
+  /// barrier, without waiting: the Work completes when every rank has arrived.
   Work barrier_async() { return self().launch(barrier_call()); }
 
   /// Collective: ranks with the same `color` form a new group, ordered by (key, rank here);

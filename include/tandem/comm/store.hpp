@@ -33,6 +33,7 @@ namespace tandem {
 /// A store opts in with `using store_concept = store_tag;`.
 struct store_tag {};
 
+/// True for a type that opted in with `using store_concept = store_tag;`.
 template <class S>
 inline constexpr bool enable_store = requires {
   typename S::store_concept;
@@ -170,11 +171,14 @@ inline std::uint64_t load_u64(const char* bytes) {
 /// each copy has its own timeout). Thread-safe, but for set_timeout on a shared handle.
 class HashStore {
  public:
+  /// Opts in as a tandem::Store.
   using store_concept = store_tag;
 
+  /// An empty store whose get() and wait() wait at most `timeout` by default.
   explicit HashStore(Timeout timeout = default_timeout)
       : state_(std::make_shared<State>()), timeout_(timeout) {}
 
+  /// Stores `value` under `key`, replacing what was there (Store requirement 2).
   void set(const std::string& key, std::string_view value) {
     {
       std::lock_guard lock(state_->mutex);
@@ -183,8 +187,10 @@ class HashStore {
     state_->changed.notify_all();
   }
 
+  /// The value under `key`, waiting at most timeout() for the key to exist (requirement 3).
   [[nodiscard]] std::string get(const std::string& key) { return get(key, timeout_); }
 
+  /// The value under `key`, waiting at most `timeout` for the key to exist.
   [[nodiscard]] std::string get(const std::string& key, Timeout timeout) {
     const Deadline deadline(timeout);
     std::unique_lock lock(state_->mutex);
@@ -197,6 +203,8 @@ class HashStore {
     }
   }
 
+  /// Atomically adds `delta` to the decimal counter under `key` (missing: 0); the new value
+  /// (requirement 4).
   std::int64_t add(const std::string& key, std::int64_t delta) {
     std::int64_t value = 0;
     {
@@ -210,6 +218,8 @@ class HashStore {
     return value;
   }
 
+  /// Sets `key` to `desired` when it holds `expected` (or is missing and `expected` is empty), as
+  /// torch does; returns the value it holds then (requirement 5).
   std::string compare_set(const std::string& key, std::string_view expected,
                           std::string_view desired) {
     detail::CompareSetOutcome outcome;
@@ -224,8 +234,10 @@ class HashStore {
     return outcome.result;
   }
 
+  /// Blocks until every key exists, at most timeout() (requirement 6).
   void wait(std::span<const std::string> keys) { wait(keys, timeout_); }
 
+  /// Blocks until every key exists, at most `timeout`.
   void wait(std::span<const std::string> keys, Timeout timeout) {
     const Deadline deadline(timeout);
     std::unique_lock lock(state_->mutex);
@@ -240,22 +252,27 @@ class HashStore {
     }
   }
 
+  /// True when every key exists; never blocks (requirement 7).
   [[nodiscard]] bool check(std::span<const std::string> keys) {
     std::lock_guard lock(state_->mutex);
     return all_present(keys);
   }
 
+  /// Removes `key`; says whether it was there (requirement 8).
   bool delete_key(const std::string& key) {
     std::lock_guard lock(state_->mutex);
     return state_->map.erase(key) > 0;
   }
 
+  /// Number of keys in the store (requirement 9).
   [[nodiscard]] std::int64_t num_keys() {
     std::lock_guard lock(state_->mutex);
     return static_cast<std::int64_t>(state_->map.size());
   }
 
+  /// The default timeout of get() and wait().
   [[nodiscard]] Timeout timeout() const { return timeout_; }
+  /// Changes the default timeout of get() and wait().
   void set_timeout(Timeout timeout) { timeout_ = timeout; }
 
  private:
@@ -295,37 +312,54 @@ class HashStore {
 template <Store S>
 class PrefixStore {
  public:
+  /// Opts in as a tandem::Store.
   using store_concept = store_tag;
 
+  /// A view of `store` that puts every key under "prefix/".
   PrefixStore(std::string prefix, S store)
       : prefix_(std::move(prefix) + "/"), store_(std::move(store)) {}
 
+  /// Stores `value` under `key`, replacing what was there (Store requirement 2).
   void set(const std::string& key, std::string_view value) { store_.set(full(key), value); }
+  /// The value under `key`, waiting at most timeout() for the key to exist (requirement 3).
   [[nodiscard]] std::string get(const std::string& key) { return store_.get(full(key)); }
+  /// The value under `key`, waiting at most `timeout` for the key to exist.
   [[nodiscard]] std::string get(const std::string& key, Timeout timeout) {
     return store_.get(full(key), timeout);
   }
+  /// Atomically adds `delta` to the decimal counter under `key` (missing: 0); the new value
+  /// (requirement 4).
   std::int64_t add(const std::string& key, std::int64_t delta) {
     return store_.add(full(key), delta);
   }
+  /// Sets `key` to `desired` when it holds `expected` (or is missing and `expected` is empty), as
+  /// torch does; returns the value it holds then (requirement 5).
   std::string compare_set(const std::string& key, std::string_view expected,
                           std::string_view desired) {
     return store_.compare_set(full(key), expected, desired);
   }
+  /// Blocks until every key exists, at most timeout() (requirement 6).
   void wait(std::span<const std::string> keys) { store_.wait(full(keys)); }
+  /// Blocks until every key exists, at most `timeout`.
   void wait(std::span<const std::string> keys, Timeout timeout) {
     store_.wait(full(keys), timeout);
   }
+  /// True when every key exists; never blocks (requirement 7).
   [[nodiscard]] bool check(std::span<const std::string> keys) { return store_.check(full(keys)); }
+  /// Removes `key`; says whether it was there (requirement 8).
   bool delete_key(const std::string& key) { return store_.delete_key(full(key)); }
   /// The number of keys in the underlying store, not only those under this prefix.
   [[nodiscard]] std::int64_t num_keys() { return store_.num_keys(); }
+  /// The default timeout of get() and wait().
   [[nodiscard]] Timeout timeout() const { return store_.timeout(); }
+  /// Changes the default timeout of get() and wait().
   void set_timeout(Timeout timeout) { store_.set_timeout(timeout); }
 
   /// "prefix/" as it is put in front of every key.
   [[nodiscard]] const std::string& prefix() const noexcept { return prefix_; }
+  /// The store underneath, whose keys carry the prefix.
   [[nodiscard]] S& underlying() noexcept { return store_; }
+  /// The store underneath, read-only.
   [[nodiscard]] const S& underlying() const noexcept { return store_; }
 
  private:
@@ -345,29 +379,45 @@ class PrefixStore {
 /// "its store"). Copies share the store, its timeout included.
 class AnyStore {
  public:
+  /// Opts in as a tandem::Store.
   using store_concept = store_tag;
 
+  /// Holds `store` (by value: copy a shared handle in, or move a store in).
   template <class S>
   requires(!std::same_as<std::remove_cvref_t<S>, AnyStore> && Store<std::remove_cvref_t<S>>)
       AnyStore(S store)  // NOLINT(google-explicit-constructor): any Store converts, by design
       : store_(std::make_shared<Model<std::remove_cvref_t<S>>>(std::move(store))) {}
 
+  /// Stores `value` under `key`, replacing what was there (Store requirement 2).
   void set(const std::string& key, std::string_view value) { store_->set(key, value); }
+  /// The value under `key`, waiting at most timeout() for the key to exist (requirement 3).
   [[nodiscard]] std::string get(const std::string& key) { return store_->get(key); }
+  /// The value under `key`, waiting at most `timeout` for the key to exist.
   [[nodiscard]] std::string get(const std::string& key, Timeout timeout) {
     return store_->get(key, timeout);
   }
+  /// Atomically adds `delta` to the decimal counter under `key` (missing: 0); the new value
+  /// (requirement 4).
   std::int64_t add(const std::string& key, std::int64_t delta) { return store_->add(key, delta); }
+  /// Sets `key` to `desired` when it holds `expected` (or is missing and `expected` is empty), as
+  /// torch does; returns the value it holds then (requirement 5).
   std::string compare_set(const std::string& key, std::string_view expected,
                           std::string_view desired) {
     return store_->compare_set(key, expected, desired);
   }
+  /// Blocks until every key exists, at most timeout() (requirement 6).
   void wait(std::span<const std::string> keys) { store_->wait(keys); }
+  /// Blocks until every key exists, at most `timeout`.
   void wait(std::span<const std::string> keys, Timeout timeout) { store_->wait(keys, timeout); }
+  /// True when every key exists; never blocks (requirement 7).
   [[nodiscard]] bool check(std::span<const std::string> keys) { return store_->check(keys); }
+  /// Removes `key`; says whether it was there (requirement 8).
   bool delete_key(const std::string& key) { return store_->delete_key(key); }
+  /// Number of keys in the store (requirement 9).
   [[nodiscard]] std::int64_t num_keys() { return store_->num_keys(); }
+  /// The default timeout of get() and wait().
   [[nodiscard]] Timeout timeout() const { return store_->timeout(); }
+  /// Changes the default timeout of get() and wait().
   void set_timeout(Timeout timeout) { store_->set_timeout(timeout); }
 
  private:

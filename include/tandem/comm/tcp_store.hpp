@@ -36,11 +36,13 @@
 
 namespace tandem {
 
+/// What a TcpStore takes: where the server listens, whether this one is it, and how long to wait.
 struct TcpStoreOptions {
-  std::string host = "127.0.0.1";
-  std::uint16_t port = 29500;  ///< 0 with is_server: an ephemeral port (see TcpStore::port())
+  std::string host = "127.0.0.1";  ///< the server's address (the server listens on it)
+  std::uint16_t port = 29500;      ///< 0 with is_server: an ephemeral port (see TcpStore::port())
+  /// True: this TcpStore runs the server (rank 0), and is a client of it too.
   bool is_server = false;
-  Timeout timeout = default_timeout;
+  Timeout timeout = default_timeout;  ///< the default timeout of get(), wait() and connecting
   std::size_t max_message_bytes = std::size_t{64} << 20;  ///< longest frame either side accepts
 };
 
@@ -496,8 +498,10 @@ class Server {
 /// server; clients still connected then see their calls fail.
 class TcpStore {
  public:
+  /// Opts in as a tandem::Store.
   using store_concept = store_tag;
 
+  /// The server (is_server) listens, then every TcpStore connects, retrying until the timeout.
   explicit TcpStore(TcpStoreOptions options = {})
       : options_(std::move(options)), client_(std::make_unique<Client>()) {
     if (options_.is_server) {
@@ -509,7 +513,9 @@ class TcpStore {
     connect_locked(options_.timeout);
   }
 
+  /// Moves the connection (and the server, if it is one).
   TcpStore(TcpStore&&) noexcept = default;
+  /// Moves the connection (and the server, if it is one).
   TcpStore& operator=(TcpStore&&) noexcept = default;
   ~TcpStore() {
     if (client_) {
@@ -520,9 +526,12 @@ class TcpStore {
 
   /// The port served or connected to (the one the system chose, for a server asked for port 0).
   [[nodiscard]] std::uint16_t port() const noexcept { return options_.port; }
+  /// The server's address.
   [[nodiscard]] const std::string& host() const noexcept { return options_.host; }
+  /// True when this TcpStore runs the server.
   [[nodiscard]] bool is_server() const noexcept { return server_ != nullptr; }
 
+  /// Stores `value` under `key`, replacing what was there (Store requirement 2).
   void set(const std::string& key, std::string_view value) {
     std::string body = request(Op::set);
     detail::tcp_store::put_string(body, key);
@@ -530,8 +539,10 @@ class TcpStore {
     call("set", body, options_.timeout);
   }
 
+  /// The value under `key`, waiting at most timeout() for the key to exist (requirement 3).
   [[nodiscard]] std::string get(const std::string& key) { return get(key, options_.timeout); }
 
+  /// The value under `key`, waiting at most `timeout` for the key to exist.
   [[nodiscard]] std::string get(const std::string& key, Timeout timeout) {
     std::string body = request(Op::get);
     detail::tcp_store::put_string(body, key);
@@ -546,6 +557,8 @@ class TcpStore {
     return value;
   }
 
+  /// Atomically adds `delta` to the decimal counter under `key` (missing: 0); the new value
+  /// (requirement 4).
   std::int64_t add(const std::string& key, std::int64_t delta) {
     std::string body = request(Op::add);
     detail::tcp_store::put_string(body, key);
@@ -558,6 +571,8 @@ class TcpStore {
     return value;
   }
 
+  /// Sets `key` to `desired` when it holds `expected` (or is missing and `expected` is empty), as
+  /// torch does; returns the value it holds then (requirement 5).
   std::string compare_set(const std::string& key, std::string_view expected,
                           std::string_view desired) {
     std::string body = request(Op::compare_set);
@@ -572,8 +587,10 @@ class TcpStore {
     return value;
   }
 
+  /// Blocks until every key exists, at most timeout() (requirement 6).
   void wait(std::span<const std::string> keys) { wait(keys, options_.timeout); }
 
+  /// Blocks until every key exists, at most `timeout`.
   void wait(std::span<const std::string> keys, Timeout timeout) {
     std::string body = request(Op::wait);
     put_keys(body, keys);
@@ -589,6 +606,7 @@ class TcpStore {
     expect_end(in, "wait");
   }
 
+  /// True when every key exists; never blocks (requirement 7).
   [[nodiscard]] bool check(std::span<const std::string> keys) {
     std::string body = request(Op::check);
     put_keys(body, keys);
@@ -600,6 +618,7 @@ class TcpStore {
     return all;
   }
 
+  /// Removes `key`; says whether it was there (requirement 8).
   bool delete_key(const std::string& key) {
     std::string body = request(Op::delete_key);
     detail::tcp_store::put_string(body, key);
@@ -611,6 +630,7 @@ class TcpStore {
     return deleted;
   }
 
+  /// Number of keys in the store (requirement 9).
   [[nodiscard]] std::int64_t num_keys() {
     const auto reply = call("num_keys", request(Op::num_keys), options_.timeout);
     detail::tcp_store::Reader in(reply);
@@ -620,6 +640,7 @@ class TcpStore {
     return count;
   }
 
+  /// The default timeout of get() and wait().
   [[nodiscard]] Timeout timeout() const { return options_.timeout; }
   /// Not to race with other calls on the same object.
   void set_timeout(Timeout timeout) { options_.timeout = timeout; }

@@ -17,17 +17,23 @@ inline constexpr int unknown_rank = -1;
 /// "tandem: rank R: OPERATION: CAUSE" (the rank part left out when it is unknown).
 class Error : public std::runtime_error {
  public:
+  /// An error on rank `rank` in `operation` (an operation name such as "all_reduce"), because of
+  /// `cause`.
   Error(int rank, std::string operation, std::string cause)
       : std::runtime_error(compose(rank, operation, cause)),
         rank_(rank),
         operation_(std::move(operation)),
         cause_(std::move(cause)) {}
 
+  /// An error raised before a rank is known: rank() is unknown_rank.
   Error(std::string operation, std::string cause)
       : Error(unknown_rank, std::move(operation), std::move(cause)) {}
 
+  /// The rank that raised the error, or unknown_rank.
   [[nodiscard]] int rank() const noexcept { return rank_; }
+  /// The operation that failed, such as "all_reduce" or "TcpStore::get".
   [[nodiscard]] const std::string& operation() const noexcept { return operation_; }
+  /// Why it failed, in words.
   [[nodiscard]] const std::string& cause() const noexcept { return cause_; }
 
  private:

@@ -10,6 +10,7 @@
 
 namespace tandem {
 
+/// The duration every blocking call of tandem takes; Timeout::max() waits forever.
 using Timeout = std::chrono::milliseconds;
 
 /// What a collective or a store waits for a peer before it raises tandem::Error (as in PyTorch).
@@ -18,14 +19,20 @@ inline constexpr Timeout default_timeout = std::chrono::minutes(30);
 /// A point in time computed once from a timeout, so that a loop of waits shares one budget.
 class Deadline {
  public:
+  /// The clock deadlines are measured on: monotonic, unaffected by changes of the wall time.
   using clock = std::chrono::steady_clock;
 
+  /// A deadline `timeout` from now (never, for Timeout::max()).
   explicit Deadline(Timeout timeout)
       : timeout_(timeout), at_(saturating_add(clock::now(), timeout)) {}
 
+  /// The point in time at which the deadline expires.
   [[nodiscard]] clock::time_point at() const noexcept { return at_; }
+  /// The timeout this deadline was made from.
   [[nodiscard]] Timeout timeout() const noexcept { return timeout_; }
+  /// True once the deadline has passed.
   [[nodiscard]] bool expired() const noexcept { return clock::now() >= at_; }
+  /// The time left until the deadline, or zero once it has passed.
   [[nodiscard]] Timeout remaining() const noexcept {
     auto left = std::chrono::duration_cast<Timeout>(at_ - clock::now());
     return left.count() > 0 ? left : Timeout::zero();

@@ -23,14 +23,16 @@ struct world_env;
 /// The position of one rank in a job. Every field is validated on construction from the
 /// environment; a hand-made World is checked by validate() before a communicator uses it.
 struct World {
-  int rank = 0;
-  int world_size = 1;
+  int rank = 0;              ///< this process's rank in the job, 0 .. world_size-1
+  int world_size = 1;        ///< number of ranks in the job
   int local_rank = 0;        ///< rank among the processes of this node
   int local_world_size = 1;  ///< processes on this node
   int node_rank = 0;         ///< index of this node, 0 .. nnodes-1
-  int nnodes = 1;
+  int nnodes = 1;            ///< number of nodes in the job
 
+  /// True on rank 0, the rank that logs and writes checkpoints.
   [[nodiscard]] bool is_main() const noexcept { return rank == 0; }
+  /// True on the first rank of each node.
   [[nodiscard]] bool is_local_main() const noexcept { return local_rank == 0; }
 
   /// Throws tandem::Error naming the first field that is out of range or inconsistent.

@@ -16,9 +16,13 @@ namespace tandem {
 /// One bucket: the parameters [first_param, end_param) in registration order, whose gradients
 /// are the elements [offset, offset + count) of the flat gradient buffer.
 struct Bucket {
+  /// First element of the bucket in the flat gradient buffer.
   std::size_t offset = 0;
+  /// Number of gradient elements in the bucket.
   std::size_t count = 0;
+  /// Registration index of the bucket's first parameter.
   std::size_t first_param = 0;
+  /// One past the registration index of its last parameter.
   std::size_t end_param = 0;
 
   friend bool operator==(const Bucket&, const Bucket&) = default;
@@ -27,7 +31,9 @@ struct Bucket {
 /// Buckets in launch order (bucket 0 holds the last-registered parameters) and, for every
 /// parameter (registration index), the bucket that holds it.
 struct BucketPlan {
+  /// The buckets in launch order.
   std::vector<Bucket> buckets;
+  /// For each parameter (registration index), the index of its bucket in `buckets`.
   std::vector<std::size_t> bucket_of;
 };
 

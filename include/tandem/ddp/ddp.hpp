@@ -248,7 +248,9 @@ class ArenaAccessFor final : public ArenaAccess<Comm> {
 template <Communicator Comm, class... Policies>
 class DistributedDataParallel {
  public:
+  /// The policies, checked and with defaults filled in (bucket caps, schedule, reduction, ...).
   using config = detail::ddp_config<Policies...>;
+  /// The communicator type the gradients travel through.
   using comm_type = Comm;
 
   /// While alive (see no_sync()), gradients accumulate locally and finish_gradient_sync() moves
@@ -257,6 +259,7 @@ class DistributedDataParallel {
    public:
     NoSyncGuard(const NoSyncGuard&) = delete;
     NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+    /// Hands the guard over; the moved-from guard no longer re-enables synchronisation.
     NoSyncGuard(NoSyncGuard&& other) noexcept : ddp_(std::exchange(other.ddp_, nullptr)) {}
     NoSyncGuard& operator=(NoSyncGuard&&) = delete;
     ~NoSyncGuard() {
@@ -431,8 +434,11 @@ class DistributedDataParallel {
   [[nodiscard]] std::size_t bucket_of(std::size_t index) const { return plan_.bucket_of.at(index); }
   /// How many buckets of the current step have been started.
   [[nodiscard]] std::size_t buckets_launched() const noexcept { return next_launch_; }
+  /// The wrapped communicator.
   [[nodiscard]] Comm& comm() const noexcept { return *comm_; }
+  /// This rank in the communicator's group.
   [[nodiscard]] int rank() const { return comm_->rank(); }
+  /// Number of ranks in the communicator's group.
   [[nodiscard]] int world_size() const { return comm_->size(); }
 
  private:

@@ -27,6 +27,7 @@ namespace tandem {
 /// whole numbers in T: code that blends buffers (EMA) copies them instead of averaging.
 enum class BufferKind : std::uint8_t { floating, integral };
 
+/// The kind's name ("floating" or "integral"), for messages.
 constexpr const char* name(BufferKind kind) noexcept {
   return kind == BufferKind::integral ? "integral" : "floating";
 }
@@ -58,13 +59,17 @@ class Parameters {
   };
 
  public:
+  /// The element type of every parameter, gradient and buffer.
   using value_type = T;
+  /// The memory space of the flat storage (host, or a device space).
   using memory_space = Space;
 
   /// One named parameter or buffer: its shape and where it lies in the arena's flat storage.
   class Parameter {
    public:
+    /// The name it was registered with.
     [[nodiscard]] const std::string& name() const noexcept { return name_; }
+    /// Its shape.
     [[nodiscard]] const Shape& shape() const noexcept { return shape_; }
     /// Elements from the start of the flat storage of its kind (values()/grads() for trained
     /// parameters, buffer_values() for buffers).
@@ -73,6 +78,8 @@ class Parameters {
     [[nodiscard]] std::size_t size() const noexcept { return shape_.numel(); }
     /// Registration index among parameters of its kind (trained or buffer).
     [[nodiscard]] std::size_t index() const noexcept { return index_; }
+    /// True for a non-trained buffer (running statistics and counters), false for a trained
+    /// parameter.
     [[nodiscard]] bool is_buffer() const noexcept { return is_buffer_; }
     /// The buffer's kind; floating for trained parameters.
     [[nodiscard]] BufferKind kind() const noexcept { return kind_; }
@@ -124,7 +131,9 @@ class Parameters {
   };
 
   Parameters() : storage_(std::make_unique<Storage>()) {}
+  /// Moves the arena; views into it stay valid (the storage does not move).
   Parameters(Parameters&&) noexcept = default;
+  /// Moves the arena; views into it stay valid (the storage does not move).
   Parameters& operator=(Parameters&&) noexcept = default;
   Parameters(const Parameters&) = delete;
   Parameters& operator=(const Parameters&) = delete;
@@ -184,6 +193,7 @@ class Parameters {
     exec.synchronize();
   }
 
+  /// True once finalize() has allocated the flat storage; nothing can be registered after that.
   [[nodiscard]] bool finalized() const noexcept { return storage_->finalized; }
 
   /// Every trained value, in registration order (numel() elements).
@@ -206,6 +216,7 @@ class Parameters {
 
   /// The parameter or buffer called `name`; an Error naming it when there is none.
   [[nodiscard]] Parameter& operator[](std::string_view name) { return lookup(name); }
+  /// The same, read-only.
   [[nodiscard]] const Parameter& operator[](std::string_view name) const { return lookup(name); }
 
   /// The parameter or buffer called `name`, or nullptr.
@@ -213,6 +224,7 @@ class Parameters {
     auto it = storage_->by_name.find(name);
     return it == storage_->by_name.end() ? nullptr : it->second;
   }
+  /// The same, read-only.
   [[nodiscard]] const Parameter* find(std::string_view name) const noexcept {
     auto it = storage_->by_name.find(name);
     return it == storage_->by_name.end() ? nullptr : it->second;
@@ -220,14 +232,18 @@ class Parameters {
 
   /// Trained parameters in registration order.
   [[nodiscard]] auto begin() noexcept { return storage_->trained.begin(); }
+  /// One past the last trained parameter.
   [[nodiscard]] auto end() noexcept { return storage_->trained.end(); }
+  /// Trained parameters in registration order, read-only.
   [[nodiscard]] auto begin() const noexcept { return storage_->trained.cbegin(); }
+  /// One past the last trained parameter, read-only.
   [[nodiscard]] auto end() const noexcept { return storage_->trained.cend(); }
 
   /// Buffers in registration order.
   [[nodiscard]] auto buffers() noexcept {
     return std::ranges::subrange(storage_->buffer_entries.begin(), storage_->buffer_entries.end());
   }
+  /// Buffers in registration order, read-only.
   [[nodiscard]] auto buffers() const noexcept {
     return std::ranges::subrange(storage_->buffer_entries.cbegin(),
                                  storage_->buffer_entries.cend());

@@ -26,7 +26,9 @@ struct buffers {};
 template <std::size_t Bytes>
 struct bucket_cap {
   static_assert(Bytes > 0, "tandem: bucket_cap<0> would make no bucket; give a positive size");
+  /// The kind of policy this is: a DDP takes at most one of each kind.
   using ddp_policy_kind = detail::ddp_kind::bucket_cap;
+  /// The cap, in bytes of gradient elements.
   static constexpr std::size_t bytes = Bytes;
 };
 
@@ -36,33 +38,43 @@ template <std::size_t Bytes>
 struct first_bucket_cap {
   static_assert(Bytes > 0,
                 "tandem: first_bucket_cap<0> would make no bucket; give a positive size");
+  /// The kind of policy this is: a DDP takes at most one of each kind.
   using ddp_policy_kind = detail::ddp_kind::first_bucket_cap;
+  /// The cap, in bytes of gradient elements.
   static constexpr std::size_t bytes = Bytes;
 };
 
 /// Launch each bucket's asynchronous all_reduce as soon as all its gradients are marked ready
 /// (in bucket order), overlapping communication with the rest of the backward [default].
 struct overlap {
+  /// The kind of policy this is (the schedule): a DDP takes at most one of each kind.
   using ddp_policy_kind = detail::ddp_kind::schedule;
+  /// True: buckets launch during the backward.
   static constexpr bool overlapped = true;
 };
 
 /// Launch every bucket from finish_gradient_sync(): no overlap, the simplest schedule.
 struct sync_at_end {
+  /// The kind of policy this is (the schedule): a DDP takes at most one of each kind.
   using ddp_policy_kind = detail::ddp_kind::schedule;
+  /// False: buckets launch from finish_gradient_sync().
   static constexpr bool overlapped = false;
 };
 
 /// Divide each gradient by the world size before summing: every rank ends with the mean, and
 /// 16-bit sums stay in range [default].
 struct average {
+  /// The kind of policy this is (the reduction): a DDP takes at most one of each kind.
   using ddp_policy_kind = detail::ddp_kind::reduction;
+  /// True: gradients are divided by the world size.
   static constexpr bool averaged = true;
 };
 
 /// Sum the gradients across ranks without dividing.
 struct sum {
+  /// The kind of policy this is (the reduction): a DDP takes at most one of each kind.
   using ddp_policy_kind = detail::ddp_kind::reduction;
+  /// False: gradients are summed.
   static constexpr bool averaged = false;
 };
 
@@ -73,19 +85,25 @@ struct compress {
   static_assert(std::is_same_v<W, half> || std::is_same_v<W, bfloat16>,
                 "tandem: compress<W> needs a 16-bit floating type: compress<tandem::half> or "
                 "compress<tandem::bfloat16>");
+  /// The kind of policy this is (the compression): a DDP takes at most one of each kind.
   using ddp_policy_kind = detail::ddp_kind::compression;
+  /// The element type the buckets travel as.
   using wire_type = W;
 };
 
 /// Broadcast the buffers (running statistics) from rank 0 in before_forward() [default].
 struct broadcast_buffers {
+  /// The kind of policy this is (buffers): a DDP takes at most one of each kind.
   using ddp_policy_kind = detail::ddp_kind::buffers;
+  /// True: before_forward() broadcasts the buffers from rank 0.
   static constexpr bool enabled = true;
 };
 
 /// Leave each rank's buffers as they are: before_forward() does nothing.
 struct no_broadcast_buffers {
+  /// The kind of policy this is (buffers): a DDP takes at most one of each kind.
   using ddp_policy_kind = detail::ddp_kind::buffers;
+  /// False: before_forward() leaves the buffers alone.
   static constexpr bool enabled = false;
 };
 

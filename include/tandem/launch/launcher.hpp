@@ -48,14 +48,16 @@ inline bool takes_stderr(Std s) noexcept {
 /// A --redirects / --tee value: one Std for every local rank ("3"), or one per local rank listed
 /// ("0:1,1:2"; ranks not listed get none).
 struct StdStreams {
-  Std all_ranks = Std::none;
+  Std all_ranks = Std::none;      ///< the streams of every local rank, unless per_rank lists them
   std::map<int, Std> per_rank{};  ///< used when not empty
 
+  /// The streams of local rank `local_rank`.
   [[nodiscard]] Std for_rank(int local_rank) const {
     if (per_rank.empty()) return all_ranks;
     const auto found = per_rank.find(local_rank);
     return found == per_rank.end() ? Std::none : found->second;
   }
+  /// True when some rank has some stream redirected (or teed).
   [[nodiscard]] bool any() const {
     if (per_rank.empty()) return all_ranks != Std::none;
     return std::any_of(per_rank.begin(), per_rank.end(),
@@ -66,57 +68,63 @@ struct StdStreams {
 /// The flags as typed (every value a string, so that a bad one is reported by resolve() with the
 /// flag's name). Defaults are torchrun's.
 struct LaunchOptions {
-  std::string nproc_per_node = "1";  ///< N, "cpu", "gpu" or "auto"
-  std::string nnodes = "1";          ///< N or MIN:MAX with MIN == MAX
-  std::string node_rank = "0";
-  std::string master_addr = "127.0.0.1";
-  std::string master_port = "29500";
-  bool standalone = false;  ///< one node on 127.0.0.1 and a free port
-  std::string max_restarts = "0";
+  std::string nproc_per_node = "1";       ///< N, "cpu", "gpu" or "auto"
+  std::string nnodes = "1";               ///< N or MIN:MAX with MIN == MAX
+  std::string node_rank = "0";            ///< 0 .. nnodes-1
+  std::string master_addr = "127.0.0.1";  ///< the address of node 0, where rank 0's store listens
+  std::string master_port = "29500";      ///< the port of that store
+  bool standalone = false;                ///< one node on 127.0.0.1 and a free port
+  std::string max_restarts = "0";        ///< how often the whole group is restarted after a failure
   std::string monitor_interval = "0.1";  ///< seconds
+  /// Which streams go to log files only: 0 none, 1 stdout, 2 stderr, 3 both (per rank: "0:1,1:2").
   std::string redirects = "0";
-  std::string tee = "0";
+  std::string tee = "0";  ///< which streams go to log files and the console too
   std::string log_dir{};  ///< empty: a new temporary directory, made only when a file is written
-  std::string role = "default";
-  std::string run_id{};   ///< empty: a unique id
+  std::string role = "default";  ///< the workers' ROLE_NAME
+  std::string run_id{};          ///< empty: a unique id
   std::string devices{};  ///< "2,3,5": CUDA_VISIBLE_DEVICES of local rank i is the i-th entry
   std::vector<std::string> command{};  ///< PROGRAM ARGS...
 };
 
 /// What this node's launcher will do, every value checked.
 struct LaunchPlan {
-  int nproc_per_node = 1;
-  int nnodes = 1;
-  int node_rank = 0;
-  std::string master_addr = "127.0.0.1";
-  int master_port = 29500;
-  int max_restarts = 0;
-  std::chrono::milliseconds monitor_interval{100};
+  int nproc_per_node = 1;                 ///< worker processes on this node
+  int nnodes = 1;                         ///< nodes in the job
+  int node_rank = 0;                      ///< this node's index
+  std::string master_addr = "127.0.0.1";  ///< the address of node 0, where the store listens
+  int master_port = 29500;                ///< the port of that store
+  int max_restarts = 0;                   ///< group restarts allowed after a failure
+  std::chrono::milliseconds monitor_interval{100};  ///< how often the workers are polled
   /// After a failure (or a forwarded signal), how long workers have to end before SIGKILL.
   std::chrono::milliseconds grace{5000};
-  StdStreams redirects{};
-  StdStreams tee{};
-  std::string log_dir{};
-  std::string role = "default";
-  std::string run_id{};
-  std::vector<int> devices{};        ///< empty: CUDA_VISIBLE_DEVICES is passed on as it is
-  bool set_omp_num_threads = false;  ///< OMP_NUM_THREADS=1 for workers (torchrun's default)
-  std::vector<std::string> command{};
+  StdStreams redirects{};              ///< streams that go to log files only
+  StdStreams tee{};                    ///< streams that go to log files and the console
+  std::string log_dir{};               ///< where the log files go (made when the first is written)
+  std::string role = "default";        ///< the workers' ROLE_NAME
+  std::string run_id{};                ///< the job's id, in TORCHELASTIC_RUN_ID
+  std::vector<int> devices{};          ///< empty: CUDA_VISIBLE_DEVICES is passed on as it is
+  bool set_omp_num_threads = false;    ///< OMP_NUM_THREADS=1 for workers (torchrun's default)
+  std::vector<std::string> command{};  ///< the program and its arguments
 
+  /// Ranks in the job: nnodes * nproc_per_node.
   [[nodiscard]] int world_size() const noexcept { return nnodes * nproc_per_node; }
+  /// The global rank of local rank `local_rank` on this node.
   [[nodiscard]] int global_rank(int local_rank) const noexcept {
     return node_rank * nproc_per_node + local_rank;
   }
+  /// True when some stream of some rank goes to a log file.
   [[nodiscard]] bool writes_logs() const { return redirects.any() || tee.any(); }
 };
 
 /// What resolve() asks of the machine; tests replace the parts they pin down.
 struct HostFacts {
-  std::function<int()> cpu_count = detail::cpu_count;
-  std::function<int()> gpu_count = detail::cuda_device_count;
-  EnvLookup env = process_env;
-  std::function<std::uint16_t()> free_port = detail::free_port;
-  std::function<std::string()> unique_id = detail::unique_id;
+  std::function<int()> cpu_count = detail::cpu_count;  ///< processes when --nproc-per-node is "cpu"
+  std::function<int()> gpu_count = detail::cuda_device_count;  ///< processes when it is "gpu"
+  EnvLookup env = process_env;  ///< the environment the launcher reads
+  std::function<std::uint16_t()> free_port =
+      detail::free_port;  ///< a free TCP port, for --standalone
+  std::function<std::string()> unique_id =
+      detail::unique_id;  ///< a unique run id, when none is given
 };
 
 namespace detail {
@@ -349,12 +357,12 @@ inline constexpr std::string_view omp_note =
 
 /// One worker that failed: what torchrun's summary shows of it.
 struct WorkerFailure {
-  int rank = 0;
-  int local_rank = 0;
-  detail::ExitStatus status;
-  pid_t pid = 0;
-  std::string host;
-  std::chrono::system_clock::time_point time;
+  int rank = 0;                                ///< global rank
+  int local_rank = 0;                          ///< rank on its node
+  detail::ExitStatus status;                   ///< how it ended: an exit code or a signal
+  pid_t pid = 0;                               ///< its process id
+  std::string host;                            ///< the node it ran on
+  std::chrono::system_clock::time_point time;  ///< when its failure was seen
 };
 
 namespace detail {
@@ -627,9 +635,9 @@ inline Fd open_log(const std::string& path) {
 
 /// Where the launcher writes; tests may point the console elsewhere.
 struct RunOptions {
-  bool forward_signals = true;  ///< catch SIGINT/SIGTERM/SIGHUP/SIGQUIT and pass them on
-  int console_out = STDOUT_FILENO;
-  int console_err = STDERR_FILENO;
+  bool forward_signals = true;      ///< catch SIGINT/SIGTERM/SIGHUP/SIGQUIT and pass them on
+  int console_out = STDOUT_FILENO;  ///< where the launcher's own output goes
+  int console_err = STDERR_FILENO;  ///< where the launcher's own errors go
 };
 
 /// Where the logs of one attempt of one local rank go (torchrun's layout).

@@ -25,14 +25,15 @@
 
 namespace tandem {
 
+/// What tandem::spawn takes: where rank 0's store listens, and how long to wait.
 struct SpawnOptions {
-  std::string master_addr = "127.0.0.1";
-  int master_port = 0;  ///< 0: a free port on 127.0.0.1
+  std::string master_addr = "127.0.0.1";  ///< the address the ranks meet at
+  int master_port = 0;                    ///< 0: a free port on 127.0.0.1
   /// How long the other ranks have to end after one failed, before SIGKILL.
   Timeout grace = std::chrono::seconds(5);
   /// How long the ranks may run in all; the default waits as long as they run (they are the job).
   Timeout timeout = Timeout::max();
-  Timeout monitor_interval = std::chrono::milliseconds(50);
+  Timeout monitor_interval = std::chrono::milliseconds(50);  ///< how often the ranks are polled
 };
 
 namespace detail::spawning {

@@ -73,6 +73,7 @@ namespace tandem {
 
 /// torch.nn.SyncBatchNorm's constructor arguments, with its defaults.
 struct SyncBatchNormOptions {
+  /// Added to the variance before its square root, as eps in PyTorch.
   double eps = 1e-5;
   /// The running statistics' update factor; std::nullopt: the cumulative moving average
   /// (factor 1 / num_batches_tracked), as momentum=None in PyTorch.
@@ -485,10 +486,13 @@ class SyncBatchNorm {
                 "tandem: SyncBatchNorm exchanges its statistics as double");
 
  public:
+  /// The element type of the input, the output, the parameters and the buffers.
   using value_type = T;
+  /// The memory space they live in (host, or a device space).
   using memory_space = Space;
   /// What statistics, sums and each element's arithmetic are computed in.
   using accumulate_type = double;
+  /// The executor that runs every pass (see executor()).
   using executor_type = Exec;
 
   /// A module with its own storage: weight 1, bias 0, running_mean 0, running_var 1. On a device
@@ -578,7 +582,9 @@ class SyncBatchNorm {
     };
   }
 
+  /// Moves the module; its views stay valid (the storage does not move).
   SyncBatchNorm(SyncBatchNorm&&) noexcept = default;
+  /// Moves the module; its views stay valid (the storage does not move).
   SyncBatchNorm& operator=(SyncBatchNorm&&) noexcept = default;
   SyncBatchNorm(const SyncBatchNorm&) = delete;
   SyncBatchNorm& operator=(const SyncBatchNorm&) = delete;
@@ -586,13 +592,18 @@ class SyncBatchNorm {
 
   /// Training mode (the default) normalises with the batch's statistics across ranks.
   void train(bool on = true) noexcept { training_ = on; }
+  /// Evaluation mode: normalises with the running statistics, like train(false).
   void eval() noexcept { training_ = false; }
+  /// True in training mode.
   [[nodiscard]] bool training() const noexcept { return training_; }
 
+  /// Number of channels, C.
   [[nodiscard]] std::int64_t num_features() const noexcept {
     return static_cast<std::int64_t>(channels_);
   }
+  /// The options it was made with.
   [[nodiscard]] const SyncBatchNormOptions& options() const noexcept { return options_; }
+  /// The communicator the statistics are reduced over.
   [[nodiscard]] Comm& communicator() const noexcept { return *comm_; }
   /// Where every pass runs (on a device: its stream).
   [[nodiscard]] const Exec& executor() const noexcept { return exec_; }
@@ -727,14 +738,19 @@ class SyncBatchNorm {
   /// The parameters, their gradients and the buffers, shaped {C} (num_batches_tracked: {}), in
   /// Space. An Error naming the option when affine or track_running_stats is off.
   [[nodiscard]] View<T, Space> weight() const { return need_affine("weight").weight; }
+  /// The bias, shaped {C}.
   [[nodiscard]] View<T, Space> bias() const { return need_affine("bias").bias; }
+  /// The weight's gradient, shaped {C}.
   [[nodiscard]] View<T, Space> grad_weight() const {
     return need_affine("grad_weight").grad_weight;
   }
+  /// The bias's gradient, shaped {C}.
   [[nodiscard]] View<T, Space> grad_bias() const { return need_affine("grad_bias").grad_bias; }
+  /// The running mean, shaped {C}.
   [[nodiscard]] View<T, Space> running_mean() const {
     return need_running("running_mean").running_mean;
   }
+  /// The running variance, shaped {C}.
   [[nodiscard]] View<T, Space> running_var() const {
     return need_running("running_var").running_var;
   }

@@ -89,13 +89,16 @@ TANDEM_HD constexpr float bfloat16_bits_to_float(std::uint16_t b) noexcept {
 
 /// IEEE 754 binary16. Stores bits; arithmetic happens in float (convert, compute, convert back).
 struct half {
-  std::uint16_t bits = 0;
+  std::uint16_t bits = 0;  ///< the binary16 bit pattern
 
   half() = default;
+  /// `value` rounded to the nearest binary16, ties to even (overflow gives infinity).
   TANDEM_HD constexpr explicit half(float value) noexcept
       : bits(detail::float_to_half_bits(value)) {}
+  /// The exact float of the same value.
   TANDEM_HD constexpr operator float() const noexcept { return detail::half_bits_to_float(bits); }
 
+  /// The half with the bit pattern `raw`.
   TANDEM_HD static constexpr half from_bits(std::uint16_t raw) noexcept {
     half h;
     h.bits = raw;
@@ -118,15 +121,18 @@ struct half {
 
 /// bfloat16: the top half of a binary32. Arithmetic happens in float.
 struct bfloat16 {
-  std::uint16_t bits = 0;
+  std::uint16_t bits = 0;  ///< the top 16 bits of the binary32
 
   bfloat16() = default;
+  /// `value` rounded to the nearest bfloat16, ties to even (NaN stays NaN).
   TANDEM_HD constexpr explicit bfloat16(float value) noexcept
       : bits(detail::float_to_bfloat16_bits(value)) {}
+  /// The exact float of the same value.
   TANDEM_HD constexpr operator float() const noexcept {
     return detail::bfloat16_bits_to_float(bits);
   }
 
+  /// The bfloat16 with the bit pattern `raw`.
   TANDEM_HD static constexpr bfloat16 from_bits(std::uint16_t raw) noexcept {
     bfloat16 b;
     b.bits = raw;
@@ -191,6 +197,7 @@ template <> struct dtype_traits<std::uint8_t> : detail::dtype_info<dtype::uint8,
 /// True for the seven element types (cv-qualified ones included).
 template <class T>
 inline constexpr bool is_element_type_v = false;
+/// \cond
 template <class T>
 requires std::is_const_v<T> || std::is_volatile_v<T>
 inline constexpr bool is_element_type_v<T> = is_element_type_v<std::remove_cv_t<T>>;
@@ -208,13 +215,16 @@ template <>
 inline constexpr bool is_element_type_v<std::int64_t> = true;
 template <>
 inline constexpr bool is_element_type_v<std::uint8_t> = true;
+/// \endcond
 
 template <class T>
 concept element_type = is_element_type_v<T>;
 
+/// The dtype tag of element type T: `dtype_of<float> == dtype::float32`.
 template <element_type T>
 inline constexpr dtype dtype_of = dtype_traits<std::remove_cv_t<T>>::id;
 
+/// The dtype's name as PyTorch spells it without "torch." ("float32", "bfloat16", ...).
 constexpr const char* name(dtype type) noexcept {
   switch (type) {
     case dtype::float32:
@@ -235,6 +245,7 @@ constexpr const char* name(dtype type) noexcept {
   return "unknown";
 }
 
+/// Bytes per element of the dtype.
 constexpr std::size_t size_of(dtype type) noexcept {
   switch (type) {
     case dtype::float32:
@@ -252,6 +263,7 @@ constexpr std::size_t size_of(dtype type) noexcept {
   return 0;
 }
 
+/// True for float32, float64, float16 and bfloat16.
 constexpr bool is_floating(dtype type) noexcept {
   return type == dtype::float32 || type == dtype::float64 || type == dtype::float16 ||
          type == dtype::bfloat16;

@@ -17,7 +17,7 @@ namespace tandem {
 
 /// Runs functors on the calling thread. The loops are plain so the compiler can vectorise them.
 struct host_exec {
-  using memory_space = host;
+  using memory_space = host;  ///< the memory its functors may touch (pinned too: host_accessible)
 
   /// Calls f(i) for every i in [0, n), in order.
   template <class F>
@@ -52,8 +52,10 @@ inline constexpr host_exec on_host{};
 /// cuda_exec).
 template <class E>
 inline constexpr bool enable_executor = false;
+/// \cond
 template <>
 inline constexpr bool enable_executor<host_exec> = true;
+/// \endcond
 
 /// An execution space: runs functors where the memory of its memory_space can be touched.
 template <class E>
@@ -78,6 +80,7 @@ struct default_executor {
                 "tandem: device memory is processed by tandem::cuda_exec; "
                 "#include <tandem/cuda.hpp> in a .cu file");
 };
+/// \cond
 template <>
 struct default_executor<host> {
   using type = host_exec;
@@ -86,6 +89,8 @@ template <>
 struct default_executor<pinned> {
   using type = host_exec;
 };
+/// \endcond
+/// default_executor<S>::type: host_exec for host and pinned memory, cuda_exec for device memory.
 template <memory_space S>
 using default_executor_t = typename default_executor<S>::type;
 
@@ -113,20 +118,25 @@ void transform_reduce_into(const E& exec, T* out, std::size_t n, T init, Map&& m
   exec.transform_reduce_into(out, n, init, std::forward<Map>(map), std::forward<Combine>(combine));
 }
 
-/// Combiners that compile for host and device alike.
+/// Combiners that compile for host and device alike: a + b.
 struct plus_combine {
+  /// a + b.
   template <class T>
   TANDEM_HD constexpr T operator()(T a, T b) const noexcept {
     return a + b;
   }
 };
+/// The larger of two values (the first when neither is larger).
 struct max_combine {
+  /// b when a < b, else a.
   template <class T>
   TANDEM_HD constexpr T operator()(T a, T b) const noexcept {
     return a < b ? b : a;
   }
 };
+/// The smaller of two values (the first when neither is smaller).
 struct min_combine {
+  /// b when b < a, else a.
   template <class T>
   TANDEM_HD constexpr T operator()(T a, T b) const noexcept {
     return b < a ? b : a;

@@ -16,26 +16,28 @@ namespace tandem {
 
 /// Ordinary pageable host memory.
 struct host {
-  static constexpr const char* name = "host";
+  static constexpr const char* name = "host";  ///< for messages
 };
 /// Page-locked host memory: host code reads it, and the GPU copies from it asynchronously.
 struct pinned {
-  static constexpr const char* name = "pinned";
+  static constexpr const char* name = "pinned";  ///< for messages
 };
 /// GPU global memory: only kernels and copies touch it.
 struct device {
-  static constexpr const char* name = "device";
+  static constexpr const char* name = "device";  ///< for messages
 };
 
 /// A type opts in as a memory space by specialising this to true.
 template <class S>
 inline constexpr bool enable_memory_space = false;
+/// \cond
 template <>
 inline constexpr bool enable_memory_space<host> = true;
 template <>
 inline constexpr bool enable_memory_space<pinned> = true;
 template <>
 inline constexpr bool enable_memory_space<device> = true;
+/// \endcond
 
 /// A memory space: an opted-in type with a printable name.
 template <class S>
@@ -56,11 +58,13 @@ struct space_allocator {
                 "pinned and device memory need #include <tandem/cuda.hpp> in a .cu file");
 };
 
+/// Host memory: aligned operator new and delete.
 template <>
 struct space_allocator<host> {
   /// Large enough for any SIMD load and a cache line, so vectorised loops never split one.
   static constexpr std::size_t alignment = 64;
 
+  /// Room for `count` elements of T, uninitialised and aligned to `alignment`; nullptr for 0.
   template <class T>
   static T* allocate(std::size_t count) {
     if (count == 0) return nullptr;
@@ -68,6 +72,7 @@ struct space_allocator<host> {
     return static_cast<T*>(::operator new (count * sizeof(T), std::align_val_t{alignment}));
   }
 
+  /// Frees what allocate<T> returned (nullptr is fine).
   template <class T>
   static void deallocate(T* pointer, std::size_t /*count*/) noexcept {
     if (pointer) ::operator delete (pointer, std::align_val_t{alignment});
@@ -83,6 +88,7 @@ struct space_allocator<host> {
 /// needs no CUDA.
 template <memory_space S>
 struct allocation_state {};
+/// Device memory: the stream and the GPU its allocation is ordered on.
 template <>
 struct allocation_state<device> {
   void* stream = nullptr;  ///< the cudaStream_t that the allocation and its free are ordered on
@@ -103,6 +109,7 @@ struct space_copy {
 
 template <memory_space To, memory_space From>
 requires(host_accessible<To>&& host_accessible<From>) struct space_copy<To, From> {
+  /// memcpy of `bytes` bytes.
   static void copy(void* destination, const void* source, std::size_t bytes) noexcept {
     if (bytes != 0) std::memcpy(destination, source, bytes);
   }

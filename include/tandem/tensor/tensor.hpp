@@ -33,6 +33,7 @@ namespace tandem {
 template <class T>
 struct tensor_traits {};
 
+/// \cond
 template <class T>
 requires requires(T& t) {
   typename T::value_type;
@@ -59,12 +60,14 @@ struct tensor_traits<std::array<T, N>> {
   using element_type = T;
   using memory_space = host;
 };
+/// \endcond
 
 /// The element type as seen through a (possibly const) T: const for a const container.
 template <class T>
 using tensor_element_t =
     std::remove_reference_t<decltype(*std::declval<std::remove_reference_t<T>&>().data())>;
 
+/// The memory space of tensor type T (cv-qualifiers and references ignored).
 template <class T>
 using tensor_space_t = typename tensor_traits<std::remove_cvref_t<T>>::memory_space;
 
@@ -94,9 +97,12 @@ concept TensorIn = Tensor<T> && std::same_as<tensor_space_t<T>, S>;
 /// Up to eight extents; a View keeps one so that a layer's weight knows it is {out, in}.
 class Shape {
  public:
+  /// The most extents a Shape holds.
   static constexpr std::size_t max_rank = 8;
 
   Shape() = default;
+  /// A shape from its extents, outermost first: `Shape{out, in}`. More than max_rank, or a negative
+  /// extent, is an Error.
   Shape(std::initializer_list<std::int64_t> extents) {
     if (extents.size() > max_rank) {
       throw Error("Shape", std::to_string(extents.size()) + " dimensions exceed the maximum of " +
@@ -108,9 +114,13 @@ class Shape {
     }
   }
 
+  /// Number of extents; 0 for a scalar.
   [[nodiscard]] std::size_t rank() const noexcept { return rank_; }
+  /// Extent `i`, outermost first (i < rank()).
   [[nodiscard]] std::int64_t operator[](std::size_t i) const noexcept { return extents_[i]; }
+  /// The extents, outermost first.
   [[nodiscard]] const std::int64_t* begin() const noexcept { return extents_.data(); }
+  /// One past the last extent.
   [[nodiscard]] const std::int64_t* end() const noexcept { return extents_.data() + rank_; }
 
   /// Number of elements; 1 for a scalar (rank 0).
@@ -124,6 +134,7 @@ class Shape {
     return std::equal(a.begin(), a.end(), b.begin(), b.end());
   }
 
+  /// "[2, 3]", for messages.
   [[nodiscard]] std::string to_string() const {
     std::string text = "[";
     for (std::size_t i = 0; i < rank_; ++i) {
@@ -141,23 +152,31 @@ class Shape {
 template <element_type T, memory_space Space = host>
 class View;
 
+/// True for the View types.
 template <class T>
 inline constexpr bool is_view_v = false;
+/// \cond
 template <class T, class S>
 inline constexpr bool is_view_v<View<T, S>> = true;
+/// \endcond
 
 /// A non-owning window on contiguous elements of type T in memory space Space; cheap to copy.
 /// T may be const (a read-only view). Its shape, when given, must hold exactly size() elements.
 template <element_type T, memory_space Space>
 class View {
  public:
+  /// The element type without const.
   using value_type = std::remove_cv_t<T>;
+  /// The element type, const for a read-only view.
   using element_type = T;
+  /// The memory space the elements live in.
   using memory_space = Space;
 
   View() = default;
+  /// A flat view of `size` elements at `data`, shaped {size}.
   View(T* data, std::size_t size) noexcept
       : data_(data), size_(size), shape_{static_cast<std::int64_t>(size)} {}
+  /// A view of shape.numel() elements at `data`, shaped `shape`.
   View(T* data, Shape shape) : data_(data), size_(shape.numel()), shape_(shape) {}
 
   /// Any tensor of the same space whose elements convert to T* (non-const to const included).
@@ -175,10 +194,15 @@ class View {
   requires(!std::same_as<U, T> && std::convertible_to<U*, T*>) View(const View<U, Space>& other)
   noexcept : data_(other.data()), size_(other.size()), shape_(other.shape()) {}
 
+  /// The first element.
   [[nodiscard]] T* data() const noexcept { return data_; }
+  /// Number of elements.
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  /// Number of bytes: size() * sizeof(T).
   [[nodiscard]] std::size_t size_bytes() const noexcept { return size_ * sizeof(T); }
+  /// True when the view has no element.
   [[nodiscard]] bool empty() const noexcept { return size_ == 0; }
+  /// Its shape (flat views: {size()}).
   [[nodiscard]] const Shape& shape() const noexcept { return shape_; }
 
   /// Elements [offset, offset + count), as a flat view. Out of range is an Error.
@@ -202,8 +226,11 @@ class View {
     return View(data_, shape);
   }
 
+  /// Element `i`; host-accessible spaces only.
   T& operator[](std::size_t i) const noexcept requires host_accessible<Space> { return data_[i]; }
+  /// The first element, for range-for; host-accessible spaces only.
   T* begin() const noexcept requires host_accessible<Space> { return data_; }
+  /// One past the last element; host-accessible spaces only.
   T* end() const noexcept requires host_accessible<Space> { return data_ + size_; }
 
  private:
@@ -214,11 +241,14 @@ class View {
 
 }  // namespace tandem
 
+/// \cond
 template <class T, class S>
 inline constexpr bool std::ranges::enable_borrowed_range<tandem::View<T, S>> = true;
+/// \endcond
 
 namespace tandem {
 
+/// Deduces View's element type and memory space from a Tensor: `View v = vector;`.
 template <Tensor T>
 View(T&&) -> View<tensor_element_t<T>, tensor_space_t<T>>;
 
@@ -262,12 +292,17 @@ class Buffer {
   using allocator = space_allocator<Space>;
 
  public:
+  /// Its element type.
   using value_type = T;
+  /// Its element type (a Buffer's elements are never const).
   using element_type = T;
+  /// The memory space it allocates in.
   using memory_space = Space;
 
   Buffer() = default;
+  /// `size` elements, shaped {size}: zeroed in host memory, uninitialised elsewhere.
   explicit Buffer(std::size_t size) : Buffer(Shape{static_cast<std::int64_t>(size)}) {}
+  /// shape.numel() elements, shaped `shape`: zeroed in host memory, uninitialised elsewhere.
   explicit Buffer(Shape shape) : size_(shape.numel()), shape_(shape) {
     if constexpr (detail::allocates_with_state<allocator, T, allocation_state<Space>>) {
       data_ = allocator::template allocate<T>(size_, allocation_);
@@ -284,6 +319,7 @@ class Buffer {
   requires ExecutorFor<E, Space>
   explicit Buffer(std::size_t size, const E& exec)
       : Buffer(Shape{static_cast<std::int64_t>(size)}, exec) {}
+  /// The same, shaped `shape`.
   template <Executor E>
   requires ExecutorFor<E, Space>
   explicit Buffer(Shape shape, const E& exec) : size_(shape.numel()), shape_(shape) {
@@ -299,11 +335,13 @@ class Buffer {
 
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
+  /// Takes the allocation over; `other` is left empty.
   Buffer(Buffer&& other) noexcept
       : data_(std::exchange(other.data_, nullptr)),
         size_(std::exchange(other.size_, 0)),
         shape_(std::exchange(other.shape_, Shape{0})),
         allocation_(other.allocation_) {}
+  /// Frees its own allocation and takes `other`'s; `other` is left empty.
   Buffer& operator=(Buffer&& other) noexcept {
     if (this != &other) {
       release();
@@ -316,27 +354,41 @@ class Buffer {
   }
   ~Buffer() { release(); }
 
+  /// The first element.
   [[nodiscard]] T* data() noexcept { return data_; }
+  /// The first element, read-only.
   [[nodiscard]] const T* data() const noexcept { return data_; }
+  /// Number of elements.
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  /// Number of bytes: size() * sizeof(T).
   [[nodiscard]] std::size_t size_bytes() const noexcept { return size_ * sizeof(T); }
+  /// True when it holds no element.
   [[nodiscard]] bool empty() const noexcept { return size_ == 0; }
+  /// Its shape.
   [[nodiscard]] Shape shape() const noexcept { return shape_; }
   /// Where the allocation is ordered (device memory: its stream and device); empty elsewhere.
   [[nodiscard]] const allocation_state<Space>& allocation() const noexcept { return allocation_; }
 
+  /// A view of every element, with its shape.
   [[nodiscard]] View<T, Space> view() noexcept { return View<T, Space>(data_, shape()); }
+  /// A read-only view of every element, with its shape.
   [[nodiscard]] View<const T, Space> view() const noexcept {
     return View<const T, Space>(data_, shape());
   }
 
+  /// Element `i`; host-accessible spaces only.
   T& operator[](std::size_t i) noexcept requires host_accessible<Space> { return data_[i]; }
+  /// Element `i`, read-only; host-accessible spaces only.
   const T& operator[](std::size_t i) const noexcept requires host_accessible<Space> {
     return data_[i];
   }
+  /// The first element, for range-for; host-accessible spaces only.
   T* begin() noexcept requires host_accessible<Space> { return data_; }
+  /// One past the last element; host-accessible spaces only.
   T* end() noexcept requires host_accessible<Space> { return data_ + size_; }
+  /// The first element, read-only; host-accessible spaces only.
   const T* begin() const noexcept requires host_accessible<Space> { return data_; }
+  /// One past the last element, read-only; host-accessible spaces only.
   const T* end() const noexcept requires host_accessible<Space> { return data_ + size_; }
 
  private:
