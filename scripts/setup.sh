@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Installs everything a fresh Debian 12 machine needs to build and test tandem.
-# Usage: scripts/setup.sh   (as root, or with sudo available)
+# Installs everything a fresh Debian 12 machine needs to build, test and package tandem.
+# Usage: scripts/setup.sh   (as root, or as a user who may sudo: it asks for sudo only for apt)
+# Safe to run again: what is already installed is left alone (no apt-get at all when every
+# package is there, no pip when a Conan 2 answers).
 set -euo pipefail
 
 packages=(
@@ -12,11 +14,81 @@ packages=(
   libgloo-dev           # the Gloo backend
   libopenmpi-dev openmpi-bin   # the MPI backend
   python3 python3-torch # benchmark peer (torch.distributed) and golden data; Debian's torch 1.13
+  python3-venv          # a private environment for Conan where python3's own is not writable
+  zlib1g-dev            # gzip'd IDX files (data/)
+  dataset-fashion-mnist # the examples' real data set, under /usr/share/datasets/fashion-mnist
+  libopenblas-dev       # the examples' and benchmarks' matrix products
+  nlohmann-json3-dev    # JSON (checkpoint metadata, reports)
+  doxygen               # the API reference (the docs target and its test)
 )
+conan_requirement='conan>=2,<3'
+export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 
-sudo_cmd=()
-if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
+# --- Debian packages: through sudo only when we are not root -------------------------------------
+as_root=()
+if [ "$(id -u)" -ne 0 ]; then
+  if ! command -v sudo >/dev/null 2>&1; then
+    echo "setup.sh: not root and no sudo: run it as root, or install sudo" >&2
+    exit 1
+  fi
+  as_root=(sudo)
+fi
 
-export DEBIAN_FRONTEND=noninteractive
-"${sudo_cmd[@]}" apt-get update -q
-"${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${packages[@]}"
+missing=()
+for package in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "${package}" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("${package}")
+  fi
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup.sh: installing ${missing[*]}"
+  "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
+  "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y -q --no-install-recommends "${missing[@]}"
+else
+  echo "setup.sh: all ${#packages[@]} Debian packages are installed"
+fi
+
+# --- Conan 2, from PyPI, for whoever runs this (the user, not root, when sudo was used) ----------
+conan_is_2() { command -v conan >/dev/null 2>&1 && conan --version 2>/dev/null | grep -q " 2\."; }
+if conan_is_2; then
+  echo "setup.sh: $(conan --version) at $(command -v conan)"
+  exit 0
+fi
+
+# The python3 first on PATH, when its site-packages is ours to write and pip may install there (a
+# pyenv or a virtual environment); otherwise a private virtual environment with a link on PATH
+# (Debian's own Python is "externally managed" and refuses pip).
+python=$(command -v python3)
+writable=$("${python}" - <<'EOF'
+import os, sys, sysconfig
+stdlib = sysconfig.get_path("stdlib")
+managed = os.path.exists(os.path.join(stdlib, "EXTERNALLY-MANAGED")) and sys.prefix == sys.base_prefix
+print("yes" if os.access(sysconfig.get_paths()["purelib"], os.W_OK) and not managed else "no")
+EOF
+)
+if [ "${writable}" = yes ] && "${python}" -m pip --version >/dev/null 2>&1; then
+  "${python}" -m pip install -q "${conan_requirement}"
+  command -v pyenv >/dev/null 2>&1 && pyenv rehash || true
+else
+  if [ "$(id -u)" -eq 0 ]; then
+    venv=/opt/tandem/conan-venv bindir=/usr/local/bin
+  else
+    venv=${XDG_DATA_HOME:-${HOME}/.local/share}/tandem/conan-venv bindir=${HOME}/.local/bin
+  fi
+  [ -x "${venv}/bin/python" ] || /usr/bin/python3 -m venv "${venv}"
+  "${venv}/bin/python" -m pip install -q "${conan_requirement}"
+  mkdir -p "${bindir}"
+  ln -sf "${venv}/bin/conan" "${bindir}/conan"
+  case ":${PATH}:" in
+    *":${bindir}:"*) ;;
+    *) echo "setup.sh: Conan is ${bindir}/conan; add ${bindir} to PATH" >&2 ;;
+  esac
+  export PATH="${bindir}:${PATH}"
+fi
+hash -r
+if ! conan_is_2; then
+  echo "setup.sh: Conan 2 was installed but 'conan' does not answer on PATH" >&2
+  exit 1
+fi
+echo "setup.sh: $(conan --version) at $(command -v conan)"
