@@ -147,6 +147,45 @@ struct cast_element {
   }
 };
 
+/// Four floats and four halves as one load and one store: on a GPU each thread of the cast
+/// moves 16 bytes in and 8 out (one vector instruction each) instead of 4 and 2, which is what
+/// lets a memory-bound kernel approach copy bandwidth.
+struct alignas(16) float_x4 {
+  float v[4];
+};
+struct alignas(8) half_x4 {
+  half v[4];
+};
+
+/// out[i] = the four halves of in[i]: cast_element<float, half>'s bits, four at a time.
+struct cast_float_half_x4 {
+  const float_x4* in;
+  half_x4* out;
+  TANDEM_HD void operator()(std::size_t i) const {
+    const float_x4 x = in[i];
+    half_x4 y;
+    for (int k = 0; k < 4; ++k) y.v[k] = half::from_bits(float_to_half_bits_select(x.v[k]));
+    out[i] = y;
+  }
+};
+
+/// The float -> half cast on a non-host executor: blocks of four where both buffers are aligned
+/// for them, the rest (or everything, when they are not) one element at a time.
+template <class E>
+void cast_float_half_blocks(const E& exec, const float* in, half* out, std::size_t n) {
+  const bool aligned = reinterpret_cast<std::uintptr_t>(in) % alignof(float_x4) == 0 &&
+                       reinterpret_cast<std::uintptr_t>(out) % alignof(half_x4) == 0;
+  std::size_t done = 0;
+  if (aligned && n >= 4) {
+    const std::size_t blocks = n / 4;
+    for_each_index(
+        exec, blocks,
+        cast_float_half_x4{reinterpret_cast<const float_x4*>(in), reinterpret_cast<half_x4*>(out)});
+    done = blocks * 4;
+  }
+  if (done < n) for_each_index(exec, n - done, cast_element<float, half>{in + done, out + done});
+}
+
 #if defined(TANDEM_AMP_F16C_CLONE)
 /// Outputs at least this large (elements) are written with non-temporal stores: they do not fit
 /// in cache anyway, and a plain store would first read every destination line (a third more
@@ -216,6 +255,11 @@ void cast(const E& exec, View<const From, Space> in, View<To, Space> out) {
     }
   }
 #endif
+  if constexpr (!std::same_as<E, host_exec> && std::same_as<From, float> &&
+                std::same_as<To, half>) {
+    detail::cast_float_half_blocks(exec, in.data(), out.data(), in.size());
+    return;
+  }
   for_each_index(exec, in.size(), detail::cast_element<From, To>{in.data(), out.data()});
 }
 

@@ -1,17 +1,20 @@
 // The device paths of the training toolkit on cuda_exec, each compared with the host: GradScaler's
 // fused unscale + inf check (the flag in device memory, one value read for the skip decision),
 // EMA's lerp pass (torch.lerp's FMA arithmetic, bit for bit) with integral buffers copied, and the
-// O2 fp32 -> half / bfloat16 cast pass. Its own main, so that it can exit 77 ("skipped") without a
-// GPU; a failed check exits 1.
+// O2 fp32 -> half / bfloat16 cast pass (blocks of four, and single elements where misaligned), and
+// amp::FusedStep against the unfused device sequence, bit for bit. Its own main, so that it can
+// exit 77 ("skipped") without a GPU; a failed check exits 1.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <limits>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "tandem/amp/fused_step.hpp"
 #include "tandem/amp/grad_scaler.hpp"
 #include "tandem/amp/precision.hpp"
 #include "tandem/cuda/exec.hpp"
@@ -19,6 +22,7 @@
 #include "tandem/cuda/runtime.hpp"
 #include "tandem/ddp/parameters.hpp"
 #include "tandem/ema.hpp"
+#include "tandem/optim/adamw.hpp"
 
 namespace {
 
@@ -189,6 +193,91 @@ void cast_on_device() {
   }
 }
 
+/// The device's FusedStep and the unfused sequence (scaler.step, ema.update, refresh) on two
+/// identical device models, three steps (clean, inf, clean): the same bits everywhere.
+struct DeviceModel {
+  tandem::Parameters<float, tandem::device> params;
+  std::unique_ptr<tandem::optim::AdamW<float, tandem::device>> adamw;
+  std::unique_ptr<tandem::EMA<float, tandem::device>> ema;
+  std::unique_ptr<tandem::amp::ComputeWeights<tandem::amp::O2<>, tandem::device>> compute;
+  tandem::GradScaler<tandem::device> scaler{tandem::GradScalerOptions{.init_scale = 256.0}};
+
+  explicit DeviceModel(const std::vector<float>& initial) {
+    params.add("a", {static_cast<std::int64_t>(initial.size() - 7)});
+    params.add("b", {7});
+    params.finalize(tandem::cuda_exec{});
+    tandem::copy(params.values(), initial);
+    adamw = std::make_unique<tandem::optim::AdamW<float, tandem::device>>(
+        params, tandem::optim::AdamWOptions{.lr = 1e-2, .weight_decay = 0.05});
+    ema = std::make_unique<tandem::EMA<float, tandem::device>>(params,
+                                                               tandem::EMAOptions{.decay = 0.8});
+    compute = std::make_unique<tandem::amp::ComputeWeights<tandem::amp::O2<>, tandem::device>>(
+        params.numel());
+    compute->refresh(tandem::cuda_exec{}, params.values());
+  }
+};
+
+void fused_step_on_device() {
+  constexpr std::size_t n = 50'003;
+  std::vector<float> initial(n);
+  for (std::size_t i = 0; i < n; ++i) initial[i] = std::sin(static_cast<float>(i) * 0.1f);
+  DeviceModel fused(initial);
+  DeviceModel plain(initial);
+  tandem::amp::FusedStep step;
+  for (int s = 0; s < 3; ++s) {
+    std::vector<float> grads(n);
+    for (std::size_t i = 0; i < n; ++i)
+      grads[i] = std::cos(static_cast<float>(i * (s + 1))) * 300.0f;
+    if (s == 1) grads[n / 3] = std::numeric_limits<float>::infinity();
+    tandem::copy(fused.params.grads(), grads);
+    tandem::copy(plain.params.grads(), grads);
+    (void)fused.scaler.scale(1.0f);
+    (void)plain.scaler.scale(1.0f);
+    const bool a = step.step(fused.scaler, *fused.adamw, *fused.ema, *fused.compute);
+    const bool b = plain.scaler.step(*plain.adamw);
+    if (b) {
+      plain.ema->update();
+      plain.compute->refresh(tandem::cuda_exec{}, plain.params.values());
+    }
+    fused.scaler.update();
+    plain.scaler.update();
+    check(a == b && a == (s != 1), "fused step " + std::to_string(s) + " stepped as unfused");
+    const auto same = [&](auto x, auto y, const std::string& what) {
+      std::vector<float> hx(x.size());
+      std::vector<float> hy(y.size());
+      tandem::copy(hx, x);
+      tandem::copy(hy, y);
+      if (hx.size() != hy.size()) check(false, what + ": sizes differ");
+      for (std::size_t i = 0; i < hx.size(); ++i) {
+        if (bits(hx[i]) != bits(hy[i])) {
+          check(false, what + " after step " + std::to_string(s) + " at " + std::to_string(i));
+          return;
+        }
+      }
+    };
+    same(fused.params.values(), plain.params.values(), "fused values");
+    same(fused.ema->shadow_values(), plain.ema->shadow_values(), "fused EMA shadow");
+    const auto da = fused.adamw->state_dict();
+    const auto db = plain.adamw->state_dict();
+    for (const auto& [index, entry] : db.state) {
+      for (const auto& [key, tensor] : entry.tensors) {
+        same(da.state.at(index).tensors.at(key).view(), tensor.view(), "fused " + key);
+      }
+    }
+    std::vector<tandem::half> ha(n), hb(n);
+    tandem::copy(ha, fused.compute->values());
+    tandem::copy(hb, plain.compute->values());
+    for (std::size_t i = 0; i < n; ++i) {
+      if (ha[i].bits != hb[i].bits) {
+        check(false, "fused half copy at " + std::to_string(i));
+        break;
+      }
+    }
+    check(fused.ema->updates() == plain.ema->updates(), "EMA update counts");
+    check(fused.scaler.get_scale() == plain.scaler.get_scale(), "scales");
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -200,6 +289,7 @@ int main() {
     grad_scaler_on_device();
     ema_on_device();
     cast_on_device();
+    fused_step_on_device();
   } catch (const std::exception& e) {
     std::printf("FAILED: exception: %s\n", e.what());
     return 1;
@@ -208,6 +298,8 @@ int main() {
     std::printf("%d check(s) failed\n", failures);
     return 1;
   }
-  std::printf("PASSED: GradScaler, EMA and cast passes on the device match the host\n");
+  std::printf(
+      "PASSED: GradScaler, EMA and cast passes on the device match the host; FusedStep "
+      "matches the unfused device sequence\n");
   return 0;
 }

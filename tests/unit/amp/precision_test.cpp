@@ -81,6 +81,35 @@ TEST_CASE("The vectorisable fp32 -> half conversion gives tandem::half's bits") 
   CHECK(mismatches == 0);
 }
 
+TEST_CASE("The device cast's blocks of four give cast_element's bits, aligned or not") {
+  // The GPU path of amp::cast (four floats in, four halves out per thread) run on the host: the
+  // same functor, so the same bits; misaligned buffers and tails fall back to single elements.
+  std::vector<float> source(1 << 12);
+  std::uint32_t state = 12345;
+  for (auto& x : source) {
+    state = state * 1664525u + 1013904223u;
+    x = tandem::detail::bits_float(state);  // every kind of float: NaN, inf, subnormal, normal
+  }
+  for (std::size_t offset_in : {0, 1, 3}) {
+    for (std::size_t offset_out : {0, 2}) {
+      for (std::size_t n : {0, 1, 3, 4, 7, 1000, 4000}) {
+        INFO("offsets " << offset_in << ", " << offset_out << ", n " << n);
+        std::vector<half> blocks(n + 8), single(n + 8);
+        amp::detail::cast_float_half_blocks(tandem::on_host, source.data() + offset_in,
+                                            blocks.data() + offset_out, n);
+        tandem::for_each_index(tandem::on_host, n,
+                               amp::detail::cast_element<float, half>{source.data() + offset_in,
+                                                                      single.data() + offset_out});
+        int mismatches = 0;
+        for (std::size_t i = 0; i < n; ++i) {
+          mismatches += blocks[offset_out + i].bits != single[offset_out + i].bits;
+        }
+        CHECK(mismatches == 0);
+      }
+    }
+  }
+}
+
 TEST_CASE("O2 keeps a half compute copy refreshed from the fp32 master weights") {
   std::vector<float> master = {1.0f, 0.5f, 1.0f / 3.0f, -2.0f};
   std::vector<float> master_grads(4, 0.0f);
