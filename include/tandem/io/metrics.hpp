@@ -1,0 +1,96 @@
+// tandem/io/metrics.hpp - metrics across ranks: the reduce_tensor every PyTorch DDP script writes
+// (reduce_mean, reduce_sum of a scalar or a tensor), and gathering per-rank results of unequal
+// length for distributed evaluation, so that a test set split by the evaluation sampler counts
+// every sample once.
+//   float loss = tandem::reduce_mean(comm, local_loss);            // the same on every rank
+//   auto [correct, seen] = tandem::reduce_sum(comm, std::array{hits, count});
+//   std::vector<std::int64_t> all = tandem::all_gather_unequal(comm, my_predictions);
+// Needs: a Communicator (any backend).
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "tandem/comm/communicator.hpp"
+#include "tandem/core/error.hpp"
+
+namespace tandem {
+
+/// The sum of `value` over the communicator's ranks, on every rank.
+template <Communicator Comm, class T>
+requires std::is_arithmetic_v<T>
+[[nodiscard]] T reduce_sum(Comm& comm, T value) {
+  std::array<T, 1> buffer{value};
+  comm.all_reduce(buffer, ReduceOp::sum);
+  return buffer[0];
+}
+
+/// Element-wise sums over the ranks of a fixed-size array (counts of correct answers and of
+/// samples, say), on every rank.
+template <Communicator Comm, class T, std::size_t N>
+requires std::is_arithmetic_v<T>
+[[nodiscard]] std::array<T, N> reduce_sum(Comm& comm, std::array<T, N> values) {
+  comm.all_reduce(values, ReduceOp::sum);
+  return values;
+}
+
+/// The mean of `value` over the ranks, on every rank: sum in T, divided by the rank count (the
+/// reduce_tensor of PyTorch's DDP examples). Integers are averaged in double.
+template <Communicator Comm, class T>
+requires std::is_arithmetic_v<T>
+[[nodiscard]] auto reduce_mean(Comm& comm, T value) {
+  if constexpr (std::is_floating_point_v<T>) {
+    return static_cast<T>(reduce_sum(comm, value) / static_cast<T>(comm.size()));
+  } else {
+    return static_cast<double>(reduce_sum(comm, static_cast<double>(value))) / comm.size();
+  }
+}
+
+/// In place: the tensor becomes its element-wise mean over the ranks (floating types).
+template <Communicator Comm, Tensor T>
+void reduce_mean_(Comm& comm, T&& tensor) {
+  static_assert(!std::is_integral_v<tensor_element_t<std::remove_cvref_t<T>>>,
+                "tandem::reduce_mean_: an integer mean would truncate; use reduce_sum");
+  comm.all_reduce(tensor, ReduceOp::avg);
+}
+
+/// Every rank's `local` values, concatenated in rank order, on every rank; ranks may hold
+/// different counts (as the evaluation sampler gives them). Two collectives: the counts, then
+/// the values padded to the largest count.
+template <Communicator Comm, class T>
+[[nodiscard]] std::vector<T> all_gather_unequal(Comm& comm, std::span<const T> local) {
+  const auto ranks = static_cast<std::size_t>(comm.size());
+  std::vector<std::int64_t> my_count{static_cast<std::int64_t>(local.size())};
+  std::vector<std::int64_t> counts(ranks);
+  comm.all_gather(my_count, counts);
+  const auto largest = static_cast<std::size_t>(*std::max_element(counts.begin(), counts.end()));
+  std::vector<T> padded(largest, T{});
+  std::copy(local.begin(), local.end(), padded.begin());
+  std::vector<T> everything(largest * ranks);
+  if (largest != 0) comm.all_gather(padded, everything);
+  std::vector<T> out;
+  out.reserve(static_cast<std::size_t>(std::max<std::int64_t>(0, [&] {
+    std::int64_t total = 0;
+    for (auto c : counts) total += c;
+    return total;
+  }())));
+  for (std::size_t r = 0; r < ranks; ++r) {
+    const auto begin = everything.begin() + static_cast<std::ptrdiff_t>(r * largest);
+    out.insert(out.end(), begin, begin + static_cast<std::ptrdiff_t>(counts[r]));
+  }
+  return out;
+}
+
+template <Communicator Comm, class T>
+[[nodiscard]] std::vector<T> all_gather_unequal(Comm& comm, const std::vector<T>& local) {
+  return all_gather_unequal(comm, std::span<const T>(local));
+}
+
+}  // namespace tandem
