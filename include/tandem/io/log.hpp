@@ -20,6 +20,7 @@ namespace tandem {
 /// (nothing when `enabled` is false, and then nothing is formatted either).
 class LogLine {
  public:
+  /// A line for `stream` starting with `prefix`, or a line that is dropped when not `enabled`.
   LogLine(bool enabled, std::string prefix, std::FILE* stream = stdout)
       : enabled_(enabled), stream_(stream) {
     if (enabled_) text_ << prefix;
@@ -34,6 +35,7 @@ class LogLine {
     std::fflush(stream_);
   }
 
+  /// Appends `value` as an std::ostream would print it.
   template <class T>
   LogLine& operator<<(const T& value) {
     if (enabled_) text_ << value;

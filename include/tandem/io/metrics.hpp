@@ -88,6 +88,7 @@ template <Communicator Comm, class T>
   return out;
 }
 
+/// all_gather_unequal of a vector's elements.
 template <Communicator Comm, class T>
 [[nodiscard]] std::vector<T> all_gather_unequal(Comm& comm, const std::vector<T>& local) {
   return all_gather_unequal(comm, std::span<const T>(local));

@@ -113,16 +113,18 @@ constexpr st_dtype st_dtype_of() {
 
 /// One tensor of a safetensors file: where its bytes lie in the data section.
 struct SafetensorsEntry {
-  std::string name;
-  st_dtype dtype = st_dtype::F32;
-  std::vector<std::int64_t> shape;
-  std::size_t begin = 0;  ///< offset of the first byte in the data section
-  std::size_t end = 0;    ///< one past the last byte
+  std::string name;                 ///< the tensor's name (a state_dict key)
+  st_dtype dtype = st_dtype::F32;   ///< its element type
+  std::vector<std::int64_t> shape;  ///< its extents, outermost first
+  std::size_t begin = 0;            ///< offset of the first byte in the data section
+  std::size_t end = 0;              ///< one past the last byte
+  /// Elements: the product of the shape (1 for a scalar).
   [[nodiscard]] std::size_t numel() const noexcept {
     std::size_t n = 1;
     for (auto extent : shape) n *= static_cast<std::size_t>(extent);
     return n;
   }
+  /// Bytes of data: numel() times the dtype's size.
   [[nodiscard]] std::size_t bytes() const noexcept { return end - begin; }
 };
 
@@ -176,12 +178,15 @@ class SafetensorsFile {
     return SafetensorsFile(nullptr, bytes, std::move(name));
   }
 
+  /// The file's path (or the name given to parse()), as errors show it.
   [[nodiscard]] const std::string& name() const noexcept { return name_; }
   /// The tensors in the order of their data (by offset).
   [[nodiscard]] const std::vector<SafetensorsEntry>& tensors() const noexcept { return entries_; }
+  /// The header's `__metadata__` strings.
   [[nodiscard]] const std::map<std::string, std::string>& metadata() const noexcept {
     return metadata_;
   }
+  /// Whether a tensor of that name is in the file.
   [[nodiscard]] bool contains(std::string_view tensor) const { return find(tensor) != nullptr; }
   /// The tensor named so; tandem::Error if there is none.
   [[nodiscard]] const SafetensorsEntry& entry(std::string_view tensor) const {
