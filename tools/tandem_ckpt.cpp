@@ -136,7 +136,9 @@ int main(int argc, char** argv) {
     if (command == "info" && argc == 3) return info(argv[2]);
     if (command == "verify" && argc == 3) {
       const auto file = tandem::SafetensorsFile::map(argv[2]);
-      std::printf("%s: valid, %zu tensors\n", argv[2], file.tensors().size());
+      file.verify_checksum();
+      std::printf("%s: valid, %zu tensors%s\n", argv[2], file.tensors().size(),
+                  file.has_checksum() ? ", data checksum matches" : "");
       return 0;
     }
     if (command == "diff" && argc == 4) return diff(argv[2], argv[3]);

@@ -37,6 +37,7 @@
 
 #include "tandem/core/error.hpp"
 #include "tandem/core/fd.hpp"
+#include "tandem/io/crc32c.hpp"
 #include "tandem/tensor/dtype.hpp"
 #include "tandem/tensor/memory.hpp"
 #include "tandem/tensor/tensor.hpp"
@@ -85,6 +86,13 @@ constexpr st_dtype st_dtype_of() {
     return st_dtype::BOOL;
   else
     static_assert(sizeof(T) == 0, "tandem: safetensors has no dtype for this element type");
+}
+
+inline std::string hex32(std::uint32_t value) {
+  constexpr char digits[] = "0123456789abcdef";
+  std::string text(8, '0');
+  for (int i = 7; i >= 0; --i, value >>= 4) text[static_cast<std::size_t>(i)] = digits[value & 0xF];
+  return text;
 }
 
 }  // namespace detail
@@ -194,6 +202,24 @@ class SafetensorsFile {
     if (!found) fail("no tensor named '" + std::string(tensor) + "'");
     return *found;
   }
+  /// The metadata key under which tandem records the CRC-32C of the data section.
+  static constexpr const char* checksum_key = "tandem.data_crc32c";
+
+  /// Whether the file carries tandem's data checksum.
+  [[nodiscard]] bool has_checksum() const { return metadata_.contains(checksum_key); }
+
+  /// Checks the data section against the recorded CRC-32C (a file without one passes): an Error
+  /// naming the file when a byte of the data changed since it was written.
+  void verify_checksum() const {
+    const auto recorded = metadata_.find(checksum_key);
+    if (recorded == metadata_.end()) return;
+    const std::string actual = detail::hex32(crc32c(data_));
+    if (actual != recorded->second) {
+      fail("the data's CRC-32C is " + actual + ", the header records " + recorded->second +
+           " (the file was damaged after it was written)");
+    }
+  }
+
   /// The tensor's bytes, little-endian as stored.
   [[nodiscard]] std::span<const std::byte> bytes(const SafetensorsEntry& e) const noexcept {
     return data_.subspan(e.begin, e.end - e.begin);
@@ -428,10 +454,23 @@ class SafetensorsWriter {
     return *this;
   }
 
+  /// Records the CRC-32C of the data section in the metadata (SafetensorsFile::verify_checksum
+  /// checks it), so a damaged file is caught even where its header still parses.
+  SafetensorsWriter& checksum(bool on = true) {
+    checksum_ = on;
+    return *this;
+  }
+
   /// The whole file as bytes: header length, header padded with spaces to 8 bytes, data.
   [[nodiscard]] std::vector<std::byte> serialize() const {
     nlohmann::json header = nlohmann::json::object();
-    if (!metadata_.empty()) header["__metadata__"] = metadata_;
+    auto metadata = metadata_;
+    if (checksum_) {
+      std::uint32_t crc = 0;
+      for (const auto& p : pending_) crc = crc32c(p.bytes, crc);
+      metadata[SafetensorsFile::checksum_key] = detail::hex32(crc);
+    }
+    if (!metadata.empty()) header["__metadata__"] = metadata;
     std::size_t offset = 0;
     for (const auto& p : pending_) {
       header[p.name] = {{"dtype", st_dtype_name(p.dtype)},
@@ -512,6 +551,7 @@ class SafetensorsWriter {
 
   std::vector<Pending> pending_;
   std::map<std::string, std::string> metadata_;
+  bool checksum_ = false;
 };
 
 }  // namespace tandem

@@ -170,6 +170,25 @@ TEST_CASE("hostile headers are Errors that say what is wrong") {
   fails_with(Bytes(5), "truncated");
 }
 
+TEST_CASE("a recorded CRC-32C catches a changed data byte that the header cannot") {
+  std::vector<float> v{1, 2, 3, 4};
+  tandem::SafetensorsWriter writer;
+  writer.add("v", v).checksum();
+  Bytes bytes = writer.serialize();
+  const auto good = tandem::SafetensorsFile::parse(bytes, "good");
+  CHECK(good.has_checksum());
+  good.verify_checksum();
+  bytes[bytes.size() - 3] ^= std::byte{1};
+  const auto bad = tandem::SafetensorsFile::parse(bytes, "bad");  // still well-formed
+  CHECK_THROWS_WITH_AS(bad.verify_checksum(), doctest::Contains("damaged after it was written"),
+                       tandem::Error);
+  // CRC-32C's check value, and continuation.
+  const std::string digits = "123456789";
+  const auto* p = reinterpret_cast<const std::byte*>(digits.data());
+  CHECK(tandem::crc32c({p, 9}) == 0xE3069283u);
+  CHECK(tandem::crc32c({p + 4, 5}, tandem::crc32c({p, 4})) == 0xE3069283u);
+}
+
 TEST_CASE("opening a missing file or a directory is an Error naming it") {
   tandem::test::TempDir dir;
   CHECK_THROWS_WITH_AS((void)tandem::SafetensorsFile::open(dir.path() / "none.safetensors"),
