@@ -25,10 +25,13 @@ class batch_view : public std::ranges::view_interface<batch_view<R>> {
   using base_iterator = std::ranges::iterator_t<const R>;
 
  public:
+  /// One batch: a subrange of the underlying range's iterators (no copy of the elements).
   using batch_type = std::ranges::subrange<base_iterator>;
   class iterator;
 
   batch_view() = default;
+  /// `base` in batches of `batch_size` (tandem::Error when 0), the short last one dropped when
+  /// `drop_last`; views::batches makes one.
   batch_view(R base, std::size_t batch_size, bool drop_last)
       : base_(std::move(base)), batch_size_(batch_size), drop_last_(drop_last) {
     if (batch_size == 0) throw Error("views::batches", "batch_size = 0 must be at least 1");
@@ -39,8 +42,11 @@ class batch_view : public std::ranges::view_interface<batch_view<R>> {
     const auto n = static_cast<std::size_t>(std::ranges::size(base_));
     return drop_last_ ? n / batch_size_ : (n + batch_size_ - 1) / batch_size_;
   }
+  /// Elements per batch (a last batch may have fewer).
   [[nodiscard]] std::size_t batch_size() const noexcept { return batch_size_; }
+  /// Whether a last batch shorter than batch_size() is left out.
   [[nodiscard]] bool drop_last() const noexcept { return drop_last_; }
+  /// The range being cut into batches.
   [[nodiscard]] const R& base() const& noexcept { return base_; }
 
   /// Batch k (k < size()).
@@ -53,7 +59,9 @@ class batch_view : public std::ranges::view_interface<batch_view<R>> {
     return {begin + static_cast<difference>(first), begin + static_cast<difference>(last)};
   }
 
+  /// The first batch.
   [[nodiscard]] iterator begin() const { return {this, 0}; }
+  /// Past the last batch.
   [[nodiscard]] iterator end() const { return {this, size()}; }
 
  private:
@@ -62,10 +70,14 @@ class batch_view : public std::ranges::view_interface<batch_view<R>> {
   bool drop_last_ = false;
 };
 
+/// A random-access iterator over a batch_view's batches, yielding each by value (a subrange);
+/// it refers to its view, which must outlive it.
 template <std::ranges::view R>
 requires std::ranges::random_access_range<R> && std::ranges::sized_range<R>
 class batch_view<R>::iterator {
  public:
+  // The standard random-access iterator protocol, left out of the API reference.
+  /// @cond TANDEM_ITERATOR_PROTOCOL
   using iterator_concept = std::random_access_iterator_tag;
   using iterator_category = std::input_iterator_tag;  // yields subranges by value
   using value_type = batch_type;
@@ -96,12 +108,15 @@ class batch_view<R>::iterator {
   friend auto operator<=>(const iterator& a, const iterator& b) noexcept {
     return a.position_ <=> b.position_;
   }
+  /// @endcond
 
  private:
   const batch_view* view_ = nullptr;
   difference_type position_ = 0;
 };
 
+/// Makes a view of any viewable range, as std::views::all does: a view is kept as is, a
+/// container referred to (or owned, when moved in).
 template <class R>
 batch_view(R&&, std::size_t, bool) -> batch_view<std::views::all_t<R>>;
 
@@ -115,8 +130,8 @@ inline constexpr drop_last_t drop_last{};
 
 /// The pipeable closure of views::batches; `range | closure` makes a batch_view.
 struct batches_closure {
-  std::size_t batch_size;
-  bool drop_last;
+  std::size_t batch_size;  ///< elements per batch
+  bool drop_last;          ///< leave out a last batch shorter than batch_size
 
   template <std::ranges::viewable_range R>
   requires std::ranges::random_access_range<R> && std::ranges::sized_range<R>

@@ -27,21 +27,22 @@ namespace tandem {
 /// after it).
 class cuda_delivery {
  public:
-  using staging_space = pinned;
-  using memory_space = device;
+  using staging_space = pinned;  ///< batches are gathered in page-locked host memory
+  using memory_space = device;   ///< and handed to the consumer in device memory
 
   /// The events of one slot. `consumed_recorded` says whether `consumed` was ever recorded.
   struct slot {
-    std::unique_ptr<cuda::Event> uploaded;
-    std::unique_ptr<cuda::Event> consumed;
-    bool upload_recorded = false;
-    bool consumed_recorded = false;
+    std::unique_ptr<cuda::Event> uploaded;  ///< recorded on the copy stream after the upload
+    std::unique_ptr<cuda::Event> consumed;  ///< recorded on the training stream at release
+    bool upload_recorded = false;           ///< whether `uploaded` was ever recorded
+    bool consumed_recorded = false;         ///< whether `consumed` was ever recorded
   };
 
   /// Batches for kernels on `training_stream` (the legacy default stream when null).
   explicit cuda_delivery(cudaStream_t training_stream = nullptr)
       : training_(training_stream), copies_(std::make_unique<cuda::Stream>()) {}
 
+  /// A slot with two fresh events, neither recorded yet.
   slot make_slot() {
     return {std::make_unique<cuda::Event>(), std::make_unique<cuda::Event>(), false, false};
   }
@@ -56,6 +57,7 @@ class cuda_delivery {
     cuda::check(cudaMemcpyAsync(to, from, bytes, cudaMemcpyHostToDevice, copies_->get()),
                 "Loader: cudaMemcpyAsync to the device");
   }
+  /// Records the end of the batch's copies, for before_gather() and hand_over() to wait on.
   void uploaded(slot& s) {
     s.uploaded->record(copies_->get());
     s.upload_recorded = true;
@@ -67,13 +69,18 @@ class cuda_delivery {
                   "Loader: cudaStreamWaitEvent");
     }
   }
+  /// Marks, on the training stream, the point after which the slot's batch is no longer read;
+  /// the slot's next upload waits for it.
   void release(slot& s) {
     s.consumed->record(training_);
     s.consumed_recorded = true;
   }
+  /// Blocks the host until every copy started on the copy stream has finished.
   void synchronize() { copies_->synchronize(); }
 
+  /// The consumer's stream, which batches are handed over to.
   [[nodiscard]] cudaStream_t training_stream() const noexcept { return training_; }
+  /// The delivery's own stream, which the host-to-device copies run on.
   [[nodiscard]] cudaStream_t copy_stream() const noexcept { return copies_->get(); }
 
  private:

@@ -26,8 +26,8 @@ namespace tandem {
 /// The element types of a sample's fields, in order (`sample_fields<float, std::int64_t>`).
 template <class... T>
 struct sample_fields {
-  static constexpr std::size_t count = sizeof...(T);
-  using types = std::tuple<T...>;
+  static constexpr std::size_t count = sizeof...(T);  ///< the number of fields
+  using types = std::tuple<T...>;  ///< the element types as a tuple, for std::tuple_element_t
 };
 
 namespace detail {

@@ -80,9 +80,11 @@ constexpr idx_type idx_type_of() noexcept {
 class IdxArray {
  public:
   IdxArray() = default;
+  /// Elements of `type` in `shape`, their `bytes` already in host byte order (parse_idx's result).
   IdxArray(idx_type type, std::vector<std::size_t> shape, std::vector<std::byte> bytes)
       : type_(type), shape_(std::move(shape)), bytes_(std::move(bytes)) {}
 
+  /// The element type the file's magic number names.
   [[nodiscard]] idx_type type() const noexcept { return type_; }
   /// Dimension sizes, outermost first (images: {count, rows, columns}).
   [[nodiscard]] const std::vector<std::size_t>& shape() const noexcept { return shape_; }
@@ -90,6 +92,7 @@ class IdxArray {
   [[nodiscard]] std::size_t numel() const noexcept {
     return bytes_.size() / idx_element_size(type_);
   }
+  /// The data as raw bytes in host byte order, numel() * idx_element_size(type()) of them.
   [[nodiscard]] std::span<const std::byte> bytes() const noexcept { return bytes_; }
 
   /// The elements as T, which must be the file's element type (tandem::Error otherwise).

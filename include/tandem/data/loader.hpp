@@ -72,15 +72,23 @@ concept BatchDelivery = memory_space<typename D::staging_space> &&
 
 /// Batches gathered in, and delivered from, host memory (no copy after the gather).
 struct host_delivery {
-  using staging_space = host;
-  using memory_space = host;
+  using staging_space = host;  ///< batches are gathered in host memory
+  using memory_space = host;   ///< and handed over where they were gathered
+  /// No per-slot state: nothing is copied, so there is nothing to wait for.
   struct slot {};
+  /// An empty slot.
   slot make_slot() const noexcept { return {}; }
+  /// Returns at once: no upload ever reads the staging memory.
   void before_gather(slot&) const noexcept {}
+  /// Never called (staging and delivery are the same memory); does nothing.
   void upload(slot&, void*, const void*, std::size_t) const noexcept {}
+  /// Never called, as upload(); does nothing.
   void uploaded(slot&) const noexcept {}
+  /// Does nothing: the gather finished on the host before the batch is handed over.
   void hand_over(slot&) const noexcept {}
+  /// Does nothing: the consumer is done with a batch when its iterator moves on.
   void release(slot&) const noexcept {}
+  /// Returns at once: there are no uploads to wait for.
   void synchronize() const noexcept {}
 };
 static_assert(BatchDelivery<host_delivery>);
@@ -91,6 +99,7 @@ static_assert(BatchDelivery<host_delivery>);
 template <memory_space Space, class... T>
 class Batch {
  public:
+  /// The memory space the fields' data is in (host, or device with cuda_delivery).
   using memory_space = Space;
 
   Batch() = default;
@@ -100,6 +109,7 @@ class Batch {
         std::array<std::size_t, sizeof...(T)> numel) noexcept
       : size_(size), index_(index), indices_(indices), data_(data), numel_(numel) {}
 
+  /// Samples in the batch (a short last batch has fewer than the others).
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
   /// This batch's position in the epoch (0, 1, ...).
   [[nodiscard]] std::size_t index() const noexcept { return index_; }
@@ -171,9 +181,12 @@ class Loader {
   static constexpr std::size_t field_count = fields::count;
 
  public:
+  /// What iterating yields: a Batch of the data set's fields in the delivery's memory space.
   using batch_type = typename detail::batch_for<delivery_space, fields>::type;
   class iterator;
 
+  /// Reads `dataset` in the order of `batches`, as `options` say, delivering through `delivery`.
+  /// Nothing starts before begin(). tandem::Error for negative workers or prefetch.
   Loader(const D& dataset, Batches batches, LoaderOptions options = {}, Delivery delivery = {})
       : dataset_(&dataset),
         batches_(std::move(batches)),
@@ -198,7 +211,9 @@ class Loader {
   [[nodiscard]] std::size_t size() const {
     return static_cast<std::size_t>(std::ranges::size(batches_));
   }
+  /// The options in effect, defaults resolved (prefetch 0 replaced by its actual depth).
   [[nodiscard]] const LoaderOptions& options() const noexcept { return options_; }
+  /// The delivery, for its streams (cuda_delivery::copy_stream(), say).
   [[nodiscard]] Delivery& delivery() noexcept { return delivery_; }
 
   /// Starts an epoch (ending one still running) and returns its first position.
@@ -206,6 +221,7 @@ class Loader {
     start_epoch();
     return iterator(this, 0);
   }
+  /// The end of the epoch: the iterator compares equal to it after the last batch.
   std::default_sentinel_t end() const noexcept { return {}; }
 
   /// Ends the epoch in progress, if any: the workers stop after the batch each is gathering.
@@ -439,6 +455,8 @@ class Loader {
 template <Dataset D, class Batches, class Delivery>
 class Loader<D, Batches, Delivery>::iterator {
  public:
+  // The standard input iterator protocol, left out of the API reference.
+  /// @cond TANDEM_ITERATOR_PROTOCOL
   using value_type = batch_type;
   using difference_type = std::ptrdiff_t;
 
@@ -453,6 +471,7 @@ class Loader<D, Batches, Delivery>::iterator {
   friend bool operator==(const iterator& it, std::default_sentinel_t) noexcept {
     return it.at_end();
   }
+  /// @endcond
 
  private:
   friend class Loader;
@@ -463,10 +482,14 @@ class Loader<D, Batches, Delivery>::iterator {
   std::size_t position_ = 0;
 };
 
+/// Keeps the batches as std::views::all would: a view (`sampler | views::batches(b)`) by
+/// value, a container by reference (or owned, when moved in).
 template <Dataset D, class B>
 Loader(const D&, B&&) -> Loader<D, std::views::all_t<B>>;
+/// The same, with options.
 template <Dataset D, class B>
 Loader(const D&, B&&, LoaderOptions) -> Loader<D, std::views::all_t<B>>;
+/// The same, with options and a delivery (cuda_delivery, say).
 template <Dataset D, class B, class Delivery>
 Loader(const D&, B&&, LoaderOptions, Delivery) -> Loader<D, std::views::all_t<B>, Delivery>;
 

@@ -63,6 +63,7 @@ enum class split { train, test };
 /// has it, else through a 256-entry table; both give torchvision's floats bit for bit.
 class IdxImageDataset {
  public:
+  /// A sample: the normalised image (float) and its label (std::int64_t).
   using fields = sample_fields<float, std::int64_t>;
 
   /// The two IDX files (plain or .gz) and the normalisation's mean and standard deviation.
@@ -98,16 +99,23 @@ class IdxImageDataset {
     }
   }
 
+  /// The number of samples (images).
   [[nodiscard]] std::size_t size() const noexcept { return labels_.size(); }
+  /// Elements per sample: rows() * columns() floats of image, one label.
   [[nodiscard]] std::array<std::size_t, 2> field_numel() const noexcept {
     return {rows_ * columns_, 1};
   }
+  /// Image height in pixels (28 for the MNIST family).
   [[nodiscard]] std::size_t rows() const noexcept { return rows_; }
+  /// Image width in pixels (28 for the MNIST family).
   [[nodiscard]] std::size_t columns() const noexcept { return columns_; }
+  /// The mean subtracted from every pixel / 255.
   [[nodiscard]] float mean() const noexcept { return mean_; }
+  /// The standard deviation the centred pixels are divided by.
   [[nodiscard]] float std() const noexcept { return std_; }
   /// The raw pixels, sample after sample.
   [[nodiscard]] std::span<const std::uint8_t> pixels() const noexcept { return pixels_; }
+  /// The raw labels, one byte per sample.
   [[nodiscard]] std::span<const std::uint8_t> labels() const noexcept { return labels_; }
 
   /// A hint that sample `index` is read next: its pixels are fetched into the cache, so that a
@@ -180,8 +188,8 @@ inline IdxImageDataset mnist_family(const std::filesystem::path& directory, spli
 /// (over all 47,040,000 training pixels / 255), for both splits, as torchvision users do.
 class FashionMNIST : public IdxImageDataset {
  public:
-  static constexpr float mean_value = 0.2860406f;
-  static constexpr float std_value = 0.3530242f;
+  static constexpr float mean_value = 0.2860406f;  ///< the training pixels' mean (of pixel / 255)
+  static constexpr float std_value = 0.3530242f;   ///< their standard deviation
 
   /// Where the files are looked for: $FASHION_MNIST_DIR, else Debian's dataset-fashion-mnist.
   static std::filesystem::path default_directory() {
@@ -189,6 +197,8 @@ class FashionMNIST : public IdxImageDataset {
     return "/usr/share/datasets/fashion-mnist";
   }
 
+  /// The `which` split from `directory`'s IDX files (each plain or .gz); tandem::Error when one is
+  /// missing or malformed.
   explicit FashionMNIST(split which, const std::filesystem::path& directory = default_directory())
       : IdxImageDataset(detail::mnist_family(directory, which, mean_value, std_value)) {}
 };
@@ -197,9 +207,11 @@ class FashionMNIST : public IdxImageDataset {
 /// mean 0.1307 and standard deviation 0.3081.
 class MNIST : public IdxImageDataset {
  public:
-  static constexpr float mean_value = 0.1307f;
-  static constexpr float std_value = 0.3081f;
+  static constexpr float mean_value = 0.1307f;  ///< the usual pixel mean (of pixel / 255)
+  static constexpr float std_value = 0.3081f;   ///< the usual pixel standard deviation
 
+  /// The `which` split from `directory`'s IDX files (each plain or .gz); tandem::Error when one is
+  /// missing or malformed.
   MNIST(split which, const std::filesystem::path& directory)
       : IdxImageDataset(detail::mnist_family(directory, which, mean_value, std_value)) {}
 };

@@ -99,9 +99,11 @@ class DistributedSampler {
   static DistributedSampler evaluation(std::size_t n, int num_replicas, int rank) {
     return DistributedSampler(n, num_replicas, rank, {.shuffle = false}, true);
   }
+  /// Evaluation mode over this process's rank and the world's size.
   static DistributedSampler evaluation(std::size_t n, const World& world) {
     return evaluation(n, world.world_size, world.rank);
   }
+  /// Evaluation mode over the communicator's rank and size (a subgroup's, say).
   template <Communicator Comm>
   static DistributedSampler evaluation(std::size_t n, const Comm& comm) {
     return evaluation(n, comm.size(), comm.rank());
@@ -114,6 +116,7 @@ class DistributedSampler {
     epoch_ = epoch;
     reshuffle();
   }
+  /// The epoch last set (0 until set_epoch() is called).
   [[nodiscard]] std::uint64_t epoch() const noexcept { return epoch_; }
 
   /// Indices this rank yields per epoch (PyTorch's num_samples).
@@ -125,9 +128,13 @@ class DistributedSampler {
   [[nodiscard]] std::size_t size() const noexcept { return num_samples_; }
   /// The data set's size.
   [[nodiscard]] std::size_t dataset_size() const noexcept { return n_; }
+  /// The number of ranks the data set is split over.
   [[nodiscard]] int num_replicas() const noexcept { return num_replicas_; }
+  /// The rank whose share this sampler yields.
   [[nodiscard]] int rank() const noexcept { return rank_; }
+  /// The options it was made with (evaluation mode: no shuffle).
   [[nodiscard]] const SamplerOptions& options() const noexcept { return options_; }
+  /// Whether it was made by evaluation(): each sample once across the ranks, no padding.
   [[nodiscard]] bool is_evaluation() const noexcept { return evaluation_; }
 
   /// The index at position k of this rank's list (k < size()).
@@ -137,7 +144,9 @@ class DistributedSampler {
     return permutation_ ? (*permutation_)[global] : static_cast<std::int64_t>(global);
   }
 
+  /// The first of this rank's indices, for the current epoch.
   [[nodiscard]] iterator begin() const noexcept;
+  /// Past the last of this rank's indices.
   [[nodiscard]] iterator end() const noexcept;
 
  private:
@@ -200,6 +209,8 @@ class DistributedSampler {
 /// outlive it (as for any container).
 class DistributedSampler::iterator {
  public:
+  // The standard random-access iterator protocol, left out of the API reference.
+  /// @cond TANDEM_ITERATOR_PROTOCOL
   using iterator_concept = std::random_access_iterator_tag;
   using iterator_category = std::random_access_iterator_tag;
   using value_type = std::int64_t;
@@ -231,6 +242,7 @@ class DistributedSampler::iterator {
   friend auto operator<=>(const iterator& a, const iterator& b) noexcept {
     return a.position_ <=> b.position_;
   }
+  /// @endcond
 
  private:
   const DistributedSampler* sampler_ = nullptr;
