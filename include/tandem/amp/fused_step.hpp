@@ -231,6 +231,7 @@ class FusedStep {
 
   /// Host threads per pass.
   [[nodiscard]] int threads() const noexcept { return threads_; }
+  /// The settings it was made with (threads 0 there means rank_cores(), as threads() says).
   [[nodiscard]] const FusedStepOptions& options() const noexcept { return options_; }
 
   /// scaler.step(adamw), ema.update() and compute.refresh(values) as two passes (see the top of
