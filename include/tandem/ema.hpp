@@ -344,6 +344,9 @@ class EMA {
 
   /// The update count: the step the last update() used.
   [[nodiscard]] std::size_t updates() const noexcept { return updates_; }
+  /// Restores the update count a checkpoint recorded (with the shadow, written through
+  /// shadow_values()), so the next update() uses the decay it would have without the restart.
+  void set_updates(std::size_t updates) noexcept { updates_ = updates; }
   [[nodiscard]] const EMAOptions& options() const noexcept { return options_; }
   [[nodiscard]] const Exec& executor() const noexcept { return exec_; }
 
