@@ -39,8 +39,8 @@ namespace tandem {
 /// Made by save_checkpoint/load_checkpoint from the communicator; parts of a TrainingState that
 /// differ per rank (random generators) use it.
 struct CheckpointRanks {
-  int rank = 0;
-  int size = 1;
+  int rank = 0;  ///< this rank
+  int size = 1;  ///< the rank count
   /// Every rank's `mine`, in rank order (a collective: every rank calls it).
   std::function<std::vector<std::string>(const std::string& mine)> gather;
 };
@@ -175,7 +175,7 @@ class TrainingState {
     return *this;
   }
 
-  /// An EMA's shadow under `key.<name>` for each parameter and buffer of `params` (the arena
+  /// An EMA's shadow under `key.NAME` for each parameter and buffer of `params` (the arena
   /// the EMA averages), and its update count.
   template <class Ema, class Params>
   TrainingState& ema(Ema& ema, Params& params, std::string key = "ema") {
@@ -369,7 +369,7 @@ class TrainingState {
 /// Where and how checkpoints are kept.
 struct CheckpointOptions {
   std::size_t keep_last = 3;           ///< older checkpoints are deleted after a save (0: keep all)
-  std::string prefix = "checkpoint-";  ///< file names: <prefix><step, 12 digits>.safetensors
+  std::string prefix = "checkpoint-";  ///< file names: prefix, the step in 12 digits, .safetensors
   bool broadcast = false;  ///< load: rank 0 reads and broadcasts (no shared file system)
 };
 
