@@ -218,9 +218,15 @@ class Loader {
 
   /// Starts an epoch (ending one still running) and returns its first position.
   iterator begin() {
-    start_epoch();
-    return iterator(this, 0);
+    const std::size_t first = std::exchange(resume_at_, 0);
+    start_epoch(first);
+    return iterator(this, first);
   }
+
+  /// The next epoch (the next begin()) starts at batch `batch` instead of 0, once: how a run
+  /// resumed from a checkpoint skips the batches of its epoch that were already trained on.
+  /// Batch indices stay those of the whole epoch.
+  void resume_at(std::size_t batch) { resume_at_ = batch; }
   /// The end of the epoch: the iterator compares equal to it after the last batch.
   std::default_sentinel_t end() const noexcept { return {}; }
 
@@ -263,7 +269,7 @@ class Loader {
     typename Delivery::slot transfer;
   };
 
-  void start_epoch() {
+  void start_epoch(std::size_t first_batch) {
     finish_epoch();
     num_batches_ = size();
     std::size_t largest = 0;
@@ -284,8 +290,12 @@ class Loader {
       slot.ready = false;
       slot.error = nullptr;
     }
-    next_claim_ = 0;
-    released_ = 0;
+    if (first_batch > num_batches_) {
+      throw Error("Loader::resume_at", "batch " + std::to_string(first_batch) + " of an epoch of " +
+                                           std::to_string(num_batches_) + " batches");
+    }
+    next_claim_ = first_batch;
+    released_ = first_batch;
     stopping_ = false;
     for (int w = 0; w < options_.workers; ++w) threads_.emplace_back([this] { work(); });
   }
@@ -445,6 +455,7 @@ class Loader {
   std::size_t num_batches_ = 0;
   std::size_t next_claim_ = 0;
   std::size_t released_ = 0;
+  std::size_t resume_at_ = 0;
   bool stopping_ = false;
   std::optional<std::size_t> handed_;
   batch_type current_;

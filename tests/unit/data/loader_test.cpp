@@ -189,3 +189,25 @@ TEST_CASE("an index outside the data set is an error naming the batch and the in
   CHECK_THROWS_WITH_AS(tandem::Loader(data, indices | tandem::views::batches(4), {.workers = -1}),
                        doctest::Contains("workers = -1"), tandem::Error);
 }
+
+TEST_CASE("resume_at starts the next epoch at a batch, once") {
+  Squares data;
+  tandem::DistributedSampler sampler(data.size(), 1, 0, {.seed = 2});
+  for (int workers : {0, 2}) {
+    tandem::Loader loader(data, sampler | tandem::views::batches(10), {.workers = workers});
+    const Seen whole = drain(loader);
+    loader.resume_at(7);
+    std::vector<std::size_t> indices;
+    std::vector<std::int64_t> samples;
+    for (const auto& batch : loader) {
+      indices.push_back(batch.index());
+      samples.insert(samples.end(), batch.indices().begin(), batch.indices().end());
+    }
+    CHECK(indices == std::vector<std::size_t>{7, 8, 9});
+    CHECK(samples == std::vector<std::int64_t>(whole.indices.begin() + 70, whole.indices.end()));
+    CHECK(drain(loader) == whole);  // the epoch after starts at 0 again
+    loader.resume_at(11);
+    CHECK_THROWS_WITH_AS(loader.begin(), doctest::Contains("batch 11 of an epoch of 10"),
+                         tandem::Error);
+  }
+}
