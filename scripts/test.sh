@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # Configures, builds and runs tandem's whole test suite (CPU tests; CUDA code is compiled when
 # nvcc is present and its tests skip, saying so, when no GPU is).
-# Usage: scripts/test.sh [preset...]   default: dev asan tsan
-#   dev   Debug build, every test          asan  ASan+UBSan build     tsan  ThreadSanitizer build
+# Usage: scripts/test.sh [preset...]   default: dev defaults asan tsan
+#   dev       Debug build, every test, the API reference's warnings, the Conan and vcpkg packages
+#   defaults  the README's configuration: tests with every other option at its default (Gloo, MPI
+#             off; CUDA compiled where nvcc is); no build type, so unoptimised like Debug, no -g
+#   asan      ASan+UBSan build         tsan  ThreadSanitizer build
+# The consumer tests (label consumer) build tandem and a user's project afresh with fixed options,
+# whatever the preset: dev runs them, the other presets leave them out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 presets=("$@")
-[ ${#presets[@]} -gt 0 ] || presets=(dev asan tsan)
+[ ${#presets[@]} -gt 0 ] || presets=(dev defaults asan tsan)
 jobs=${TANDEM_JOBS:-$(nproc)}
 
 for preset in "${presets[@]}"; do
