@@ -42,10 +42,9 @@ using tandem::test::fake_device;
 using tandem::test::fake_device_exec;
 using tandem::test::staging_counters;
 namespace suite = tandem::test::ddp;
-using suite::GlooThreadRunner;
 using suite::LocalRunner;
-
 #if defined(TANDEM_TEST_GLOO)
+using suite::GlooThreadRunner;
 #endif
 
 // --- moving data between the host model and the device arena ------------------------------------
