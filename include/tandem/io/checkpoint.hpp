@@ -455,11 +455,21 @@ std::filesystem::path save_checkpoint(Comm& comm, const std::filesystem::path& d
   if (comm.rank() == 0) std::filesystem::create_directories(directory);
   const auto path = checkpoint_path(directory, step, options);
   save_checkpoint(comm, path, state);
-  if (comm.rank() == 0 && options.keep_last > 0) {
-    const auto all = list_checkpoints(directory, options);
-    for (std::size_t i = options.keep_last; i < all.size(); ++i) {
-      std::error_code ignored;
-      std::filesystem::remove(all[i].second, ignored);
+  if (comm.rank() == 0) {
+    std::error_code ignored;
+    if (options.keep_last > 0) {
+      const auto all = list_checkpoints(directory, options);
+      for (std::size_t i = options.keep_last; i < all.size(); ++i) {
+        std::filesystem::remove(all[i].second, ignored);
+      }
+    }
+    // Temporary files of saves that were killed half-way (this save's was renamed already).
+    const std::string stale = "." + options.prefix;
+    for (const auto& entry : std::filesystem::directory_iterator(directory, ignored)) {
+      const std::string name = entry.path().filename().string();
+      if (name.starts_with(stale) && name.find(".safetensors.tmp-") != std::string::npos) {
+        std::filesystem::remove(entry.path(), ignored);
+      }
     }
   }
   return path;
