@@ -1,0 +1,15 @@
+// Exact resume on GlooComm: ranks as threads, each with its own GlooComm (real TCP transport).
+#include <doctest/doctest.h>
+
+#include "resume_suite.hpp"
+#include "support/temp_dir.hpp"
+#include "unit/ddp/runners.hpp"
+
+TEST_CASE("a resumed Gloo run ends bit for bit where an uninterrupted one does") {
+  for (bool broadcast : {false, true}) {
+    CAPTURE(broadcast);
+    tandem::test::TempDir dir;
+    tandem::test::resume::check_resume(tandem::test::ddp::GlooThreadRunner{}, 2, dir.path(),
+                                       broadcast);
+  }
+}
