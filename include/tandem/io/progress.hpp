@@ -34,8 +34,9 @@ struct ProgressOptions {
 /// latest metrics (name, value pairs).
 class Progress {
  public:
-  using clock = std::chrono::steady_clock;
+  using clock = std::chrono::steady_clock;  ///< what rates and times are measured with
 
+  /// A display for a loop of `total` steps; nothing is shown before the first update.
   explicit Progress(std::size_t total, ProgressOptions options = {})
       : total_(total), options_(std::move(options)), start_(clock::now()), shown_(start_) {
     terminal_ =

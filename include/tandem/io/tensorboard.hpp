@@ -91,11 +91,13 @@ inline std::string record(std::string_view data) {
 
 }  // namespace detail::tfevents
 
-/// Writes scalar summaries to `<directory>/events.out.tfevents.<seconds>.<host>.<pid>`, one file
+/// Writes scalar summaries to `events.out.tfevents.SECONDS.HOST.PID` in a directory, one file
 /// per writer, for TensorBoard. Appends are buffered by stdio; flush() (or destruction) writes
 /// them out. Disabled writers (the non-zero ranks, typically) create no file and ignore calls.
 class TensorBoardWriter {
  public:
+  /// A writer of a new event file in `directory` (created if needed); with `enabled` false it
+  /// creates nothing and ignores every call (for ranks other than 0).
   explicit TensorBoardWriter(const std::filesystem::path& directory, bool enabled = true) {
     if (!enabled) return;
     std::error_code error;
