@@ -1,0 +1,429 @@
+// fashion_mnist: the flagship. Fashion-MNIST trained across ranks the way a PyTorch user's
+// script does it: World from the environment, init_process_group, an MLP 784-256-BatchNorm-
+// ReLU-10 (SyncBatchNorm) in one Parameters arena wrapped in DDP with overlap, the
+// DistributedSampler with set_epoch and the Loader, SGD with two param groups (the head at twice
+// the learning rate), warm-up + cosine LR, an EMA evaluated at each epoch's end, distributed
+// evaluation over the test set (every sample once), rank-0 progress and TensorBoard, a checkpoint
+// every epoch and --resume. Matrix products through OpenBLAS. Rank 0's last line states the test
+// accuracy.
+//   build/dev/tools/tandemrun --nproc-per-node 2 build/dev/examples/fashion_mnist   Gloo (default)
+//   build/dev/examples/fashion_mnist --backend local --ranks 2                        threads
+//   mpirun -n 2 build/dev/examples/fashion_mnist --backend mpi                        MPI
+// Flags: --epochs E --batch-size B (per rank) --lr LR --seed S --data DIR --checkpoint-dir DIR
+//        --resume --timeout SECONDS --workers W --tensorboard DIR --max-steps N --wide
+#include <cblas.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <filesystem>
+#include <optional>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tandem/comm/local.hpp"
+#include "tandem/core/env.hpp"
+#include "tandem/data/batches.hpp"
+#include "tandem/data/loader.hpp"
+#include "tandem/data/mnist.hpp"
+#include "tandem/data/sampler.hpp"
+#include "tandem/ddp/ddp.hpp"
+#include "tandem/ddp/parameters.hpp"
+#include "tandem/ema.hpp"
+#include "tandem/io/checkpoint.hpp"
+#include "tandem/io/log.hpp"
+#include "tandem/io/metrics.hpp"
+#include "tandem/io/progress.hpp"
+#include "tandem/io/tensorboard.hpp"
+#include "tandem/nn/sync_batch_norm.hpp"
+#include "tandem/optim/lr_scheduler.hpp"
+#include "tandem/optim/sgd.hpp"
+#if TANDEM_EXAMPLE_WITH_GLOO
+#include "tandem/comm/gloo.hpp"
+#include "tandem/comm/init.hpp"
+#endif
+#if TANDEM_EXAMPLE_WITH_MPI
+#include "tandem/comm/mpi.hpp"
+#endif
+
+namespace {
+
+struct Settings {
+  std::string backend;
+  int ranks = 2;
+  int epochs = 3;
+  std::size_t batch_size = 64;
+  double lr = 0.1;
+  std::uint64_t seed = 0;
+  std::string data = tandem::FashionMNIST::default_directory().string();
+  std::string checkpoint_dir;
+  bool resume = false;
+  int timeout_seconds = 1800;
+  int workers = 1;
+  std::string tensorboard;
+  std::int64_t max_steps = -1;      // stop early (tests)
+  std::int64_t crash_at_step = -1;  // rank 1 kills itself here on the first attempt (the test)
+  bool wide = false;
+};
+
+constexpr std::size_t pixels = 784;
+constexpr std::size_t classes = 10;
+
+/// The model: fc1 -> SyncBatchNorm -> ReLU -> fc2, its forward and backward written out, the
+/// products through OpenBLAS. Names are those of the PyTorch module
+/// nn.Sequential-like {fc1: Linear(784, H), bn1: BatchNorm1d(H), fc2: Linear(H, 10)}.
+template <class Comm>
+class Mlp {
+ public:
+  Mlp(Comm& comm, std::size_t hidden, std::uint64_t seed) : hidden_(hidden) {
+    const auto h = static_cast<std::int64_t>(hidden);
+    fc1_w_ = &params_.add("fc1.weight", {h, static_cast<std::int64_t>(pixels)});
+    fc1_b_ = &params_.add("fc1.bias", {h});
+    bn_.emplace(comm, params_, "bn1.", h);
+    fc2_w_ = &params_.add("fc2.weight", {static_cast<std::int64_t>(classes), h});
+    fc2_b_ = &params_.add("fc2.bias", {static_cast<std::int64_t>(classes)});
+    params_.finalize();
+    bn_->reset_parameters();
+    // PyTorch's nn.Linear default: U(-1/sqrt(in), 1/sqrt(in)) for weights and biases.
+    std::mt19937_64 random(seed);
+    auto fill = [&](tandem::View<float> v, std::size_t fan_in) {
+      const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
+      std::uniform_real_distribution<double> uniform(-bound, bound);
+      for (auto& x : v) x = static_cast<float>(uniform(random));
+    };
+    fill(fc1_w_->value(), pixels);
+    fill(fc1_b_->value(), pixels);
+    fill(fc2_w_->value(), hidden);
+    fill(fc2_b_->value(), hidden);
+  }
+
+  tandem::Parameters<float>& params() { return params_; }
+  tandem::SyncBatchNorm<Comm>& batch_norm() { return *bn_; }
+
+  /// Logits of `count` images (count x 784) into logits_ (count x 10).
+  void forward(const float* x, std::size_t count) {
+    resize(count);
+    // h1 = x W1^T + b1
+    for (std::size_t s = 0; s < count; ++s)
+      std::copy_n(fc1_b_->value().data(), hidden_, &h1_[s * hidden_]);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(count), int(hidden_), int(pixels),
+                1.0f, x, int(pixels), fc1_w_->value().data(), int(pixels), 1.0f, h1_.data(),
+                int(hidden_));
+    bn_->forward(view(h1_, count), view(bn_out_, count));
+    for (std::size_t i = 0; i < count * hidden_; ++i) relu_[i] = std::max(bn_out_[i], 0.0f);
+    for (std::size_t s = 0; s < count; ++s)
+      std::copy_n(fc2_b_->value().data(), classes, &logits_[s * classes]);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(count), int(classes), int(hidden_),
+                1.0f, relu_.data(), int(hidden_), fc2_w_->value().data(), int(hidden_), 1.0f,
+                logits_.data(), int(classes));
+  }
+
+  /// Mean cross-entropy of the last forward against `labels`; with `ready`, its gradients
+  /// (scaled by `scale`) added into the arena, each handed to ready(param) when complete.
+  template <class Ready>
+  double loss_and_backward(const float* x, const std::int64_t* labels, std::size_t count,
+                           Ready&& ready) {
+    double loss = 0;
+    std::vector<float>& d = dlogits_;
+    for (std::size_t s = 0; s < count; ++s) {
+      const float* z = &logits_[s * classes];
+      const float top = *std::max_element(z, z + classes);
+      double sum = 0;
+      for (std::size_t k = 0; k < classes; ++k) sum += std::exp(double(z[k] - top));
+      const auto label = static_cast<std::size_t>(labels[s]);
+      loss += std::log(sum) - double(z[label] - top);
+      for (std::size_t k = 0; k < classes; ++k) {
+        const double p = std::exp(double(z[k] - top)) / sum;
+        d[s * classes + k] = static_cast<float>((p - (k == label ? 1.0 : 0.0)) / double(count));
+      }
+    }
+    // fc2: dW2 += d^T relu, db2 += sum d, then d relu = d W2
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(classes), int(hidden_), int(count),
+                1.0f, d.data(), int(classes), relu_.data(), int(hidden_), 1.0f,
+                fc2_w_->grad().data(), int(hidden_));
+    auto gb2 = fc2_b_->grad();
+    for (std::size_t s = 0; s < count; ++s)
+      for (std::size_t k = 0; k < classes; ++k) gb2[k] += d[s * classes + k];
+    ready(*fc2_w_);
+    ready(*fc2_b_);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(count), int(hidden_), int(classes),
+                1.0f, d.data(), int(classes), fc2_w_->value().data(), int(hidden_), 0.0f,
+                drelu_.data(), int(hidden_));
+    for (std::size_t i = 0; i < count * hidden_; ++i) drelu_[i] = bn_out_[i] > 0 ? drelu_[i] : 0.0f;
+    // bn1 (collective across ranks), then fc1: dW1 += dh1^T x, db1 += sum dh1
+    bn_->backward(view(h1_, count), view(drelu_, count), view(dh1_, count));
+    ready(params_["bn1.weight"]);
+    ready(params_["bn1.bias"]);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(hidden_), int(pixels), int(count),
+                1.0f, dh1_.data(), int(hidden_), x, int(pixels), 1.0f, fc1_w_->grad().data(),
+                int(pixels));
+    auto gb1 = fc1_b_->grad();
+    for (std::size_t s = 0; s < count; ++s)
+      for (std::size_t j = 0; j < hidden_; ++j) gb1[j] += dh1_[s * hidden_ + j];
+    ready(*fc1_w_);
+    ready(*fc1_b_);
+    return loss / double(count);
+  }
+
+  /// Correct predictions of the last forward.
+  std::int64_t correct(const std::int64_t* labels, std::size_t count) const {
+    std::int64_t hits = 0;
+    for (std::size_t s = 0; s < count; ++s) {
+      const float* z = &logits_[s * classes];
+      hits += std::max_element(z, z + classes) - z == labels[s];
+    }
+    return hits;
+  }
+
+ private:
+  tandem::View<float> view(std::vector<float>& v, std::size_t count) {
+    return tandem::View<float>(v.data(), tandem::Shape{std::int64_t(count), std::int64_t(hidden_)});
+  }
+  void resize(std::size_t count) {
+    for (auto* v : {&h1_, &bn_out_, &relu_, &drelu_, &dh1_}) v->resize(count * hidden_);
+    logits_.resize(count * classes);
+    dlogits_.resize(count * classes);
+  }
+
+  std::size_t hidden_;
+  tandem::Parameters<float> params_;
+  tandem::Parameters<float>::Parameter *fc1_w_, *fc1_b_, *fc2_w_, *fc2_b_;
+  std::optional<tandem::SyncBatchNorm<Comm>> bn_;
+  std::vector<float> h1_, bn_out_, relu_, logits_, dlogits_, drelu_, dh1_;
+};
+
+/// Accuracy over the test set split by the evaluation sampler: every sample counted once.
+template <class Comm>
+double evaluate(Comm& comm, Mlp<Comm>& model, const tandem::FashionMNIST& test) {
+  model.batch_norm().eval();
+  auto sampler = tandem::DistributedSampler::evaluation(test.size(), comm);
+  tandem::Loader loader(test, sampler | tandem::views::batches(500), {.workers = 0});
+  std::int64_t hits = 0;
+  for (const auto& batch : loader) {
+    auto [images, labels] = batch.views();
+    model.forward(images.data(), batch.size());
+    hits += model.correct(labels.data(), batch.size());
+  }
+  model.batch_norm().train();
+  const auto totals =
+      tandem::reduce_sum(comm, std::array<std::int64_t, 2>{hits, std::int64_t(sampler.size())});
+  return double(totals[0]) / double(totals[1]);
+}
+
+/// One rank's whole run. Returns the final test accuracy.
+template <tandem::Communicator Comm>
+double train(Comm& comm, const Settings& settings) {
+  const tandem::FashionMNIST train_set(tandem::split::train, settings.data);
+  const tandem::FashionMNIST test_set(tandem::split::test, settings.data);
+  Mlp<Comm> model(comm, settings.wide ? 1024 : 256, settings.seed);
+  tandem::DistributedDataParallel<Comm, tandem::overlap> ddp(comm, model.params());
+
+  using tandem::optim::ParamGroup;
+  using tandem::optim::SGDOptions;
+  const std::vector<ParamGroup<SGDOptions>> groups{
+      {tandem::optim::params_with_prefix("fc1."), {.lr = settings.lr, .momentum = 0.9}},
+      {tandem::optim::params_with_prefix("bn1."), {.lr = settings.lr, .momentum = 0.9}},
+      {tandem::optim::params_with_prefix("fc2."), {.lr = 2 * settings.lr, .momentum = 0.9}}};
+  tandem::optim::SGD optimizer(model.params(), std::span(groups));
+  tandem::DistributedSampler sampler(train_set.size(), comm,
+                                     {.shuffle = true, .seed = settings.seed});
+  auto batches = sampler | tandem::views::batches(settings.batch_size);
+  const auto steps_per_epoch = static_cast<std::int64_t>(batches.size());
+  const std::int64_t total_steps = steps_per_epoch * settings.epochs;
+  auto schedule =
+      tandem::lr::warmup_cosine(optimizer, std::min<std::int64_t>(100, total_steps / 10),
+                                total_steps, 1.0, 0.01);  // a factor on each group's lr
+  tandem::EMA ema(model.params(), {.decay = 0.999, .use_warmup = true});
+  tandem::Loader loader(train_set, batches, {.workers = settings.workers});
+
+  std::int64_t step = 0;
+  std::size_t batches_done = 0;
+  std::mt19937 generator(static_cast<unsigned>(settings.seed + 1000 * comm.rank()));
+  tandem::TrainingState state;
+  state.model(model.params())
+      .optimizer(optimizer)
+      .ema(ema, model.params())
+      .scheduler(schedule)
+      .sampler(sampler, batches_done)
+      .counter("step", step)
+      .rng("generator", generator);
+  if (settings.resume && !settings.checkpoint_dir.empty()) {
+    if (auto last = tandem::latest_checkpoint(settings.checkpoint_dir)) {
+      tandem::load_checkpoint(comm, *last, state);
+      loader.resume_at(batches_done);
+      tandem::log0(comm) << "resumed from " << last->string() << " at step " << step;
+    }
+  }
+  tandem::TensorBoardWriter board(settings.tensorboard.empty() ? "." : settings.tensorboard,
+                                  comm.rank() == 0 && !settings.tensorboard.empty());
+  const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  const bool first_attempt = !restart || std::string_view(restart) == "0";
+
+  double accuracy = 0;
+  double mean_loss = 0;
+  for (auto epoch = static_cast<int>(sampler.epoch()); epoch < settings.epochs; ++epoch) {
+    if (static_cast<std::uint64_t>(epoch) != sampler.epoch()) {
+      sampler.set_epoch(static_cast<std::uint64_t>(epoch));
+      batches_done = 0;
+    }
+    tandem::Progress progress(
+        static_cast<std::size_t>(steps_per_epoch) - batches_done,
+        {.label = "epoch " + std::to_string(epoch), .enabled = comm.rank() == 0});
+    for (const auto& batch : loader) {
+      if (settings.crash_at_step == step && comm.rank() == 1 && first_attempt) ::raise(SIGKILL);
+      auto [images, labels] = batch.views();
+      ddp.before_forward();
+      optimizer.zero_grad();
+      model.forward(images.data(), batch.size());
+      const double loss = model.loss_and_backward(images.data(), labels.data(), batch.size(),
+                                                  [&](auto& param) { ddp.grad_ready(param); });
+      ddp.finish_gradient_sync();
+      optimizer.step();
+      schedule.step();
+      ema.update();
+      ++batches_done;
+      ++step;
+      if (step % 50 == 0 || batches_done == batches.size()) {
+        mean_loss = tandem::reduce_mean(comm, loss);  // the same on every rank
+        board.add_scalar("train/loss", mean_loss, step);
+      }
+      progress.update({{"loss", mean_loss}, {"lr", optimizer.lr(0)}});
+      if (settings.max_steps >= 0 && step >= settings.max_steps) break;
+    }
+    progress.finish();
+    accuracy = evaluate(comm, model, test_set);
+    double ema_accuracy = 0;
+    {
+      auto applied = ema.applied();
+      ema_accuracy = evaluate(comm, model, test_set);
+    }
+    board.add_scalar("test/accuracy", accuracy, step);
+    board.add_scalar("test/accuracy_ema", ema_accuracy, step);
+    board.flush();
+    tandem::log0(comm) << "epoch " << epoch << ": test accuracy " << 100 * accuracy << " % (EMA "
+                       << 100 * ema_accuracy << " %)";
+    if (batches_done == batches.size()) {
+      sampler.set_epoch(static_cast<std::uint64_t>(epoch + 1));
+      batches_done = 0;
+    }
+    if (!settings.checkpoint_dir.empty()) {
+      tandem::save_checkpoint(comm, settings.checkpoint_dir, step, state);
+    }
+    if (settings.max_steps >= 0 && step >= settings.max_steps) break;
+  }
+  tandem::log0(comm) << "test accuracy " << 100 * accuracy << " % after " << step << " steps on "
+                     << comm.size() << " ranks";
+  return accuracy;
+}
+
+int usage() {
+  std::fprintf(stderr,
+               "usage: fashion_mnist [--backend gloo|mpi|local] [--ranks N] [--epochs E]\n"
+               "  [--batch-size B] [--lr LR] [--seed S] [--data DIR] [--checkpoint-dir DIR]\n"
+               "  [--resume] [--timeout SECONDS] [--workers W] [--tensorboard DIR]\n"
+               "  [--max-steps N] [--wide]\n"
+               "  default backend: gloo under a launcher (WORLD_SIZE set), else local\n");
+  return 2;
+}
+
+std::optional<Settings> parse(int argc, char** argv) {
+  Settings s;
+  s.backend = std::getenv("WORLD_SIZE") ? "gloo" : "local";
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    const bool has_value = i + 1 < argc;
+    auto number = [&](std::int64_t low, std::int64_t high) -> std::optional<std::int64_t> {
+      const auto v = tandem::parse_int(argv[++i]);
+      if (!v || *v < low || *v > high) return std::nullopt;
+      return *v;
+    };
+    if (arg == "--resume")
+      s.resume = true;
+    else if (arg == "--wide")
+      s.wide = true;
+    else if (!has_value)
+      return std::nullopt;
+    else if (arg == "--backend")
+      s.backend = argv[++i];
+    else if (arg == "--data")
+      s.data = argv[++i];
+    else if (arg == "--checkpoint-dir")
+      s.checkpoint_dir = argv[++i];
+    else if (arg == "--tensorboard")
+      s.tensorboard = argv[++i];
+    else if (arg == "--lr") {
+      s.lr = std::atof(argv[++i]);
+      if (!(s.lr > 0)) return std::nullopt;
+    } else {
+      std::optional<std::int64_t> v;
+      if (arg == "--ranks" && (v = number(1, 64)))
+        s.ranks = int(*v);
+      else if (arg == "--epochs" && (v = number(1, 1000)))
+        s.epochs = int(*v);
+      else if (arg == "--batch-size" && (v = number(1, 60000)))
+        s.batch_size = std::size_t(*v);
+      else if (arg == "--seed" && (v = number(0, INT64_MAX)))
+        s.seed = std::uint64_t(*v);
+      else if (arg == "--timeout" && (v = number(1, 86400)))
+        s.timeout_seconds = int(*v);
+      else if (arg == "--workers" && (v = number(0, 64)))
+        s.workers = int(*v);
+      else if (arg == "--max-steps" && (v = number(0, INT64_MAX)))
+        s.max_steps = *v;
+      else if (arg == "--crash-at-step" && (v = number(0, INT64_MAX)))
+        s.crash_at_step = *v;
+      else
+        return std::nullopt;
+    }
+  }
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const auto settings = parse(argc, argv);
+  if (!settings) return usage();
+  openblas_set_num_threads(1);  // one core per rank: the ranks are the parallelism
+  const auto timeout = std::chrono::seconds(settings->timeout_seconds);
+  try {
+    double accuracy = 0;
+    if (settings->backend == "local") {
+      tandem::run_local(
+          settings->ranks,
+          [&](tandem::LocalComm& comm) {
+            const double a = train(comm, *settings);
+            if (comm.rank() == 0) accuracy = a;
+          },
+          tandem::LocalCommOptions{timeout});
+#if TANDEM_EXAMPLE_WITH_GLOO
+    } else if (settings->backend == "gloo") {
+      tandem::GlooCommOptions options;
+      options.timeout = timeout;
+      auto comm = tandem::init_process_group<tandem::GlooComm>("env://", options);
+      accuracy = train(comm, *settings);
+      comm.barrier();
+#endif
+#if TANDEM_EXAMPLE_WITH_MPI
+    } else if (settings->backend == "mpi") {
+      auto comm = tandem::MpiComm::world();
+      accuracy = train(comm, *settings);
+#endif
+    } else {
+      std::fprintf(stderr, "fashion_mnist: backend '%s' is not built in\n",
+                   settings->backend.c_str());
+      return usage();
+    }
+    return std::isfinite(accuracy) ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
+    return 1;
+  }
+}
