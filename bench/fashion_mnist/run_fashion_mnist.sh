@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# bench/fashion_mnist/run_fashion_mnist.sh - Fashion-MNIST, 3 epochs of the same recipe (SGD lr
+# 0.1, momentum 0.9, batch 64 per rank, the same data order) in one run: PyTorch DDP over gloo
+# with 2 processes, single-process PyTorch, and tandem on 2 ranks with Gloo, MPI and threads.
+# Writes seconds of training per epoch, final test accuracy and the ratios to
+# bench/results/fashion-mnist.md, and the accuracy-against-time plot beside it (matplotlib).
+#   bench/fashion_mnist/run_fashion_mnist.sh [BUILD_DIR]     (default build/release)
+# Needs: fashion_mnist and tandemrun built (Release), OpenMPI, Debian's python3-torch and
+# python3-matplotlib for /usr/bin/python3, dataset-fashion-mnist.
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/../.." && pwd)
+build=${1:-build/release}
+case $build in /*) ;; *) build=$root/$build ;; esac
+program=$build/examples/fashion_mnist/fashion_mnist
+tandemrun=$build/tools/tandemrun
+for f in "$program" "$tandemrun"; do [[ -x $f ]] || { echo "missing $f" >&2; exit 1; }; done
+python=/usr/bin/python3
+out=$root/bench/results/fashion-mnist.md
+plot=$root/bench/results/fashion-mnist.png
+tmp=$(mktemp -d /tmp/tandem-bench-fmnist.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+export GLOO_SOCKET_IFNAME=lo OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+# tandem prints "epoch E: test accuracy A % (...) after S s of training"; keep "E S A".
+tandem_epochs() { sed -n 's/.*epoch \([0-9]*\): test accuracy \([0-9.]*\) % .* after \([0-9.]*\) s of training.*/EPOCH \1 \3 \2/p'; }
+
+run() {  # name, command...
+  local name=$1; shift
+  echo "--- $name"
+  "$@" >"$tmp/$name.log" 2>&1 || { cat "$tmp/$name.log"; echo "FAILED: $name" >&2; exit 1; }
+  grep -h "^EPOCH\|epoch [0-9]*: test" "$tmp/$name.log" | tail -3
+}
+port=$((29500 + RANDOM % 1000))
+run torch_ddp bash -c "for r in 0 1; do RANK=\$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port $python $here/fashion_mnist_torch.py & done; wait"
+run torch_single "$python" "$here/fashion_mnist_torch.py"
+run tandem_gloo "$tandemrun" --standalone --nproc-per-node 2 "$program" --plain --epochs 3
+run tandem_mpi mpirun -n 2 --oversubscribe --bind-to none "$program" --backend mpi --plain --epochs 3
+run tandem_local "$program" --backend local --ranks 2 --plain --epochs 3
+for name in tandem_gloo tandem_mpi tandem_local; do tandem_epochs <"$tmp/$name.log" >"$tmp/$name.epochs"; done
+for name in torch_ddp torch_single; do grep "^EPOCH" "$tmp/$name.log" | awk '{print $1, $2, $3, $4 * 100}' >"$tmp/$name.epochs"; done
+for name in tandem_gloo tandem_mpi tandem_local torch_ddp torch_single; do
+  [[ $(wc -l <"$tmp/$name.epochs") -eq 3 ]] || { cat "$tmp/$name.log"; echo "FAILED: $name did not report 3 epochs" >&2; exit 1; }
+done
+
+"$python" - "$tmp" "$out" "$plot" "$(git -C "$root" rev-parse --short HEAD)" <<'PY'
+import sys, datetime, os
+tmp, out, plot, commit = sys.argv[1:5]
+names = {"torch_ddp": "PyTorch DDP, 2 processes (gloo)", "torch_single": "PyTorch, 1 process",
+         "tandem_gloo": "tandem, 2 ranks (Gloo)", "tandem_mpi": "tandem, 2 ranks (MPI)",
+         "tandem_local": "tandem, 2 ranks (threads)"}
+runs = {}
+for key in names:
+    rows = [line.split() for line in open(os.path.join(tmp, key + ".epochs"))]
+    runs[key] = [(float(r[2]), float(r[3])) for r in rows]  # (seconds so far, accuracy %)
+per_epoch = {k: v[-1][0] / len(v) for k, v in runs.items()}
+best = min(("tandem_gloo", "tandem_mpi", "tandem_local"), key=per_epoch.get)
+lines = [
+    "# Fashion-MNIST: tandem beside PyTorch, same recipe", "",
+    f"Run {datetime.date.today()} on this 2-core VM, commit {commit}, by "
+    "`bench/fashion_mnist/run_fashion_mnist.sh` (Release build). The same MLP "
+    "784-256-BatchNorm-ReLU-10, nn.Linear's initialisation distribution, SGD lr 0.1 momentum 0.9, "
+    "batch 64 per rank, 3 epochs, the same DistributedSampler order (seed 0); tandem with "
+    "`--plain`. Seconds are training only (evaluation excluded), on one shared machine: compare "
+    "the ratios, not the absolute times. PyTorch holds the data in tensors (no DataLoader), its "
+    "fastest CPU variant; under DDP its BatchNorm is per rank (torch's SyncBatchNorm refuses CPU "
+    "tensors), tandem's is synchronised.", "",
+    "| run | s / epoch | test accuracy | epoch time vs PyTorch DDP | vs 1-process PyTorch |",
+    "|---|---:|---:|---:|---:|"]
+for key, label in names.items():
+    lines.append(f"| {label} | {per_epoch[key]:.2f} | {runs[key][-1][1]:.2f} % | "
+                 f"{per_epoch[key] / per_epoch['torch_ddp']:.2f}x | "
+                 f"{per_epoch[key] / per_epoch['torch_single']:.2f}x |")
+lines += ["", f"Best tandem setup: {names[best]}, {per_epoch[best]:.2f} s per epoch: "
+          f"{per_epoch[best] / per_epoch['torch_ddp']:.2f}x PyTorch DDP's epoch time (target <= 0.3x), "
+          f"{per_epoch['torch_single'] / per_epoch[best]:.2f}x as fast as single-process PyTorch "
+          f"(target > 1x); accuracy {runs[best][-1][1]:.2f} % against PyTorch DDP's "
+          f"{runs['torch_ddp'][-1][1]:.2f} % (target within 0.5 points).", "",
+          "![test accuracy against training time](fashion-mnist.png)"]
+open(out, "w").write("\n".join(lines) + "\n")
+try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for key, label in names.items():
+        xs, ys = [0.0] + [r[0] for r in runs[key]], [None] + [r[1] for r in runs[key]]
+        ax.plot(xs[1:], ys[1:], marker="o", label=label)
+    ax.set_xlabel("seconds of training (2-core VM)")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title("Fashion-MNIST, 3 epochs, batch 64 per rank")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(plot, dpi=110)
+except ImportError:
+    print("no matplotlib: no plot", file=sys.stderr)
+print(open(out).read())
+PY
