@@ -67,7 +67,13 @@ class Progress {
   void finish() {
     if (finished_) return;
     finished_ = true;
-    if (options_.enabled) show(clock::now(), true);
+    if (!options_.enabled) return;
+    if (drawn_ && shown_done_ == done_) {  // the last line shown is already the final one
+      if (terminal_) std::fputc('\n', options_.stream);
+      std::fflush(options_.stream);
+      return;
+    }
+    show(clock::now(), true);
   }
 
   /// Steps done so far.
@@ -115,6 +121,7 @@ class Progress {
     }
     std::fflush(options_.stream);
     shown_ = now;
+    shown_done_ = done_;
     drawn_ = true;
   }
 
@@ -123,6 +130,7 @@ class Progress {
   clock::time_point start_;
   clock::time_point shown_;
   std::size_t done_ = 0;
+  std::size_t shown_done_ = 0;
   std::vector<std::pair<std::string, double>> metrics_;
   bool terminal_ = false;
   bool drawn_ = false;
