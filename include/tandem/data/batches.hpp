@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "tandem/core/error.hpp"
+#include "tandem/data/detail/indexed_iterator.hpp"
 
 namespace tandem {
 
@@ -27,7 +28,9 @@ class batch_view : public std::ranges::view_interface<batch_view<R>> {
  public:
   /// One batch: a subrange of the underlying range's iterators (no copy of the elements).
   using batch_type = std::ranges::subrange<base_iterator>;
-  class iterator;
+  /// Random access over the batches; each is made on dereference (an input iterator to legacy
+  /// algorithms, since it yields subranges by value).
+  using iterator = detail::indexed_iterator<batch_view, batch_type, std::input_iterator_tag>;
 
   batch_view() = default;
   /// `base` in batches of `batch_size` (tandem::Error when 0), the short last one dropped when
@@ -68,51 +71,6 @@ class batch_view : public std::ranges::view_interface<batch_view<R>> {
   R base_{};
   std::size_t batch_size_ = 1;
   bool drop_last_ = false;
-};
-
-/// A random-access iterator over a batch_view's batches, yielding each by value (a subrange);
-/// it refers to its view, which must outlive it.
-template <std::ranges::view R>
-requires std::ranges::random_access_range<R> && std::ranges::sized_range<R>
-class batch_view<R>::iterator {
- public:
-  // The standard random-access iterator protocol, left out of the API reference.
-  /// @cond TANDEM_ITERATOR_PROTOCOL
-  using iterator_concept = std::random_access_iterator_tag;
-  using iterator_category = std::input_iterator_tag;  // yields subranges by value
-  using value_type = batch_type;
-  using difference_type = std::ptrdiff_t;
-
-  iterator() = default;
-  iterator(const batch_view* view, std::size_t position) noexcept
-      : view_(view), position_(static_cast<difference_type>(position)) {}
-
-  value_type operator*() const { return (*view_)[static_cast<std::size_t>(position_)]; }
-  value_type operator[](difference_type k) const { return *(*this + k); }
-
-  iterator& operator++() noexcept { return ++position_, *this; }
-  iterator operator++(int) noexcept { return {view_, static_cast<std::size_t>(position_++)}; }
-  iterator& operator--() noexcept { return --position_, *this; }
-  iterator operator--(int) noexcept { return {view_, static_cast<std::size_t>(position_--)}; }
-  iterator& operator+=(difference_type k) noexcept { return position_ += k, *this; }
-  iterator& operator-=(difference_type k) noexcept { return position_ -= k, *this; }
-  friend iterator operator+(iterator it, difference_type k) noexcept { return it += k; }
-  friend iterator operator+(difference_type k, iterator it) noexcept { return it += k; }
-  friend iterator operator-(iterator it, difference_type k) noexcept { return it -= k; }
-  friend difference_type operator-(const iterator& a, const iterator& b) noexcept {
-    return a.position_ - b.position_;
-  }
-  friend bool operator==(const iterator& a, const iterator& b) noexcept {
-    return a.position_ == b.position_;
-  }
-  friend auto operator<=>(const iterator& a, const iterator& b) noexcept {
-    return a.position_ <=> b.position_;
-  }
-  /// @endcond
-
- private:
-  const batch_view* view_ = nullptr;
-  difference_type position_ = 0;
 };
 
 /// Makes a view of any viewable range, as std::views::all does: a view is kept as is, a

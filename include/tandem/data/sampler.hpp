@@ -24,6 +24,7 @@
 #include "tandem/comm/communicator.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/core/world.hpp"
+#include "tandem/data/detail/indexed_iterator.hpp"
 
 namespace tandem {
 
@@ -78,7 +79,9 @@ inline std::vector<std::int64_t> torch_randperm(std::int64_t n, std::uint64_t se
 /// Copies share the permutation (cheap); set_epoch() on one copy does not change the others.
 class DistributedSampler {
  public:
-  class iterator;
+  /// A random-access iterator over this rank's indices; it refers to its sampler, which must
+  /// outlive it (as for any container).
+  using iterator = detail::indexed_iterator<DistributedSampler, std::int64_t>;
 
   /// `n` samples split over `num_replicas` ranks, this being `rank`. Throws tandem::Error
   /// naming the bad argument (num_replicas < 1, rank outside [0, num_replicas), n == 0).
@@ -203,50 +206,6 @@ class DistributedSampler {
   // Padding repeats the list's start, so position p of the padded list is the permutation's
   // p mod n: the padded list is never stored.
   std::shared_ptr<const std::vector<std::int64_t>> permutation_;
-};
-
-/// A random-access iterator over one rank's indices; it refers to its sampler, which must
-/// outlive it (as for any container).
-class DistributedSampler::iterator {
- public:
-  // The standard random-access iterator protocol, left out of the API reference.
-  /// @cond TANDEM_ITERATOR_PROTOCOL
-  using iterator_concept = std::random_access_iterator_tag;
-  using iterator_category = std::random_access_iterator_tag;
-  using value_type = std::int64_t;
-  using difference_type = std::ptrdiff_t;
-  using reference = std::int64_t;
-
-  iterator() = default;
-  iterator(const DistributedSampler* sampler, std::size_t position) noexcept
-      : sampler_(sampler), position_(static_cast<difference_type>(position)) {}
-
-  reference operator*() const noexcept { return (*sampler_)[static_cast<std::size_t>(position_)]; }
-  reference operator[](difference_type k) const noexcept { return *(*this + k); }
-
-  iterator& operator++() noexcept { return ++position_, *this; }
-  iterator operator++(int) noexcept { return {sampler_, static_cast<std::size_t>(position_++)}; }
-  iterator& operator--() noexcept { return --position_, *this; }
-  iterator operator--(int) noexcept { return {sampler_, static_cast<std::size_t>(position_--)}; }
-  iterator& operator+=(difference_type k) noexcept { return position_ += k, *this; }
-  iterator& operator-=(difference_type k) noexcept { return position_ -= k, *this; }
-  friend iterator operator+(iterator it, difference_type k) noexcept { return it += k; }
-  friend iterator operator+(difference_type k, iterator it) noexcept { return it += k; }
-  friend iterator operator-(iterator it, difference_type k) noexcept { return it -= k; }
-  friend difference_type operator-(const iterator& a, const iterator& b) noexcept {
-    return a.position_ - b.position_;
-  }
-  friend bool operator==(const iterator& a, const iterator& b) noexcept {
-    return a.position_ == b.position_;
-  }
-  friend auto operator<=>(const iterator& a, const iterator& b) noexcept {
-    return a.position_ <=> b.position_;
-  }
-  /// @endcond
-
- private:
-  const DistributedSampler* sampler_ = nullptr;
-  difference_type position_ = 0;
 };
 
 inline DistributedSampler::iterator DistributedSampler::begin() const noexcept {

@@ -65,6 +65,19 @@ CheckpointRanks checkpoint_ranks(Comm& comm) {
           }};
 }
 
+// Every rank's `failure` (empty: none) decides together: an Error on every rank when any rank
+// failed, with this rank's own cause where it has one.
+template <Communicator Comm>
+void agree_on_failure(Comm& comm, const std::string& failure, const std::string& operation,
+                      const std::string& verb) {
+  std::vector<std::int32_t> failed{failure.empty() ? 0 : 1};
+  comm.all_reduce(failed, ReduceOp::max);
+  if (failed[0] != 0) {
+    throw Error(comm.rank(), operation,
+                failure.empty() ? "another rank failed to " + verb : failure);
+  }
+}
+
 // A name in the file for `name`: the same, or the same with or without "module." (what
 // DistributedDataParallel adds in PyTorch), whichever the file has.
 inline std::string name_in_file(const SafetensorsFile& file, const std::string& name) {
@@ -437,12 +450,7 @@ void save_checkpoint(Comm& comm, const std::filesystem::path& path, const Traini
     failure = error.what();
   }
   // Every rank learns whether rank 0 wrote the file before anyone goes on.
-  std::vector<std::int32_t> failed{failure.empty() ? 0 : 1};
-  comm.all_reduce(failed, ReduceOp::max);
-  if (failed[0] != 0) {
-    throw Error(comm.rank(), "save_checkpoint " + path.string(),
-                failure.empty() ? "another rank failed to save" : failure);
-  }
+  detail::agree_on_failure(comm, failure, "save_checkpoint " + path.string(), "save");
   comm.barrier();
 }
 
@@ -521,12 +529,7 @@ void load_checkpoint(Comm& comm, const std::filesystem::path& path, const Traini
   } catch (const std::exception& error) {
     failure = error.what();
   }
-  std::vector<std::int32_t> failed{failure.empty() ? 0 : 1};
-  comm.all_reduce(failed, ReduceOp::max);
-  if (failed[0] != 0) {
-    throw Error(comm.rank(), "load_checkpoint " + path.string(),
-                failure.empty() ? "another rank failed to load it" : failure);
-  }
+  detail::agree_on_failure(comm, failure, "load_checkpoint " + path.string(), "load it");
 }
 
 }  // namespace tandem

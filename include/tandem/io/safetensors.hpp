@@ -148,10 +148,8 @@ class SafetensorsFile {
   /// Reads the whole file into memory.
   static SafetensorsFile open(const std::filesystem::path& path) {
     const std::string name = path.string();
-    detail::Fd fd(::open(name.c_str(), O_RDONLY | O_CLOEXEC));
-    if (!fd)
-      throw Error("safetensors " + name, std::string("cannot open: ") + std::strerror(errno));
-    const std::size_t size = file_size(fd.get(), name);
+    std::size_t size = 0;
+    const detail::Fd fd = open_regular(name, size);
     auto storage = std::make_shared<std::vector<std::byte>>(size);
     std::size_t done = 0;
     while (done < size) {
@@ -167,10 +165,8 @@ class SafetensorsFile {
   /// Maps the file read-only: nothing is copied until a tensor is read.
   static SafetensorsFile map(const std::filesystem::path& path) {
     const std::string name = path.string();
-    detail::Fd fd(::open(name.c_str(), O_RDONLY | O_CLOEXEC));
-    if (!fd)
-      throw Error("safetensors " + name, std::string("cannot open: ") + std::strerror(errno));
-    const std::size_t size = file_size(fd.get(), name);
+    std::size_t size = 0;
+    const detail::Fd fd = open_regular(name, size);
     if (size == 0) return parse({}, name);
     void* address = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd.get(), 0);
     if (address == MAP_FAILED) {
@@ -266,13 +262,18 @@ class SafetensorsFile {
     validate(file);
   }
 
-  static std::size_t file_size(int fd, const std::string& name) {
+  // The file opened for reading, and its size; an Error unless it is a regular file.
+  static detail::Fd open_regular(const std::string& name, std::size_t& size) {
+    detail::Fd fd(::open(name.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd)
+      throw Error("safetensors " + name, std::string("cannot open: ") + std::strerror(errno));
     struct stat info {};
-    if (::fstat(fd, &info) != 0) {
+    if (::fstat(fd.get(), &info) != 0) {
       throw Error("safetensors " + name, std::string("cannot stat: ") + std::strerror(errno));
     }
     if (!S_ISREG(info.st_mode)) throw Error("safetensors " + name, "not a regular file");
-    return static_cast<std::size_t>(info.st_size);
+    size = static_cast<std::size_t>(info.st_size);
+    return fd;
   }
 
   [[noreturn]] void fail(const std::string& cause) const {
