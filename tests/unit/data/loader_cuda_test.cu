@@ -88,6 +88,22 @@ int main() {
         if (got[b] != expected) break;
       }
     }
+    // pin_memory=True: page-locked host batches, the same as the pageable ones.
+    tandem::Loader pageable(data, batches, {.workers = 2});
+    tandem::Loader pinned(data, batches, {.workers = 2}, tandem::pinned_delivery{});
+    std::vector<std::int64_t> a, b;
+    for (const auto& batch : pageable)
+      a.insert(a.end(), batch.indices().begin(), batch.indices().end());
+    for (const auto& batch : pinned) {
+      auto [x, y] = batch.views();
+      static_assert(std::is_same_v<decltype(y), tandem::View<std::int64_t, tandem::pinned>>);
+      cudaPointerAttributes attributes{};
+      tandem::cuda::check(cudaPointerGetAttributes(&attributes, y.data()),
+                          "cudaPointerGetAttributes");
+      expect(attributes.type == cudaMemoryTypeHost, "pinned batches are page-locked host memory");
+      b.insert(b.end(), y.data(), y.data() + y.size());
+    }
+    expect(a == b, "pinned batches hold the same samples");
   } catch (const std::exception& e) {
     std::printf("FAILED: %s\n", e.what());
     return 1;
