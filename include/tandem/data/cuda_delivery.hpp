@@ -93,20 +93,7 @@ static_assert(BatchDelivery<cuda_delivery>);
 
 /// PyTorch's `pin_memory=True`: batches gathered into, and delivered in, page-locked host
 /// memory, for code that copies them to the GPU itself (asynchronously, on its own streams).
-struct pinned_delivery {
-  using staging_space = pinned;  ///< gathered into page-locked memory
-  using memory_space = pinned;   ///< and handed over there: no copy after the gather
-  struct slot {};                ///< no per-slot state
-  /// @cond TANDEM_DELIVERY_PROTOCOL
-  slot make_slot() const noexcept { return {}; }
-  void before_gather(slot&) const noexcept {}
-  void upload(slot&, void*, const void*, std::size_t) const noexcept {}
-  void uploaded(slot&) const noexcept {}
-  void hand_over(slot&) const noexcept {}
-  void release(slot&) const noexcept {}
-  void synchronize() const noexcept {}
-  /// @endcond
-};
+using pinned_delivery = in_place_delivery<pinned>;
 static_assert(BatchDelivery<pinned_delivery>);
 
 }  // namespace tandem

@@ -70,27 +70,24 @@ concept BatchDelivery = memory_space<typename D::staging_space> &&
   delivery.synchronize();
 };
 
-/// Batches gathered in, and delivered from, host memory (no copy after the gather).
-struct host_delivery {
-  using staging_space = host;  ///< batches are gathered in host memory
-  using memory_space = host;   ///< and handed over where they were gathered
-  /// No per-slot state: nothing is copied, so there is nothing to wait for.
-  struct slot {};
-  /// An empty slot.
+/// Batches gathered in, and delivered from, one memory space: no copy after the gather.
+template <memory_space Space>
+struct in_place_delivery {
+  using staging_space = Space;  ///< where batches are gathered
+  using memory_space = Space;   ///< and where the consumer reads them
+  struct slot {};               ///< no per-slot state
+  /// @cond TANDEM_DELIVERY_PROTOCOL
   slot make_slot() const noexcept { return {}; }
-  /// Returns at once: no upload ever reads the staging memory.
   void before_gather(slot&) const noexcept {}
-  /// Never called (staging and delivery are the same memory); does nothing.
   void upload(slot&, void*, const void*, std::size_t) const noexcept {}
-  /// Never called, as upload(); does nothing.
   void uploaded(slot&) const noexcept {}
-  /// Does nothing: the gather finished on the host before the batch is handed over.
   void hand_over(slot&) const noexcept {}
-  /// Does nothing: the consumer is done with a batch when its iterator moves on.
   void release(slot&) const noexcept {}
-  /// Returns at once: there are no uploads to wait for.
   void synchronize() const noexcept {}
+  /// @endcond
 };
+/// Batches in ordinary host memory (the default).
+using host_delivery = in_place_delivery<host>;
 static_assert(BatchDelivery<host_delivery>);
 
 /// One batch as the consumer sees it: `size()` samples, each field a contiguous View of

@@ -9,7 +9,7 @@ TEST_CASE("a resumed Gloo run ends bit for bit where an uninterrupted one does")
   for (bool broadcast : {false, true}) {
     CAPTURE(broadcast);
     tandem::test::TempDir dir;
-    tandem::test::resume::check_resume(tandem::test::ddp::GlooThreadRunner{}, 2, dir.path(),
-                                       broadcast);
+    CHECK(tandem::test::resume::check_resume(tandem::test::ddp::GlooThreadRunner{}, 2, dir.path(),
+                                             broadcast) == 2);
   }
 }

@@ -24,9 +24,11 @@ TEST_CASE("a resumed run ends bit for bit where an uninterrupted one does") {
   for (bool broadcast : {false, true}) {
     CAPTURE(broadcast);
     tandem::test::TempDir dir;
-    tandem::test::resume::check_resume(
-        [](int n, auto&& fn) { tandem::run_local(n, [&](tandem::LocalComm& comm) { fn(comm); }); },
-        2, dir.path(), broadcast);
+    CHECK(tandem::test::resume::check_resume(
+              [](int n, auto&& fn) {
+                tandem::run_local(n, [&](tandem::LocalComm& comm) { fn(comm); });
+              },
+              2, dir.path(), broadcast) == 2);
   }
 }
 

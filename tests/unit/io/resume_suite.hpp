@@ -132,9 +132,9 @@ Outcome outcome(Run<Comm>& run) {
 /// Trains n ranks 17 steps straight, and again stopped at step 9 (mid-epoch), saved into `dir`,
 /// rebuilt from nothing, loaded (or broadcast from rank 0) and trained to 17; each rank's end
 /// state must be the same bit for bit. `run(n, fn(Comm&))` starts the ranks; a rank that runs
-/// in another process (MPI) checks only its own outcome.
+/// in another process (MPI) checks only its own outcome. Returns the number of ranks compared.
 template <class Runner>
-void check_resume(Runner run, int n, const std::filesystem::path& dir, bool broadcast) {
+int check_resume(Runner run, int n, const std::filesystem::path& dir, bool broadcast) {
   std::vector<Outcome> straight(static_cast<std::size_t>(n)), resumed(static_cast<std::size_t>(n));
   std::vector<char> here(static_cast<std::size_t>(n), 0);
   run(n, [&](auto& comm) {
@@ -158,8 +158,10 @@ void check_resume(Runner run, int n, const std::filesystem::path& dir, bool broa
     second.train_until(17);
     resumed[static_cast<std::size_t>(comm.rank())] = outcome(second);
   });
+  int compared = 0;
   for (std::size_t r = 0; r < here.size(); ++r) {
     if (!here[r]) continue;
+    ++compared;
     CAPTURE(r);
     CHECK(resumed[r].values == straight[r].values);
     CHECK(resumed[r].buffers == straight[r].buffers);
@@ -169,6 +171,7 @@ void check_resume(Runner run, int n, const std::filesystem::path& dir, bool broa
     CHECK(resumed[r].lr == straight[r].lr);
     CHECK(resumed[r].next_random == straight[r].next_random);  // each rank's own generator
   }
+  return compared;
 }
 
 }  // namespace tandem::test::resume
