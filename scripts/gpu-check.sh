@@ -119,14 +119,14 @@ if [[ $memcheck -eq 1 ]]; then
       [[ -n "$exe" ]] || { memcheck_rows+=("| $test | not built | - |"); continue; }
       note "memcheck $test"
       t0=$SECONDS
-      timeout 420 "$sanitizer" --tool memcheck --report-api-errors no --error-exitcode 99 \
+      timeout 240 "$sanitizer" --tool memcheck --report-api-errors no --error-exitcode 99 \
         "$exe" >"$logs/memcheck-$test.log" 2>&1
       status=$?
       errors=$(sed -n 's/.*ERROR SUMMARY: \([0-9]*\) error.*/\1/p' "$logs/memcheck-$test.log" | tail -n 1)
       case $status in
         0) result="passed" ;;
         77) result="skipped (exit 77)" ;;
-        124) result="timed out (420 s)"; failures+=("memcheck $test: timed out") ;;
+        124) result="timed out (240 s)"; failures+=("memcheck $test: timed out") ;;
         99) result="**memory errors**"; failures+=("memcheck $test: memory errors") ;;
         *) result="**failed (exit $status)**"; failures+=("memcheck $test: exit $status") ;;
       esac
