@@ -10,6 +10,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <random>
@@ -23,20 +24,28 @@
 
 namespace {
 
-// Saves forever: step s has every value equal to s, 1 Mi floats, so a save takes a while.
-[[noreturn]] void save_forever(const std::filesystem::path& dir) {
-  tandem::run_local(1, [&](tandem::LocalComm& comm) {
-    tandem::Parameters<float> params;
+// The model a writer saves: 1 Mi floats, every value equal to the step, so that a save takes a
+// while and a file mixing two saves would show.
+struct Saver {
+  tandem::Parameters<float> params;
+  std::int64_t step = 0;
+  tandem::TrainingState state;
+  Saver() {
     params.add("w", {1024, 1024});
     params.finalize();
-    std::int64_t step = 0;
-    tandem::TrainingState state;
     state.model(params).counter("step", step);
-    for (step = 1;; ++step) {
-      auto v = params.values();
-      for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(step);
-      tandem::save_checkpoint(comm, dir, step, state, {.keep_last = 2});
-    }
+  }
+  void save(tandem::LocalComm& comm, const std::filesystem::path& dir) {
+    auto v = params.values();
+    std::fill(v.begin(), v.end(), static_cast<float>(step));
+    tandem::save_checkpoint(comm, dir, step, state, {.keep_last = 2});
+  }
+};
+
+[[noreturn]] void save_forever(const std::filesystem::path& dir) {
+  tandem::run_local(1, [&](tandem::LocalComm& comm) {
+    Saver saver;
+    for (saver.step = 1;; ++saver.step) saver.save(comm, dir);
   });
   std::_Exit(0);
 }
@@ -45,45 +54,56 @@ namespace {
 
 TEST_CASE("SIGKILL during saves never leaves an unreadable newest checkpoint") {
   tandem::test::TempDir dir;
+  // How long one save takes here (sanitizers make it many times slower): kills are spread over
+  // about two saves' time after the writer's first checkpoint exists.
+  auto save_time = std::chrono::steady_clock::duration::zero();
+  tandem::run_local(1, [&](tandem::LocalComm& comm) {
+    Saver saver;
+    const auto start = std::chrono::steady_clock::now();
+    saver.save(comm, dir.path() / "timing");
+    save_time = std::chrono::steady_clock::now() - start;
+  });
   std::mt19937 random(12345);
   int verified = 0;
+  std::filesystem::path last;
   for (int trial = 0; trial < 20; ++trial) {
     CAPTURE(trial);
+    last = dir.path() / ("trial-" + std::to_string(trial));
     const pid_t child = ::fork();
     REQUIRE(child >= 0);
-    if (child == 0) save_forever(dir.path());
-    std::this_thread::sleep_for(std::chrono::milliseconds(20 + random() % 80));
+    if (child == 0) save_forever(last);
+    const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (tandem::list_checkpoints(last).empty() && std::chrono::steady_clock::now() < limit) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    std::this_thread::sleep_for(save_time * static_cast<int>(random() % 2000) / 1000);
     ::kill(child, SIGKILL);
     int status = 0;
     ::waitpid(child, &status, 0);
     REQUIRE(WIFSIGNALED(status));
-    const auto latest = tandem::latest_checkpoint(dir.path(), {}, nullptr);
-    if (!latest) continue;  // killed before the first save finished
+    const auto latest = tandem::latest_checkpoint(last, {}, nullptr);
+    REQUIRE(latest.has_value());
     const auto file = tandem::SafetensorsFile::map(*latest);
     file.verify_checksum();
     const auto values = file.values<float>("w");
     const auto step =
-        std::stoll(nlohmann::json::parse(file.metadata().at("tandem.state")).at("step").dump());
+        nlohmann::json::parse(file.metadata().at("tandem.state")).at("step").get<std::int64_t>();
     CHECK(values.front() == static_cast<float>(step));
-    CHECK(values.back() == static_cast<float>(step));
     CHECK(std::all_of(values.begin(), values.end(), [&](float v) { return v == values.front(); }));
     // The newest listed file is the valid one: a kill never leaves a damaged checkpoint file
     // (only a temporary file, which is not a checkpoint).
-    CHECK(tandem::list_checkpoints(dir.path()).front().second == *latest);
+    CHECK(tandem::list_checkpoints(last).front().second == *latest);
     ++verified;
   }
-  CHECK(verified >= 15);
-  // The next whole save sweeps away the temporary files killed saves left.
+  CHECK(verified == 20);
+  // The next whole save sweeps away the temporary file a killed save left.
   tandem::run_local(1, [&](tandem::LocalComm& comm) {
-    tandem::Parameters<float> params;
-    params.add("w", {4});
-    params.finalize();
-    tandem::TrainingState state;
-    state.model(params);
-    tandem::save_checkpoint(comm, dir.path(), 1000000, state, {.keep_last = 2});
+    Saver saver;
+    saver.step = 1000000;
+    saver.save(comm, last);
   });
   int temporaries = 0, checkpoints = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(dir.path())) {
+  for (const auto& entry : std::filesystem::directory_iterator(last)) {
     const auto name = entry.path().filename().string();
     temporaries += name.find(".tmp-") != std::string::npos;
     checkpoints += name.ends_with(".safetensors");
