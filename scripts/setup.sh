@@ -20,8 +20,11 @@ packages=(
   libopenblas-dev       # the examples' and benchmarks' matrix products
   nlohmann-json3-dev    # JSON (checkpoint metadata, reports)
   doxygen               # the API reference (the docs target and its test)
+  python3-matplotlib    # bench/fashion_mnist's plot (Debian's Python, beside its torch)
 )
 conan_requirement='conan>=2,<3'
+# What the interop tests read tandem's files with (tests/unit/io: label interop).
+python_packages=(safetensors numpy tensorboard)
 export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 
 # --- Debian packages: through sudo only when we are not root -------------------------------------
@@ -49,6 +52,25 @@ else
   echo "setup.sh: all ${#packages[@]} Debian packages are installed"
 fi
 
+# --- Python packages for the interop tests, for the python3 first on PATH (CMake's Python) ------
+# Only where pip may install into that Python: its site-packages is ours to write and it is not
+# "externally managed" as Debian's own Python is (a pyenv or a virtual environment is fine);
+# elsewhere the interop tests say they are skipped.
+python=$(command -v python3)
+pip_allowed() {
+  "${python}" -m pip --version >/dev/null 2>&1 && "${python}" -c '
+import os, sys, sysconfig
+managed = os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")) and sys.prefix == sys.base_prefix
+sys.exit(0 if os.access(sysconfig.get_paths()["purelib"], os.W_OK) and not managed else 1)'
+}
+if ! "${python}" -c "import safetensors, numpy, tensorboard" >/dev/null 2>&1; then
+  if pip_allowed; then
+    "${python}" -m pip install -q "${python_packages[@]}"
+  else
+    echo "setup.sh: ${python} takes no pip packages: the interop tests will say they are skipped" >&2
+  fi
+fi
+
 # --- Conan 2, from PyPI, for whoever runs this (the user, not root, when sudo was used) ----------
 conan_is_2() { command -v conan >/dev/null 2>&1 && conan --version 2>/dev/null | grep -q " 2\."; }
 if conan_is_2; then
@@ -59,15 +81,7 @@ fi
 # The python3 first on PATH, when its site-packages is ours to write and pip may install there (a
 # pyenv or a virtual environment); otherwise a private virtual environment with a link on PATH
 # (Debian's own Python is "externally managed" and refuses pip).
-python=$(command -v python3)
-writable=$("${python}" - <<'EOF'
-import os, sys, sysconfig
-stdlib = sysconfig.get_path("stdlib")
-managed = os.path.exists(os.path.join(stdlib, "EXTERNALLY-MANAGED")) and sys.prefix == sys.base_prefix
-print("yes" if os.access(sysconfig.get_paths()["purelib"], os.W_OK) and not managed else "no")
-EOF
-)
-if [ "${writable}" = yes ] && "${python}" -m pip --version >/dev/null 2>&1; then
+if pip_allowed; then
   "${python}" -m pip install -q "${conan_requirement}"
   command -v pyenv >/dev/null 2>&1 && pyenv rehash || true
 else
