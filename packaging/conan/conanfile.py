@@ -1,7 +1,7 @@
 # Conan 2 recipe for tandem, a header-only library: one package for every configuration (the
 # package id is empty); the options only decide which components a consumer gets, each one
 # linking a library that the machine provides (Debian's libgloo-dev, an MPI, the CUDA toolkit and
-# NCCL, zlib for the data readers).
+# NCCL, zlib for the data readers, nlohmann-json for io).
 #   conan create packaging/conan -s compiler.cppstd=20 [-o "tandem/*:gloo=True"]
 import os
 import re
@@ -22,8 +22,8 @@ class TandemConan(ConanFile):
     topics = ("distributed", "training", "ddp", "header-only")
     package_type = "header-library"
     settings = "os", "arch", "compiler", "build_type"
-    options = {"gloo": [True, False], "mpi": [True, False], "cuda": [True, False], "nccl": [True, False], "data": [True, False]}
-    default_options = {"gloo": False, "mpi": False, "cuda": False, "nccl": False, "data": False}
+    options = {"gloo": [True, False], "mpi": [True, False], "cuda": [True, False], "nccl": [True, False], "data": [True, False], "io": [True, False]}
+    default_options = {"gloo": False, "mpi": False, "cuda": False, "nccl": False, "data": False, "io": False}
     no_copy_source = True
 
     # The recipe lives two folders below the sources it packages.
@@ -69,7 +69,7 @@ class TandemConan(ConanFile):
 
     def package_info(self):
         # find_package(tandem CONFIG) gives the same targets as tandem's own CMake package:
-        # tandem::tandem, and tandem::gloo / mpi / cuda / nccl / data for the options that are on.
+        # tandem::tandem, and tandem::gloo / mpi / cuda / nccl / data / io for the options that are on.
         self.cpp_info.bindirs = []
         self.cpp_info.libdirs = []
         self.cpp_info.set_property("cmake_file_name", "tandem")
@@ -84,7 +84,7 @@ class TandemConan(ConanFile):
         core.libdirs = []
         core.system_libs = ["pthread"]
 
-        engines = {"gloo": (["gloo"], ["core"]), "mpi": (["mpi"], ["core"]), "cuda": (["cudart"], ["core"]), "nccl": (["nccl"], ["cuda"]), "data": (["z"], ["core"])}
+        engines = {"gloo": (["gloo"], ["core"]), "mpi": (["mpi"], ["core"]), "cuda": (["cudart"], ["core"]), "nccl": (["nccl"], ["cuda"]), "data": (["z"], ["core"]), "io": ([], ["core"])}
         for name, (system_libs, requires) in engines.items():
             if not self.options.get_safe(name):
                 continue

@@ -9,7 +9,8 @@ vcpkg_check_features(OUT_FEATURE_OPTIONS FEATURE_OPTIONS
     gloo TANDEM_WITH_GLOO
     mpi  TANDEM_WITH_MPI
     cuda TANDEM_WITH_CUDA
-    data TANDEM_WITH_DATA)
+    data TANDEM_WITH_DATA
+    io   TANDEM_WITH_IO)
 
 vcpkg_cmake_configure(
   SOURCE_PATH "${SOURCE_PATH}"

@@ -20,6 +20,7 @@ class TandemTestConan(ConanFile):
     def generate(self):
         toolchain = CMakeToolchain(self)
         toolchain.cache_variables["TEST_GLOO"] = bool(self.dependencies["tandem"].options.gloo)
+        toolchain.cache_variables["TEST_IO"] = bool(self.dependencies["tandem"].options.io)
         toolchain.generate()
 
     def build(self):

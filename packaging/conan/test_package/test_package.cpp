@@ -1,9 +1,13 @@
 // The package's smoke test: four LocalComm ranks sum their rank numbers; with the gloo option, a
-// one-rank Gloo group averages a vector as well. Exits non-zero when a result is wrong.
+// one-rank Gloo group averages a vector as well; with the io option, a safetensors file is written
+// and read back in memory. Exits non-zero when a result is wrong.
 #include <tandem/tandem.hpp>
 #if defined(TEST_GLOO)
 #include <tandem/comm/gloo.hpp>
 #include <tandem/comm/store.hpp>
+#endif
+#if defined(TEST_IO)
+#include <tandem/io/safetensors.hpp>
 #endif
 
 #include <atomic>
@@ -31,6 +35,16 @@ int main() {
   const bool gloo_ok = gloo.size() == 1 && values[7] == 3.0f;
   std::printf("tandem: GlooComm all_reduce over 1 rank %s\n", gloo_ok ? "ok" : "WRONG");
   if (!gloo_ok) ++wrong;
+#endif
+#if defined(TEST_IO)
+  tandem::SafetensorsWriter writer;
+  writer.add("w", std::vector<float>{1.5f, -2.0f}).checksum();
+  const auto bytes = writer.serialize();
+  const auto file = tandem::SafetensorsFile::parse(bytes, "memory");
+  file.verify_checksum();
+  const bool io_ok = file.values<float>("w") == std::vector<float>{1.5f, -2.0f};
+  std::printf("tandem: safetensors round trip %s\n", io_ok ? "ok" : "WRONG");
+  if (!io_ok) ++wrong;
 #endif
   return wrong == 0 ? 0 : 1;
 }
