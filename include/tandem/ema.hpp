@@ -28,11 +28,21 @@ namespace tandem {
 
 /// EMA's settings: timm's ModelEmaV3 arguments and defaults.
 struct EMAOptions {
+  /// The decay per update once past the copying steps (with use_warmup, the most the warm-up
+  /// reaches); in [0, 1].
   double decay = 0.9999;
+  /// With use_warmup, the least decay the warm-up gives (its curve is clamped to it).
   double min_decay = 0.0;
+  /// Updates that only copy the live weights (decay 0): update numbers up to
+  /// update_after_step + 1.
   std::size_t update_after_step = 0;
+  /// Ramp the decay up as 1 - (1 + s / warmup_gamma)^-warmup_power instead of using `decay` from
+  /// the start (see EMA::decay_at).
   bool use_warmup = false;
+  /// The warm-up's time scale, in updates; must be > 0 with use_warmup.
   double warmup_gamma = 1.0;
+  /// The warm-up's exponent: with gamma 1, 2/3 reaches a decay of 0.999 after about 31.6k
+  /// updates (for runs of a million steps or more), 3/4 after 10k (for shorter runs).
   double warmup_power = 2.0 / 3.0;
   /// Average floating buffers (running statistics) like parameters; false copies every buffer
   /// (timm's exclude_buffers). Integral buffers (BufferKind::integral) are always copied.
@@ -187,8 +197,11 @@ template <element_type T, memory_space Space = host, class Exec = default_execut
 requires ExecutorFor<Exec, Space>
 class EMA {
  public:
+  /// The element type of the arena and of the shadow.
   using value_type = T;
+  /// Where the arena and the shadow live.
   using memory_space = Space;
+  /// The arena's handle for one parameter or buffer, for value().
   using parameter = typename Parameters<T, Space>::Parameter;
 
   /// Takes a copy of the arena's current values and buffers as the shadow (timm deep-copies the
@@ -212,7 +225,10 @@ class EMA {
 
   EMA(const EMA&) = delete;
   EMA& operator=(const EMA&) = delete;
+  /// Moves the shadow, settings and update count; the arena stays where it is. Not while an
+  /// AppliedGuard of the source lives (it keeps the source's address).
   EMA(EMA&&) noexcept = default;
+  /// Moves as the move constructor does.
   EMA& operator=(EMA&&) noexcept = default;
   ~EMA() = default;
 
@@ -300,12 +316,15 @@ class EMA {
     applied_ = false;
   }
 
+  /// Whether the shadow is the active weights now (between apply_shadow() and restore()).
   [[nodiscard]] bool shadow_applied() const noexcept { return applied_; }
 
   /// Applies the shadow until the guard leaves scope, even by an exception.
   class [[nodiscard]] AppliedGuard {
    public:
+    /// Applies the shadow now; an Error when it already is.
     explicit AppliedGuard(EMA& ema) : ema_(&ema) { ema.apply_shadow(); }
+    /// Takes over the restore; the source then restores nothing.
     AppliedGuard(AppliedGuard&& other) noexcept : ema_(std::exchange(other.ema_, nullptr)) {}
     AppliedGuard(const AppliedGuard&) = delete;
     AppliedGuard& operator=(const AppliedGuard&) = delete;
@@ -338,6 +357,7 @@ class EMA {
   [[nodiscard]] View<T, Space> shadow_values() {
     return applied_ ? params_->values() : shadow_values_.view();
   }
+  /// The shadow's buffers, likewise.
   [[nodiscard]] View<T, Space> shadow_buffer_values() {
     return applied_ ? params_->buffer_values() : shadow_buffers_.view();
   }
@@ -347,7 +367,9 @@ class EMA {
   /// Restores the update count a checkpoint recorded (with the shadow, written through
   /// shadow_values()), so the next update() uses the decay it would have without the restart.
   void set_updates(std::size_t updates) noexcept { updates_ = updates; }
+  /// The settings it was made with.
   [[nodiscard]] const EMAOptions& options() const noexcept { return options_; }
+  /// The executor its copy and blend passes run on.
   [[nodiscard]] const Exec& executor() const noexcept { return exec_; }
 
  private:
@@ -390,10 +412,13 @@ class EMA {
   bool applied_ = false;
 };
 
+/// `tandem::EMA ema(params);` takes the arena's element type and memory space.
 template <element_type T, memory_space Space>
 EMA(Parameters<T, Space>&) -> EMA<T, Space>;
+/// Likewise with settings: the space's default executor.
 template <element_type T, memory_space Space>
 EMA(Parameters<T, Space>&, EMAOptions) -> EMA<T, Space>;
+/// Likewise with an executor, whose type is kept.
 template <element_type T, memory_space Space, class Exec>
 EMA(Parameters<T, Space>&, EMAOptions, Exec) -> EMA<T, Space, Exec>;
 

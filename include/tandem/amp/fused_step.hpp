@@ -226,6 +226,7 @@ template <class T>
 /// serve any number of optimizers.
 class FusedStep {
  public:
+  /// threads 0 (or less) in `options` becomes rank_cores(), read once, here.
   explicit FusedStep(FusedStepOptions options = {})
       : options_(options), threads_(options.threads > 0 ? options.threads : rank_cores()) {}
 

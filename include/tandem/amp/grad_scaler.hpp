@@ -27,10 +27,16 @@ namespace tandem {
 
 /// GradScaler's settings: torch.amp.GradScaler's arguments and defaults.
 struct GradScalerOptions {
-  double init_scale = 65536.0;  // 2^16
+  /// The scale the first scale() starts at: 2^16.
+  double init_scale = 65536.0;
+  /// What update() multiplies the scale by after growth_interval clean steps; must be > 1.
   double growth_factor = 2.0;
+  /// What update() multiplies the scale by when an inf or NaN was found; must be < 1.
   double backoff_factor = 0.5;
+  /// Clean steps in a row (no inf or NaN) before the scale grows; must be > 0.
   std::int64_t growth_interval = 2000;
+  /// false makes every call a no-op except step(), which simply steps (the settings then go
+  /// unchecked).
   bool enabled = true;
 };
 
@@ -101,8 +107,11 @@ struct load_flag {
 template <memory_space Space = host>
 class GradScaler {
  public:
+  /// Where the inf flags live: the memory space of the optimizers it steps.
   using memory_space = Space;
 
+  /// A scaler for a single process (or one whose gradients are all-reduced already, as with DDP).
+  /// An Error when enabled and a setting is out of range.
   explicit GradScaler(GradScalerOptions options = {}) : options_(options) { validate(); }
 
   /// All-reduces each inf flag over `comm` (max) before the skip decision. The communicator must
@@ -120,7 +129,9 @@ class GradScaler {
 
   GradScaler(const GradScaler&) = delete;
   GradScaler& operator=(const GradScaler&) = delete;
+  /// Moves the scale, tracker and per-optimizer state; a communicator given stays attached.
   GradScaler(GradScaler&&) noexcept = default;
+  /// Moves the scale, tracker and per-optimizer state; a communicator given stays attached.
   GradScaler& operator=(GradScaler&&) noexcept = default;
   ~GradScaler() = default;
 
@@ -288,15 +299,23 @@ class GradScaler {
     if (!options_.enabled) return 1.0;
     return started_ ? static_cast<double>(scale_) : options_.init_scale;
   }
+  /// The factor the scale grows by (GradScalerOptions::growth_factor).
   [[nodiscard]] double get_growth_factor() const noexcept { return options_.growth_factor; }
+  /// The factor the scale backs off by (GradScalerOptions::backoff_factor).
   [[nodiscard]] double get_backoff_factor() const noexcept { return options_.backoff_factor; }
+  /// Clean steps in a row before the scale grows (GradScalerOptions::growth_interval).
   [[nodiscard]] std::int64_t get_growth_interval() const noexcept {
     return options_.growth_interval;
   }
+  /// Clean steps in a row since the scale last grew or backed off (PyTorch's _growth_tracker).
   [[nodiscard]] std::int32_t growth_tracker() const noexcept { return growth_tracker_; }
+  /// Takes effect at the next growth; unchecked, as in PyTorch.
   void set_growth_factor(double factor) { options_.growth_factor = factor; }
+  /// Takes effect at the next backoff; unchecked, as in PyTorch.
   void set_backoff_factor(double factor) { options_.backoff_factor = factor; }
+  /// Takes effect at the next update(); unchecked, as in PyTorch.
   void set_growth_interval(std::int64_t interval) { options_.growth_interval = interval; }
+  /// false: every call is a no-op except step(), which simply steps.
   [[nodiscard]] bool is_enabled() const noexcept { return options_.enabled; }
   /// Whether the last step() skipped the optimizer (inf or NaN gradients).
   [[nodiscard]] bool last_step_skipped() const noexcept { return last_step_skipped_; }

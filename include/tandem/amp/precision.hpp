@@ -39,10 +39,16 @@ struct precision {
                     dtype_traits<Grad>::is_floating && dtype_traits<Reduce>::is_floating,
                 "tandem: a precision policy names floating-point types only");
 
+  /// The parameters the optimizer updates: the arena's values and gradients.
   using master_type = Master;
+  /// The weights the forward and backward passes read.
   using compute_type = Compute;
+  /// The gradients the backward pass writes.
   using grad_type = Grad;
+  /// The gradients as they are all-reduced across ranks.
   using reduce_type = Reduce;
+  /// Whether a dynamic loss scale (GradScaler) belongs with the policy: O1 and O2 with half, whose
+  /// range loses small gradients without one; not O3, a speed baseline as in apex.
   static constexpr bool loss_scaling = LossScaling;
   /// Whether the compute weights are a separate low-precision copy of the master weights (apex O2)
   /// rather than the master weights themselves.
@@ -72,6 +78,7 @@ concept low_precision = std::same_as<Low, half> || std::same_as<Low, bfloat16>;
 
 /// apex O0: everything in fp32; the baseline.
 struct O0 : precision<float, float, float, float, false> {
+  /// apex's name for the level ("O0".."O3"), e.g. for logs and benchmark labels.
   static constexpr const char* name = "O0";
 };
 
@@ -79,6 +86,7 @@ struct O0 : precision<float, float, float, float, false> {
 /// that is safe; dynamic loss scaling for half (bfloat16 has fp32's range and needs none).
 template <detail::low_precision Low = half>
 struct O1 : precision<float, Low, float, float, std::same_as<Low, half>> {
+  /// apex's name for the level ("O0".."O3"), e.g. for logs and benchmark labels.
   static constexpr const char* name = "O1";
 };
 
@@ -87,6 +95,7 @@ struct O1 : precision<float, Low, float, float, std::same_as<Low, half>> {
 /// apex's DDP does; dynamic loss scaling for half.
 template <detail::low_precision Low = half>
 struct O2 : precision<float, Low, Low, Low, std::same_as<Low, half>> {
+  /// apex's name for the level ("O0".."O3"), e.g. for logs and benchmark labels.
   static constexpr const char* name = "O2";
 };
 
@@ -94,6 +103,7 @@ struct O2 : precision<float, Low, Low, Low, std::same_as<Low, half>> {
 /// baseline rather than a way to train.
 template <detail::low_precision Low = half>
 struct O3 : precision<Low, Low, Low, Low, false> {
+  /// apex's name for the level ("O0".."O3"), e.g. for logs and benchmark labels.
   static constexpr const char* name = "O3";
 };
 
@@ -280,12 +290,19 @@ class ComputeWeights {
                 "tandem: without a master copy the gradients are the master gradients");
 
  public:
+  /// The precision policy it serves.
   using policy = P;
+  /// The arena's element type (P::master_type).
   using master_type = typename P::master_type;
+  /// The element type of values() (P::compute_type).
   using compute_type = typename P::compute_type;
+  /// The element type of grads() (P::grad_type).
   using grad_type = typename P::grad_type;
+  /// Where the compute copy lives: the master arena's memory space.
   using memory_space = Space;
 
+  /// For an arena of `numel` elements; allocates the two compute_type copies only when P keeps a
+  /// master copy (uninitialised until refresh()).
   explicit ComputeWeights(std::size_t numel) : numel_(numel) {
     if constexpr (P::keeps_master_copy) {
       values_ = Buffer<compute_type, Space>(numel);
@@ -338,6 +355,7 @@ class ComputeWeights {
       return master_grads_;
   }
 
+  /// The arena's number of elements, as given to the constructor (even when nothing is owned).
   [[nodiscard]] std::size_t numel() const noexcept { return numel_; }
 
  private:

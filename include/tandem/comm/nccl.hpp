@@ -908,9 +908,12 @@ class Rank {
 /// memory_space, device) come from detail::CollectiveFrontend.
 class NcclComm : public detail::CollectiveFrontend<NcclComm, device> {
  public:
+  /// The settings init_process_group<NcclComm> passes to rendezvous().
   using options_type = NcclCommOptions;
 
+  /// Moves the communicator; the source is left empty, and any call on it throws.
   NcclComm(NcclComm&&) noexcept = default;
+  /// Moves the communicator; the source is left empty, and any call on it throws.
   NcclComm& operator=(NcclComm&&) noexcept = default;
   ~NcclComm() = default;
 
@@ -943,6 +946,7 @@ class NcclComm : public detail::CollectiveFrontend<NcclComm, device> {
     return create(id, rank, size, options, nullptr);
   }
 
+  /// The settings it was created with (device as given: -1 when it took the current device).
   [[nodiscard]] const NcclCommOptions& options() const { return self().options(); }
   /// This rank's GPU.
   [[nodiscard]] int device() const { return self().device(); }
@@ -1016,7 +1020,10 @@ static_assert(Communicator<NcclComm>);
 ///   { tandem::NcclGroup group(comm); comm.send(a, peer); comm.recv(b, peer); }
 class NcclGroup {
  public:
+  /// Opens a group on one communicator.
   explicit NcclGroup(NcclComm& comm) : NcclGroup({&comm}) {}
+  /// Opens one group over several communicators (e.g. one thread driving several GPUs); if
+  /// entering one fails, those already entered are left again and the error is rethrown.
   explicit NcclGroup(std::initializer_list<NcclComm*> comms) {
     for (NcclComm* comm : comms) ranks_.push_back(&comm->self());
     std::size_t entered = 0;

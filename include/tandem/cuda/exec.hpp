@@ -122,8 +122,10 @@ inline constexpr std::size_t scratch_alignment = 256;
 /// Functors are structs with a TANDEM_HD operator() (no lambdas: tandem does not require
 /// --extended-lambda) holding device pointers; they are copied into the kernel by value.
 struct cuda_exec {
+  /// The memory its kernels may touch: device memory.
   using memory_space = device;
 
+  /// Where the kernels run; default: the calling thread's per-thread default stream.
   cudaStream_t stream = cudaStreamPerThread;
 
   /// Launches f(i) for every i in [0, n) on the stream and returns without waiting. Order across
@@ -220,6 +222,7 @@ struct cuda_exec {
   }
 };
 
+/// Opts cuda_exec in to the Executor concept.
 template <>
 inline constexpr bool enable_executor<cuda_exec> = true;
 
@@ -227,6 +230,7 @@ inline constexpr bool enable_executor<cuda_exec> = true;
 /// cuda_exec with another stream is given.
 template <>
 struct default_executor<device> {
+  /// A default cuda_exec: the per-thread default stream.
   using type = cuda_exec;
 };
 

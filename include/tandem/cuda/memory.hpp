@@ -132,6 +132,7 @@ inline void copy_synchronously(void* destination, const void* source, std::size_
 /// (page locking): keep staging buffers for the run rather than per step.
 template <>
 struct space_allocator<pinned> {
+  /// `count` pinned elements, uninitialised; nullptr for 0. An Error when pinning fails.
   template <class T>
   static T* allocate(std::size_t count) {
     if (count == 0) return nullptr;
@@ -145,6 +146,7 @@ struct space_allocator<pinned> {
     return static_cast<T*>(pointer);
   }
 
+  /// Unpins and frees at once (not stream-ordered: see above); failures are swallowed.
   template <class T>
   static void deallocate(T* pointer, std::size_t /*count*/) noexcept {
     // A destructor cannot report a failure; clear it so the next launch check does not either.
@@ -237,6 +239,8 @@ struct space_allocator<device> {
 /// MPI communicators use to stage device tensors through pinned memory.
 template <memory_space To, memory_space From>
 requires(std::same_as<To, device> || std::same_as<From, device>) struct space_copy<To, From> {
+  /// Copies `bytes` on the source's device (the destination's for host sources) through its
+  /// legacy default stream, and waits for the copy.
   static void copy(void* destination, const void* source, std::size_t bytes) {
     cuda::detail::copy_synchronously(destination, source, bytes);
   }

@@ -27,7 +27,10 @@ class Stream {
   }
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;
+  /// Takes over the stream; the source's handle becomes null (which CUDA reads as the legacy
+  /// default stream), and it destroys nothing.
   Stream(Stream&& other) noexcept : stream_(std::exchange(other.stream_, nullptr)) {}
+  /// Destroys this stream (without waiting) and takes over the source's, as the move constructor.
   Stream& operator=(Stream&& other) noexcept {
     if (this != &other) {
       reset();
@@ -37,7 +40,9 @@ class Stream {
   }
   ~Stream() { reset(); }
 
+  /// The handle, still owned by this Stream: for CUDA calls, launches and cuda_exec.
   [[nodiscard]] cudaStream_t get() const noexcept { return stream_; }
+  /// The handle, as get(): a Stream passes wherever a cudaStream_t is expected.
   operator cudaStream_t() const noexcept { return stream_; }  // NOLINT: a stream is its handle
 
   /// Blocks the host until everything queued so far has run; errors raised by it are thrown.
@@ -67,8 +72,10 @@ class Stream {
 /// wait on, and handing a buffer from one stream to another needs none.
 class Event {
  public:
+  /// Whether an event records time, for elapsed_ms_since(): on costs on every record and wait.
   enum class timing { off, on };
 
+  /// A new event on the current device; timing::on only to measure with elapsed_ms_since().
   explicit Event(timing measure = timing::off) {
     check(cudaEventCreateWithFlags(
               &event_, measure == timing::on ? cudaEventDefault : cudaEventDisableTiming),
@@ -76,7 +83,9 @@ class Event {
   }
   Event(const Event&) = delete;
   Event& operator=(const Event&) = delete;
+  /// Takes over the event; the source is left with none (null) and destroys nothing.
   Event(Event&& other) noexcept : event_(std::exchange(other.event_, nullptr)) {}
+  /// Destroys this event and takes over the source's, as the move constructor.
   Event& operator=(Event&& other) noexcept {
     if (this != &other) {
       reset();
@@ -86,6 +95,7 @@ class Event {
   }
   ~Event() { reset(); }
 
+  /// The handle, still owned by this Event: for CUDA calls such as cudaStreamWaitEvent.
   [[nodiscard]] cudaEvent_t get() const noexcept { return event_; }
 
   /// Marks the current end of `stream`; waiting on the event waits for the work before it.
@@ -99,6 +109,8 @@ class Event {
     return true;
   }
 
+  /// Blocks the host until the recorded work has finished (at once if never recorded); errors
+  /// raised by it are thrown.
   void synchronize() const { check(cudaEventSynchronize(event_), "cudaEventSynchronize"); }
 
   /// Milliseconds from `start` to this event; both must have been created with timing::on.

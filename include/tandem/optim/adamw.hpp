@@ -31,11 +31,17 @@ namespace tandem::optim {
 
 /// AdamW's hyperparameters, PyTorch's names and defaults.
 struct AdamWOptions {
+  /// The learning rate (step size); >= 0.
   double lr = 1e-3;
+  /// The decay rates of the running averages of the gradient and of its square; each in [0, 1).
   std::array<double, 2> betas{0.9, 0.999};
+  /// Added to the denominator's square root for numerical stability; >= 0.
   double eps = 1e-8;
+  /// Decoupled weight decay: each step first scales the parameters by 1 - lr * weight_decay.
   double weight_decay = 1e-2;
+  /// Divide by the largest second moment seen so far (one more state tensor per parameter).
   bool amsgrad = false;
+  /// Ascend the gradient instead of descending it.
   bool maximize = false;
 
   /// PyTorch's ValueError cases, as a tandem::Error: lr, eps or weight_decay negative (or NaN),

@@ -33,10 +33,14 @@ concept GroupLearningRates = requires(O& opt, const O& read, std::size_t g, doub
 
 /// What a rule sees when it computes one group's learning rate for epoch `epoch`.
 struct Context {
-  std::int64_t epoch;  // PyTorch's last_epoch after the increment: 0 at construction
-  std::size_t group;   // param group index
-  double lr;           // the group's current lr (PyTorch's group['lr']; chainable rules)
-  double base_lr;      // the group's lr when the schedule was made (base_lrs)
+  /// PyTorch's last_epoch after the increment: 0 at construction.
+  std::int64_t epoch;
+  /// The param group's index.
+  std::size_t group;
+  /// The group's current lr (PyTorch's group['lr']), for chainable rules.
+  double lr;
+  /// The group's lr when the schedule was made (base_lrs).
+  double base_lr;
 };
 
 /// A rule: the learning rate for a group at an epoch.
@@ -51,12 +55,17 @@ class Scheduler {
   /// PyTorch's scheduler.state_dict() fields that matter here (the rule is code, as PyTorch's
   /// lambdas are not saved).
   struct State {
+    /// PyTorch's last_epoch: 0 once constructed, +1 per step().
     std::int64_t last_epoch = -1;
-    std::int64_t step_count = 0;  // _step_count
+    /// PyTorch's _step_count: the number of steps taken, the constructor's included.
+    std::int64_t step_count = 0;
+    /// Each group's lr when the schedule was made.
     std::vector<double> base_lrs;
-    std::vector<double> last_lr;  // _last_lr
+    /// PyTorch's _last_lr: the lrs the last step set, one per group.
+    std::vector<double> last_lr;
   };
 
+  /// Records each group's current lr as its base_lr and takes step 0, which already sets the lrs.
   Scheduler(O& optimizer, Rule rule) : optimizer_(&optimizer), rule_(std::move(rule)) {
     for (std::size_t g = 0; g < optimizer.group_count(); ++g) {
       state_.base_lrs.push_back(optimizer.lr(g));
@@ -80,8 +89,10 @@ class Scheduler {
   [[nodiscard]] std::int64_t last_epoch() const noexcept { return state_.last_epoch; }
   /// PyTorch's get_last_lr(): the lrs the last step set, one per group.
   [[nodiscard]] const std::vector<double>& last_lr() const noexcept { return state_.last_lr; }
+  /// Each group's lr when the schedule was made.
   [[nodiscard]] const std::vector<double>& base_lrs() const noexcept { return state_.base_lrs; }
 
+  /// A copy of the counters and lrs, for checkpoints (the rule is not saved).
   [[nodiscard]] State state_dict() const { return state_; }
   /// Restores the counters and lrs (not the optimizer's lrs: load the optimizer's state too, as
   /// in PyTorch). An Error when the group count differs.
@@ -197,11 +208,16 @@ Scheduler<O> cosine(O& optimizer, std::int64_t t_max, double eta_min = 0) {
 /// As a factor (operator()) it is lr(s) / lr_max, for lr::lambda on an optimizer whose lr is
 /// lr_max (groups at other lrs scale in proportion).
 struct WarmupCosine {
+  /// Steps of linear warm-up up to lr_max.
   std::int64_t warmup;
+  /// The step at which the cosine reaches lr_min; >= warmup.
   std::int64_t total;
+  /// The peak lr, reached at the end of warm-up.
   double lr_max;
+  /// The floor the cosine decays to, and the lr after total.
   double lr_min;
 
+  /// The learning rate at step `s` (the formula above).
   [[nodiscard]] double lr(std::int64_t s) const {
     if (s < warmup) return lr_max * static_cast<double>(s + 1) / static_cast<double>(warmup);
     if (s > total) return lr_min;
@@ -210,6 +226,7 @@ struct WarmupCosine {
                         : static_cast<double>(s - warmup) / static_cast<double>(total - warmup);
     return lr_min + (lr_max - lr_min) * (1 + std::cos(std::numbers::pi * progress)) / 2;
   }
+  /// The factor lr(s) / lr_max, for lr::lambda.
   [[nodiscard]] double operator()(std::int64_t s) const { return lr(s) / lr_max; }
 };
 

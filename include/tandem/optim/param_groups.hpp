@@ -28,9 +28,12 @@ namespace tandem::optim {
 
 /// Trained parameters [first, last), as registration indices into a Parameters arena.
 struct ParamRange {
+  /// The registration index of the range's first parameter.
   std::size_t first = 0;
+  /// One past the registration index of its last parameter.
   std::size_t last = 0;
 
+  /// The number of parameters in the range.
   [[nodiscard]] std::size_t size() const noexcept { return last - first; }
   friend bool operator==(const ParamRange&, const ParamRange&) = default;
 };
@@ -166,7 +169,9 @@ inline Selection params_with_prefix(std::string prefix) {
 /// One param group as the user states it: which parameters, with which hyperparameters.
 template <class Options>
 struct ParamGroup {
+  /// Which parameters the group trains (resolved against the arena when the optimizer is made).
   Selection params;
+  /// The group's hyperparameters (SGDOptions, AdamWOptions).
   Options options;
 };
 
@@ -182,17 +187,26 @@ struct ParamGroup {
 /// A parameter has no entry in `state` before its first step, as in PyTorch.
 template <class State = float, memory_space Space = host>
 struct StateDict {
+  /// One parameter's state, by PyTorch's key names.
   struct ParamState {
+    /// Scalar state ("step" for AdamW).
     std::map<std::string, double> scalars;
+    /// Tensor state, shaped like the parameter ("momentum_buffer"; "exp_avg", ...).
     std::map<std::string, Buffer<State, Space>> tensors;
   };
+  /// One param group's hyperparameters and members.
   struct GroupState {
+    /// Hyperparameters under PyTorch's keys; booleans as 0 or 1.
     std::map<std::string, double> options;
+    /// The indices (into `state`) of the group's parameters.
     std::vector<std::size_t> params;
-    std::int64_t step = 0;  // steps the group has taken
+    /// The steps the group has taken.
+    std::int64_t step = 0;
   };
 
+  /// Per-parameter state by parameter index; absent before the parameter's first step.
   std::map<std::size_t, ParamState> state;
+  /// One entry per param group, in the optimizer's order.
   std::vector<GroupState> param_groups;
 };
 

@@ -24,11 +24,19 @@ namespace tandem::optim {
 /// SGD's hyperparameters, PyTorch's names and defaults (lr: torch 2.x's default 1e-3; torch 1.13
 /// had none).
 struct SGDOptions {
+  /// The learning rate (step size); >= 0.
   double lr = 1e-3;
+  /// The momentum factor; 0 keeps no momentum buffer.
   double momentum = 0;
+  /// Scales down the gradient added to the momentum buffer, by (1 - dampening), after the first
+  /// step.
   double dampening = 0;
+  /// L2 penalty: weight_decay * p is added to the gradient (coupled, unlike AdamW's).
   double weight_decay = 0;
+  /// Nesterov momentum: steps along gradient + momentum * buffer; needs momentum > 0 and no
+  /// dampening.
   bool nesterov = false;
+  /// Ascend the gradient instead of descending it.
   bool maximize = false;
 
   /// PyTorch's ValueError cases, as a tandem::Error: negative (or NaN) lr, momentum or
