@@ -48,21 +48,15 @@ struct CheckpointRanks {
 namespace detail {
 template <Communicator Comm>
 CheckpointRanks checkpoint_ranks(Comm& comm) {
-  return {comm.rank(), comm.size(), [&comm](const std::string& mine) {
-            std::vector<std::uint8_t> bytes(mine.begin(), mine.end());
-            std::vector<std::int64_t> length{static_cast<std::int64_t>(bytes.size())};
-            std::vector<std::int64_t> lengths(static_cast<std::size_t>(comm.size()));
-            comm.all_gather(length, lengths);
-            const auto all = all_gather_unequal(comm, std::span<const std::uint8_t>(bytes));
-            std::vector<std::string> out;
-            std::size_t at = 0;
-            for (auto n : lengths) {
-              out.emplace_back(all.begin() + static_cast<std::ptrdiff_t>(at),
-                               all.begin() + static_cast<std::ptrdiff_t>(at + std::size_t(n)));
-              at += static_cast<std::size_t>(n);
-            }
-            return out;
-          }};
+  return {
+      comm.rank(), comm.size(), [&comm](const std::string& mine) {
+        const std::vector<std::uint8_t> bytes(mine.begin(), mine.end());
+        std::vector<std::string> out;
+        for (const auto& part : all_gather_per_rank(comm, std::span<const std::uint8_t>(bytes))) {
+          out.emplace_back(part.begin(), part.end());
+        }
+        return out;
+      }};
 }
 
 // Every rank's `failure` (empty: none) decides together: an Error on every rank when any rank
@@ -308,14 +302,18 @@ class TrainingState {
            if (!text)
              throw Error(ranks.rank, "load_checkpoint " + in.name(),
                          "'" + key + "' is not a generator's state");
-         }});
+         },
+         true});
     return *this;
   }
 
-  /// Adds every part to `out` (a collective when an rng part is registered).
+  /// Adds every part to `out` on rank 0, which writes the file; the other ranks take part only
+  /// in the collective parts (random generators) and add nothing.
   void save_to(SafetensorsWriter& out, const CheckpointRanks& ranks) const {
     nlohmann::json meta = nlohmann::json::object();
-    for (const auto& part : parts_) part.save(out, meta, ranks);
+    for (const auto& part : parts_) {
+      if (part.collective || ranks.rank == 0) part.save(out, meta, ranks);
+    }
     out.metadata(metadata_key, meta.dump());
   }
 
@@ -346,6 +344,7 @@ class TrainingState {
   struct Part {
     std::function<void(SafetensorsWriter&, nlohmann::json&, const CheckpointRanks&)> save;
     std::function<void(const SafetensorsFile&, const nlohmann::json&, const CheckpointRanks&)> load;
+    bool collective = false;  // its save gathers from every rank (the others read rank 0's only)
   };
 
   static const nlohmann::json& required(const nlohmann::json& meta, const std::string& key) {
@@ -497,15 +496,11 @@ void load_checkpoint(Comm& comm, const std::filesystem::path& path, const Traini
     std::vector<std::int64_t> length{-1};
     if (comm.rank() == 0) {
       try {
-        const auto whole = SafetensorsFile::open(path);  // validates before anything is sent
-        const auto size = std::filesystem::file_size(path);
-        bytes.resize(size);
-        std::FILE* in = std::fopen(path.c_str(), "rb");
-        if (!in || std::fread(bytes.data(), 1, size, in) != size) {
-          if (in) std::fclose(in);
-          throw Error("load_checkpoint " + path.string(), "cannot read the file");
-        }
-        std::fclose(in);
+        bytes = detail::read_whole_file(path.string());
+        // Validated before anything is sent.
+        (void)SafetensorsFile::parse(std::as_bytes(std::span<const std::uint8_t>(bytes)),
+                                     path.string());
+        const std::size_t size = bytes.size();
         length[0] = static_cast<std::int64_t>(size);
       } catch (const std::exception& error) {
         failure = error.what();

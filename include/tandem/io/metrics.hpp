@@ -61,11 +61,11 @@ void reduce_mean_(Comm& comm, T&& tensor) {
   comm.all_reduce(tensor, ReduceOp::avg);
 }
 
-/// Every rank's `local` values, concatenated in rank order, on every rank; ranks may hold
-/// different counts (as the evaluation sampler gives them). Two collectives: the counts, then
-/// the values padded to the largest count.
+/// Every rank's `local` values, one vector per rank in rank order, on every rank; ranks may hold
+/// different counts. Two collectives: the counts, then the values padded to the largest count.
 template <Communicator Comm, class T>
-[[nodiscard]] std::vector<T> all_gather_unequal(Comm& comm, std::span<const T> local) {
+[[nodiscard]] std::vector<std::vector<T>> all_gather_per_rank(Comm& comm,
+                                                              std::span<const T> local) {
   const auto ranks = static_cast<std::size_t>(comm.size());
   std::vector<std::int64_t> my_count{static_cast<std::int64_t>(local.size())};
   std::vector<std::int64_t> counts(ranks);
@@ -75,16 +75,21 @@ template <Communicator Comm, class T>
   std::copy(local.begin(), local.end(), padded.begin());
   std::vector<T> everything(largest * ranks);
   if (largest != 0) comm.all_gather(padded, everything);
-  std::vector<T> out;
-  out.reserve(static_cast<std::size_t>(std::max<std::int64_t>(0, [&] {
-    std::int64_t total = 0;
-    for (auto c : counts) total += c;
-    return total;
-  }())));
+  std::vector<std::vector<T>> out(ranks);
   for (std::size_t r = 0; r < ranks; ++r) {
     const auto begin = everything.begin() + static_cast<std::ptrdiff_t>(r * largest);
-    out.insert(out.end(), begin, begin + static_cast<std::ptrdiff_t>(counts[r]));
+    out[r].assign(begin, begin + static_cast<std::ptrdiff_t>(counts[r]));
   }
+  return out;
+}
+
+/// Every rank's `local` values, concatenated in rank order, on every rank; ranks may hold
+/// different counts (as the evaluation sampler gives them).
+template <Communicator Comm, class T>
+[[nodiscard]] std::vector<T> all_gather_unequal(Comm& comm, std::span<const T> local) {
+  std::vector<T> out;
+  for (auto& part : all_gather_per_rank(comm, local))
+    out.insert(out.end(), part.begin(), part.end());
   return out;
 }
 

@@ -139,6 +139,38 @@ struct SafetensorsEntry {
 /// The largest header the reader accepts, as the reference implementation does.
 inline constexpr std::size_t safetensors_max_header = 100'000'000;
 
+namespace detail {
+
+// The file opened for reading, and its size; an Error unless it is a regular file.
+inline Fd open_regular(const std::string& name, std::size_t& size) {
+  Fd fd(::open(name.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) throw Error("safetensors " + name, std::string("cannot open: ") + std::strerror(errno));
+  struct stat info {};
+  if (::fstat(fd.get(), &info) != 0) {
+    throw Error("safetensors " + name, std::string("cannot stat: ") + std::strerror(errno));
+  }
+  if (!S_ISREG(info.st_mode)) throw Error("safetensors " + name, "not a regular file");
+  size = static_cast<std::size_t>(info.st_size);
+  return fd;
+}
+
+// The whole regular file `name`, read once.
+inline std::vector<std::uint8_t> read_whole_file(const std::string& name) {
+  std::size_t size = 0;
+  const Fd fd = open_regular(name, size);
+  std::vector<std::uint8_t> bytes(size);
+  std::size_t done = 0;
+  while (done < size) {
+    const ssize_t got = ::read(fd.get(), bytes.data() + done, size - done);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) throw Error("safetensors " + name, "the file ended while being read");
+    done += static_cast<std::size_t>(got);
+  }
+  return bytes;
+}
+
+}  // namespace detail
+
 /// A validated safetensors file in memory (read whole, or memory-mapped). Every violation of the
 /// format is a tandem::Error naming the file and the problem: a header length beyond the file or
 /// 100 MB, bad JSON or UTF-8, an unknown dtype, a shape whose bytes do not match its offsets,
@@ -148,17 +180,8 @@ class SafetensorsFile {
   /// Reads the whole file into memory.
   static SafetensorsFile open(const std::filesystem::path& path) {
     const std::string name = path.string();
-    std::size_t size = 0;
-    const detail::Fd fd = open_regular(name, size);
-    auto storage = std::make_shared<std::vector<std::byte>>(size);
-    std::size_t done = 0;
-    while (done < size) {
-      const ssize_t got = ::read(fd.get(), storage->data() + done, size - done);
-      if (got < 0 && errno == EINTR) continue;
-      if (got <= 0) throw Error("safetensors " + name, "the file ended while being read");
-      done += static_cast<std::size_t>(got);
-    }
-    std::span<const std::byte> bytes(storage->data(), storage->size());
+    auto storage = std::make_shared<std::vector<std::uint8_t>>(detail::read_whole_file(name));
+    const auto bytes = std::as_bytes(std::span<const std::uint8_t>(*storage));
     return SafetensorsFile(std::move(storage), bytes, name);
   }
 
@@ -166,7 +189,7 @@ class SafetensorsFile {
   static SafetensorsFile map(const std::filesystem::path& path) {
     const std::string name = path.string();
     std::size_t size = 0;
-    const detail::Fd fd = open_regular(name, size);
+    const detail::Fd fd = detail::open_regular(name, size);
     if (size == 0) return parse({}, name);
     void* address = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd.get(), 0);
     if (address == MAP_FAILED) {
@@ -260,20 +283,6 @@ class SafetensorsFile {
   SafetensorsFile(std::shared_ptr<void> owner, std::span<const std::byte> file, std::string name)
       : owner_(std::move(owner)), name_(std::move(name)) {
     validate(file);
-  }
-
-  // The file opened for reading, and its size; an Error unless it is a regular file.
-  static detail::Fd open_regular(const std::string& name, std::size_t& size) {
-    detail::Fd fd(::open(name.c_str(), O_RDONLY | O_CLOEXEC));
-    if (!fd)
-      throw Error("safetensors " + name, std::string("cannot open: ") + std::strerror(errno));
-    struct stat info {};
-    if (::fstat(fd.get(), &info) != 0) {
-      throw Error("safetensors " + name, std::string("cannot stat: ") + std::strerror(errno));
-    }
-    if (!S_ISREG(info.st_mode)) throw Error("safetensors " + name, "not a regular file");
-    size = static_cast<std::size_t>(info.st_size);
-    return fd;
   }
 
   [[noreturn]] void fail(const std::string& cause) const {
