@@ -53,6 +53,10 @@ runs = {}
 for key in names:
     rows = [line.split() for line in open(os.path.join(tmp, key + ".epochs"))]
     runs[key] = [(float(r[2]), float(r[3])) for r in rows]  # (seconds so far, accuracy %)
+# A time for training that did not happen is worse than none: every run must have learned.
+for key, rows in runs.items():
+    if not all(seconds > 0 for seconds, _ in rows) or rows[-1][1] < 80.0:
+        sys.exit(f"FAILED: {names[key]} did not train (final accuracy {rows[-1][1]} %)")
 per_epoch = {k: v[-1][0] / len(v) for k, v in runs.items()}
 best = min(("tandem_gloo", "tandem_mpi", "tandem_local"), key=per_epoch.get)
 lines = [
