@@ -10,13 +10,15 @@
 // a per-communicator worker thread. Reductions run in gloo's ring order (not rank order), and
 // every rank gets the same bits.
 //
-// With options.check_agreement (the default), every collective first exchanges what each rank
-// was called with (one small round trip): ranks that disagree on the operation, element type,
-// count, root or reduce op all raise a tandem::Error naming the ranks, and the group stays
-// usable. The check cannot overlap the collective, since gloo aborts the process when sizes
-// disagree inside one. Without it (as in PyTorch, which checks only under
-// TORCH_DISTRIBUTED_DEBUG=DETAIL) a mismatch is undefined: an abort, a hang or mixed-up data.
-// bench/results/allreduce-cpu.md measures what the check costs: about one small round trip.
+// Mismatch check (tandem/comm/checked.hpp), on by default: every collective first exchanges
+// each rank's fingerprint (operation, element type, count, root, reduce op, sequence number; 64
+// bytes, one small round trip): ranks that disagree all raise a tandem::Error naming the ranks
+// and each one's call, and the group stays usable. The check cannot overlap the collective,
+// since gloo aborts the process when sizes disagree inside one. TANDEM_CHECK_COLLECTIVES=0 (or
+// options.check_agreement = false, which wins over the variable) turns it off, as PyTorch runs
+// without TORCH_DISTRIBUTED_DEBUG=DETAIL: a mismatch is then undefined (an abort, a hang or
+// mixed-up data). Every rank must make the same choice: rendezvous compares them and raises a
+// tandem::Error naming the ranks that differ. bench/results/allreduce-cpu.md measures the cost.
 //
 // A peer that dies makes writes to its socket raise SIGPIPE, which would kill this process
 // instead of failing the collective: where SIGPIPE has its default action, the first GlooComm
@@ -68,6 +70,7 @@
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
 
+#include "tandem/comm/checked.hpp"
 #include "tandem/comm/communicator.hpp"
 #include "tandem/comm/detail/collective_op.hpp"
 #include "tandem/comm/detail/frontend.hpp"
@@ -93,25 +96,17 @@ struct GlooCommOptions {
   std::string interface {};
   /// The host name or address to listen on, used when `interface` is empty.
   std::string hostname{};
-  /// Exchange and compare every collective's arguments first (see the top of this header).
-  bool check_agreement = true;
+  /// Exchange and compare every collective's fingerprint first (see the top of this header).
+  /// Unset: TANDEM_CHECK_COLLECTIVES, else on. `= false` or `= true` wins over the variable.
+  CollectiveCheck check_agreement{};
 };
 
 namespace detail::gloo_comm {
 
 using Op = CollectiveOp;
 
-/// What one rank was called with, as exchanged before a collective (fixed-size integers).
-struct Call {
-  std::int64_t op = 0;
-  std::int64_t type = 0;
-  std::int64_t count = 0;  ///< the per-op count every rank must agree on
-  std::int64_t root = 0;
-  std::int64_t reduce_op = 0;
-  std::int64_t color = 0;  ///< split only
-  std::int64_t key = 0;    ///< split only
-};
-static_assert(sizeof(Call) == 7 * sizeof(std::int64_t));
+/// What one rank was called with, as exchanged before a collective.
+using Call = CollectiveFingerprint;
 
 /// See the top of this header: a write to a dead peer must fail, not kill the process. A
 /// handler the program installed is left alone.
@@ -212,8 +207,9 @@ inline std::uint64_t payload_slot(int tag) {
 /// runs beside them, and it touches nothing but its messages and `broken_`.
 class Rank : public IssueOrder {
  public:
+  /// `checking`: options.check_agreement resolved (the same on every rank: see rendezvous).
   Rank(Connected connected, std::shared_ptr<::gloo::transport::Device> device, AnyStore store,
-       std::string name, GlooCommOptions options)
+       std::string name, GlooCommOptions options, bool checking)
       : graveyard_(),
         exchange_calls_(),
         exchange_buffer_(),
@@ -224,6 +220,7 @@ class Rank : public IssueOrder {
         store_(std::move(store)),
         name_(std::move(name)),
         options_(std::move(options)),
+        checking_(checking),
         rank_(context_->rank),
         size_(context_->size),
         outbox_([this](const std::string& cause) { mark_broken(cause); }) {}
@@ -236,6 +233,7 @@ class Rank : public IssueOrder {
   [[nodiscard]] int size() const noexcept { return size_; }
   [[nodiscard]] const GlooCommOptions& options() const noexcept { return options_; }
   [[nodiscard]] const AnyStore& store() const noexcept { return store_; }
+  [[nodiscard]] bool checking() const noexcept { return checking_; }
 
   // --- the algorithms: raw pointers and element counts ---------------------------------------
 
@@ -392,10 +390,8 @@ class Rank : public IssueOrder {
   }
 
   void barrier() {
-    Call c;
-    c.op = static_cast<std::int64_t>(Op::barrier);
-    run(Op::barrier, c, [&] {
-      if (size_ == 1 || options_.check_agreement) return;  // the exchange was a barrier
+    run(Op::barrier, make_fingerprint(Op::barrier, ++sequence_, dtype::float32, 0), [&] {
+      if (size_ == 1 || checking_) return;  // the exchange was a barrier
       ::gloo::BarrierOptions opts(context_);
       opts.setTag(next_tag());
       opts.setTimeout(options_.timeout);
@@ -405,13 +401,14 @@ class Rank : public IssueOrder {
 
   /// The communicator state of this rank's new group; null for no_color.
   std::unique_ptr<Rank> split(int color, int key) {
-    Call mine;
-    mine.op = static_cast<std::int64_t>(Op::split);
+    Call mine = make_fingerprint(Op::split, ++sequence_, dtype::float32, 0);
     mine.color = color;
     mine.key = key;
     std::vector<Call> calls;
     guarded("split", [&] { calls = exchange(mine); });
-    if (auto text = call_disagreement(calls); !text.empty()) throw Error(rank_, "split", text);
+    if (auto text = fingerprint_disagreement(calls); !text.empty()) {
+      throw Error(rank_, "split", text);
+    }
     const std::uint64_t sequence = ++splits_;  // the same on every rank: split is collective
     if (color == no_color) return nullptr;
     std::vector<int> members;
@@ -429,7 +426,7 @@ class Rank : public IssueOrder {
     check_usable("split");
     auto connected = connect(store_, name, new_rank, static_cast<int>(members.size()), device_,
                              options_.timeout);
-    return std::make_unique<Rank>(std::move(connected), device_, store_, name, options_);
+    return std::make_unique<Rank>(std::move(connected), device_, store_, name, options_, checking_);
   }
 
   template <class T>
@@ -527,15 +524,10 @@ class Rank : public IssueOrder {
     return header.type == static_cast<std::uint64_t>(dtype_of<T>) && header.count == count;
   }
 
+  /// The next collective's fingerprint (its sequence number counts every collective).
   template <class T>
-  static Call call(Op op, std::size_t count, int root = 0, ReduceOp reduce_op = ReduceOp::sum) {
-    Call c;
-    c.op = static_cast<std::int64_t>(op);
-    c.type = static_cast<std::int64_t>(dtype_of<T>);
-    c.count = static_cast<std::int64_t>(count);
-    c.root = root;
-    c.reduce_op = static_cast<std::int64_t>(reduce_op);
-    return c;
+  Call call(Op op, std::size_t count, int root = 0, ReduceOp reduce_op = ReduceOp::sum) {
+    return make_fingerprint<T>(op, ++sequence_, count, root, reduce_op);
   }
 
   template <class T>
@@ -612,7 +604,7 @@ class Rank : public IssueOrder {
     const char* op_name = name(op);
     std::string disagree;
     guarded(op_name, [&] {
-      if (options_.check_agreement) disagree = call_disagreement(exchange(mine));
+      if (checking_) disagree = fingerprint_disagreement(exchange(mine));
       if (disagree.empty()) body();
     });
     if (!disagree.empty()) throw Error(rank_, op_name, disagree);
@@ -681,6 +673,8 @@ class Rank : public IssueOrder {
   AnyStore store_;
   std::string name_;  ///< this context's prefix in the store; splits extend it
   GlooCommOptions options_;
+  bool checking_;
+  std::uint64_t sequence_ = 0;  ///< collectives made, split included
   int rank_;
   int size_;
   std::uint32_t tag_ = 0;
@@ -723,21 +717,59 @@ class GlooComm : public detail::CollectiveFrontend<GlooComm, host> {
         store.add("gloo/rendezvous/rank" + std::to_string(world.rank), 1);
     const std::string name = "gloo/" + std::to_string(generation);
     auto device = detail::gloo_comm::make_device(world, options);
+    const bool checking = agree_on_check(store, name, world, options);
     auto connected = detail::gloo_comm::connect(store, name, world.rank, world.world_size, device,
                                                 options.timeout);
     return GlooComm(std::make_unique<detail::gloo_comm::Rank>(std::move(connected), device, store,
-                                                              name, options));
+                                                              name, options, checking));
   }
 
   /// The options this group was made with.
   [[nodiscard]] const GlooCommOptions& options() const { return self().options(); }
   /// The store this group met in (shared: copies see the same keys).
   [[nodiscard]] AnyStore store() const { return self().store(); }
+  /// Whether every collective is checked first (options().check_agreement, resolved against
+  /// TANDEM_CHECK_COLLECTIVES at rendezvous; the same on every rank).
+  [[nodiscard]] bool checks_collectives() const { return self().checking(); }
 
  private:
   friend class detail::CollectiveFrontend<GlooComm, host>;
 
   explicit GlooComm(std::unique_ptr<detail::gloo_comm::Rank> self) : self_(std::move(self)) {}
+
+  /// Resolves options.check_agreement and compares it with every rank's through the store.
+  /// Ranks that differ would hang (one waits for fingerprints the other never sends), so all of
+  /// them raise an Error naming each side instead; a rank whose TANDEM_CHECK_COLLECTIVES is
+  /// unreadable raises its own Error and tells the others, which raise one naming it.
+  static bool agree_on_check(AnyStore& store, const std::string& name, const World& world,
+                             const GlooCommOptions& options) {
+    AnyStore scoped(PrefixStore<AnyStore>(name, store));
+    const std::string key = "check/" + std::to_string(world.rank);
+    bool checking = true;
+    try {
+      checking = options.check_agreement.resolve(true);
+    } catch (const Error&) {
+      scoped.set(key, "?");
+      throw;
+    }
+    scoped.set(key, checking ? "1" : "0");
+    std::vector<bool> all;
+    std::vector<int> unreadable;
+    for (int r = 0; r < world.world_size; ++r) {
+      const std::string value = scoped.get("check/" + std::to_string(r), options.timeout);
+      if (value == "?") unreadable.push_back(r);
+      all.push_back(value == "1");
+    }
+    if (!unreadable.empty()) {
+      throw Error(world.rank, "GlooComm rendezvous",
+                  detail::rank_list(unreadable) + " could not read " +
+                      std::string(check_collectives_variable) + " (see its error)");
+    }
+    if (auto text = detail::switch_disagreement(all); !text.empty()) {
+      throw Error(world.rank, "GlooComm rendezvous", text);
+    }
+    return checking;
+  }
 
   detail::gloo_comm::Rank& self() const {
     if (!self_) throw Error("GlooComm", "this communicator was moved from");
@@ -756,7 +788,8 @@ class GlooComm : public detail::CollectiveFrontend<GlooComm, host> {
 
 static_assert(Communicator<GlooComm>);
 
-/// With GlooCommOptions::check_agreement (the default) the ranks compare their calls first.
+/// GlooComm compares every collective's fingerprints first unless switched off (see
+/// GlooComm::checks_collectives()).
 template <>
 inline constexpr bool detects_mismatched_collectives<GlooComm> = true;
 

@@ -10,7 +10,11 @@
 // barriers; reductions run in rank order 0, 1, ..., n-1, so every rank gets bitwise identical
 // results. At the first barrier of every collective the ranks exchange what they were called
 // with: different operations, element types, counts, roots or reduce ops make every rank raise a
-// tandem::Error naming the ranks that disagree (and the group stays usable). A rank that does not
+// tandem::Error naming the ranks that disagree and each one's call (and the group stays usable).
+// This check is always on: it costs nothing (the ranks must see each other's arguments anyway,
+// to read each other's memory), and without it a mismatch would read past the end of a buffer.
+// TANDEM_CHECK_COLLECTIVES (tandem/comm/checked.hpp) is still read, so that a bad value is an
+// Error here as on every backend, but 0 does not turn LocalComm's check off. A rank that does not
 // arrive within options().timeout, a rank whose LocalComm is destroyed, or (under run_local) a
 // rank whose function throws, makes the others raise tandem::Error instead of hanging; after that
 // the group is unusable.
@@ -39,6 +43,7 @@
 #include <utility>
 #include <vector>
 
+#include "tandem/comm/checked.hpp"
 #include "tandem/comm/communicator.hpp"
 #include "tandem/comm/detail/frontend.hpp"
 #include "tandem/comm/detail/issue_order.hpp"
@@ -308,6 +313,8 @@ class LocalComm : public detail::CollectiveFrontend<LocalComm, host> {
       throw Error("LocalComm::create_group",
                   "a group needs at least one rank, not " + std::to_string(n));
     }
+    // Always on (see the top of this header); a bad value of the switch is an Error everywhere.
+    (void)check_collectives_from_environment();
     auto family = std::make_shared<detail::local::Family>(managed);
     auto group = std::make_shared<detail::local::Group>(n, options, family);
     family->add(group);
@@ -373,7 +380,8 @@ class LocalComm : public detail::CollectiveFrontend<LocalComm, host> {
 
 static_assert(Communicator<LocalComm>);
 
-/// Every rank sees the others' arguments in shared memory, so disagreements are always caught.
+/// Every rank sees the others' arguments in shared memory, so disagreements are always caught
+/// (whatever TANDEM_CHECK_COLLECTIVES says).
 template <>
 inline constexpr bool detects_mismatched_collectives<LocalComm> = true;
 

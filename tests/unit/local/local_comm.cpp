@@ -2,14 +2,21 @@
 // half/bfloat16 accumulation, point-to-point errors, timeouts, leaving ranks and run_local.
 #include <doctest/doctest.h>
 
+#include <stdlib.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
+#include <optional>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "support/collective_suite.hpp"
+#include "support/fake_env.hpp"
+#include "tandem/comm/checked.hpp"
 #include "tandem/comm/local.hpp"
 
 using namespace std::chrono_literals;
@@ -255,4 +262,150 @@ TEST_CASE("destroying a LocalComm waits for its pending async operations") {
     failures.expect(data[0] == 3.0f, "rank ", comm.rank(), " got ", data[0]);
   });
   failures.report();
+}
+
+// --- tandem/comm/checked.hpp: the switch, the fingerprint and the mismatch text ---------------
+
+namespace {
+
+using tandem::CollectiveCheck;
+using tandem::detail::CollectiveFingerprint;
+using tandem::detail::CollectiveOp;
+using tandem::detail::make_fingerprint;
+
+// Only a bool is a choice, and the setting never reads as one (it means nothing until resolved).
+static_assert(std::is_constructible_v<CollectiveCheck, bool>);
+static_assert(!std::is_constructible_v<CollectiveCheck, int>);
+static_assert(!std::is_constructible_v<CollectiveCheck, const char*>);
+static_assert(!std::is_convertible_v<CollectiveCheck, bool>);
+static_assert(!std::is_constructible_v<bool, CollectiveCheck>);
+static_assert(sizeof(CollectiveFingerprint) == 64);
+
+/// Sets a process environment variable for one scope (before any thread of the test starts).
+class ScopedVariable {
+ public:
+  ScopedVariable(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value, 1);
+  }
+  ~ScopedVariable() {
+    if (old_) {
+      ::setenv(name_, old_->c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+  ScopedVariable(const ScopedVariable&) = delete;
+  ScopedVariable& operator=(const ScopedVariable&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+}  // namespace
+
+TEST_CASE("TANDEM_CHECK_COLLECTIVES: unset gives the default, 0 and 1 switch, others are errors") {
+  const tandem::test::FakeEnv unset{};
+  const tandem::test::FakeEnv on{{"TANDEM_CHECK_COLLECTIVES", "1"}};
+  const tandem::test::FakeEnv off{{"TANDEM_CHECK_COLLECTIVES", "0"}};
+  CHECK(CollectiveCheck{}.resolve(true, unset.lookup()));
+  CHECK_FALSE(CollectiveCheck{}.resolve(false, unset.lookup()));
+  CHECK(CollectiveCheck{}.resolve(false, on.lookup()));
+  CHECK_FALSE(CollectiveCheck{}.resolve(true, off.lookup()));
+  // An explicit choice wins over the variable.
+  CHECK(CollectiveCheck{true}.resolve(false, off.lookup()));
+  CHECK_FALSE(CollectiveCheck{false}.resolve(true, on.lookup()));
+  CHECK(CollectiveCheck::from_environment() == CollectiveCheck{});
+  CHECK(CollectiveCheck{false}.setting() == CollectiveCheck::Setting::off);
+  for (const char* bad : {"", "yes", "true", "2", " 1", "1 ", "on"}) {
+    CAPTURE(bad);
+    const tandem::test::FakeEnv env{{"TANDEM_CHECK_COLLECTIVES", bad}};
+    try {
+      (void)CollectiveCheck{}.resolve(true, env.lookup());
+      FAIL("accepted TANDEM_CHECK_COLLECTIVES='" << bad << "'");
+    } catch (const tandem::Error& e) {
+      CHECK_MESSAGE(
+          mentions(e.what(), "environment", "TANDEM_CHECK_COLLECTIVES='" + std::string(bad) + "'",
+                   "not 0", "or 1"),
+          e.what());
+    }
+    // An explicit choice does not read the variable at all.
+    CHECK(CollectiveCheck{true}.resolve(false, env.lookup()));
+  }
+}
+
+TEST_CASE("Fingerprints: equal calls agree; every difference names each rank's whole call") {
+  using tandem::detail::fingerprint_disagreement;
+  auto all_reduce = [](std::size_t count, std::uint64_t sequence = 1) {
+    return make_fingerprint<float>(CollectiveOp::all_reduce, sequence, count, 0, ReduceOp::sum);
+  };
+  // Fields an operation does not use do not count.
+  CHECK(make_fingerprint<float>(CollectiveOp::all_reduce, 1, 3, 5) ==
+        make_fingerprint<float>(CollectiveOp::all_reduce, 1, 3, 0));
+  CHECK(make_fingerprint<float>(CollectiveOp::barrier, 1, 3) ==
+        make_fingerprint<std::int32_t>(CollectiveOp::barrier, 1, 9));
+  std::vector<CollectiveFingerprint> same{all_reduce(7), all_reduce(7), all_reduce(7)};
+  CHECK(fingerprint_disagreement(same).empty());
+  CHECK(fingerprint_disagreement(std::vector<CollectiveFingerprint>{all_reduce(7)}).empty());
+
+  std::vector<CollectiveFingerprint> counts{all_reduce(7), all_reduce(8), all_reduce(7)};
+  CHECK(fingerprint_disagreement(counts) ==
+        "ranks disagree on the element count: ranks 0, 2 called all_reduce(7 x float32, sum); "
+        "rank 1 called all_reduce(8 x float32, sum)");
+
+  std::vector<CollectiveFingerprint> rooted{
+      make_fingerprint<std::int64_t>(CollectiveOp::reduce, 4, 2, 0, ReduceOp::max),
+      make_fingerprint<std::int64_t>(CollectiveOp::reduce, 4, 2, 1, ReduceOp::max)};
+  CHECK(fingerprint_disagreement(rooted) ==
+        "ranks disagree on the root: rank 0 called reduce(2 x int64, root 0, max); rank 1 "
+        "called reduce(2 x int64, root 1, max)");
+
+  // Identical calls at different positions: a rank skipped a collective (or made an extra one).
+  std::vector<CollectiveFingerprint> skipped{all_reduce(7, 12), all_reduce(7, 11)};
+  CHECK(fingerprint_disagreement(skipped) ==
+        "ranks are at different collectives of this communicator (one skipped a collective, or "
+        "made one the others did not): rank 0 called #12 all_reduce(7 x float32, sum); rank 1 "
+        "called #11 all_reduce(7 x float32, sum)");
+
+  // A fingerprint that is no known call is reported, never shown as garbage.
+  CollectiveFingerprint garbage;
+  garbage.op = 99;
+  CHECK(
+      mentions(fingerprint_disagreement(std::vector<CollectiveFingerprint>{all_reduce(7), garbage}),
+               "unreadable"));
+
+  CHECK(tandem::detail::switch_disagreement({true, true}).empty());
+  CHECK(tandem::detail::switch_disagreement({true, false, true}) ==
+        "ranks disagree on whether to check collectives (TANDEM_CHECK_COLLECTIVES or the "
+        "options' check_agreement): ranks 0, 2: on; rank 1: off; a rank that checks would wait "
+        "for fingerprints the others never send");
+}
+
+TEST_CASE("LocalComm: always checks, and a bad TANDEM_CHECK_COLLECTIVES is an error") {
+  {
+    ScopedVariable off("TANDEM_CHECK_COLLECTIVES", "0");
+    // 0 leaves LocalComm's check on: it is free, and without it a mismatch would read past the
+    // end of a buffer.
+    Failures failures;
+    tandem::run_local(2, [&](LocalComm& comm) {
+      std::vector<float> data(comm.rank() == 1 ? 8 : 7);
+      try {
+        comm.all_reduce(data);
+        failures.add("rank ", comm.rank(), ": no error with TANDEM_CHECK_COLLECTIVES=0");
+      } catch (const tandem::Error& e) {
+        failures.expect(mentions(e.what(), "rank 0 called all_reduce(7 x float32, sum)",
+                                 "rank 1 called all_reduce(8 x float32, sum)"),
+                        e.what());
+      }
+    });
+    failures.report();
+  }
+  ScopedVariable bad("TANDEM_CHECK_COLLECTIVES", "maybe");
+  try {
+    (void)LocalComm::create_group(2);
+    FAIL("LocalComm accepted TANDEM_CHECK_COLLECTIVES=maybe");
+  } catch (const tandem::Error& e) {
+    CHECK_MESSAGE(mentions(e.what(), "TANDEM_CHECK_COLLECTIVES='maybe'"), e.what());
+  }
 }

@@ -1,6 +1,6 @@
-// tandem/comm/detail/collective_op.hpp - the collective operations every backend names, and how
-// the ranks' descriptions of one call are compared (the texts of a mismatch Error).
-//   std::string text = tandem::detail::call_disagreement(calls);   // "" when the ranks agree
+// tandem/comm/detail/collective_op.hpp - the collective operations every backend names, and the
+// pieces of a mismatch Error's text (tandem/comm/checked.hpp composes them).
+//   std::string what = tandem::detail::first_difference(calls);   // "" when the ranks agree
 // Needs: the standard library. Not a public header: backends include it.
 #pragma once
 
@@ -113,54 +113,33 @@ inline constexpr auto show_int = [](auto value) { return std::to_string(value); 
 // A Call describes what one rank was called with. Its fields op, type, count, root and reduce_op
 // hold a CollectiveOp, dtype, count, root and ReduceOp, as those types or as integers.
 
-/// "" when the ranks called the same operation, else the Error's cause.
+/// What the ranks' calls disagree on first, as the start of an Error's cause: "ranks called
+/// different operations", "ranks disagree on the element type" (then the element count, the
+/// root, the reduce op; each only where the operation has it); "" when they agree on all of it.
+/// checked.hpp's fingerprint_disagreement adds every rank's whole call.
 template <class Call>
-std::string operation_disagreement(const std::vector<Call>& calls) {
-  const auto ops = field_values(calls, [](const Call& c) { return c.op; });
-  auto show = [](auto v) { return std::string(name(static_cast<CollectiveOp>(v))); };
-  if (auto text = disagreement(ops, show); !text.empty()) {
-    return "ranks called different operations: " + text;
+std::string first_difference(const std::vector<Call>& calls) {
+  auto differ = [&](auto get) { return !disagreement(field_values(calls, get), show_int).empty(); };
+  if (differ([](const Call& c) { return static_cast<std::int64_t>(c.op); })) {
+    return "ranks called different operations";
   }
-  return {};
-}
-
-/// For calls of one operation: "" when the ranks agree on what that operation compares (element
-/// type and count, root, reduce op), else the Error's cause.
-template <class Call>
-std::string argument_disagreement(const std::vector<Call>& calls) {
   const auto op = static_cast<CollectiveOp>(calls.front().op);
   if (is_typed(op)) {
-    const auto types = field_values(calls, [](const Call& c) { return c.type; });
-    auto show_type = [](auto v) { return std::string(tandem::name(static_cast<dtype>(v))); };
-    if (auto text = disagreement(types, show_type); !text.empty()) {
-      return "ranks disagree on the element type: " + text;
+    if (differ([](const Call& c) { return static_cast<std::int64_t>(c.type); })) {
+      return "ranks disagree on the element type";
     }
-    const auto counts = field_values(calls, [](const Call& c) { return c.count; });
-    if (auto text = disagreement(counts, show_int); !text.empty()) {
-      return "ranks disagree on the element count: " + text;
+    if (differ([](const Call& c) { return static_cast<std::int64_t>(c.count); })) {
+      return "ranks disagree on the element count";
     }
   }
-  if (has_root(op)) {
-    const auto roots = field_values(calls, [](const Call& c) { return c.root; });
-    if (auto text = disagreement(roots, show_int); !text.empty()) {
-      return "ranks disagree on the root: " + text;
-    }
+  if (has_root(op) && differ([](const Call& c) { return static_cast<std::int64_t>(c.root); })) {
+    return "ranks disagree on the root";
   }
-  if (has_reduce_op(op)) {
-    const auto reduce_ops = field_values(calls, [](const Call& c) { return c.reduce_op; });
-    auto show_reduce = [](auto v) { return std::string(tandem::name(static_cast<ReduceOp>(v))); };
-    if (auto text = disagreement(reduce_ops, show_reduce); !text.empty()) {
-      return "ranks disagree on the reduce op: " + text;
-    }
+  if (has_reduce_op(op) &&
+      differ([](const Call& c) { return static_cast<std::int64_t>(c.reduce_op); })) {
+    return "ranks disagree on the reduce op";
   }
   return {};
-}
-
-/// The first way the ranks' calls disagree, or "".
-template <class Call>
-std::string call_disagreement(const std::vector<Call>& calls) {
-  if (auto text = operation_disagreement(calls); !text.empty()) return text;
-  return argument_disagreement(calls);
 }
 
 }  // namespace tandem::detail

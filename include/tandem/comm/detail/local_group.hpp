@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "tandem/comm/checked.hpp"
 #include "tandem/comm/communicator.hpp"
 #include "tandem/comm/detail/collective_op.hpp"
 #include "tandem/core/error.hpp"
@@ -251,13 +252,22 @@ class Group {
     ++generation_;
   }
 
+  /// checked.hpp's comparison of the ranks' calls, with the step inside a collective too. The
+  /// sequence number is left out: every rank's call here belongs to the same generation.
   std::string check_agreement() const {
-    if (auto text = operation_disagreement(descs_); !text.empty()) return text;
-    const auto phases = field_values(descs_, [](const Desc& d) { return d.phase; });
-    if (auto text = disagreement(phases, show_int); !text.empty()) {
-      return "ranks are at different steps: " + text;
+    std::vector<CollectiveFingerprint> calls;
+    calls.reserve(descs_.size());
+    for (const auto& d : descs_) {
+      calls.push_back(make_fingerprint(d.op, 0, d.type, d.count, d.root, d.reduce_op));
     }
-    return argument_disagreement(descs_);
+    const auto ops = field_values(descs_, [](const Desc& d) { return static_cast<int>(d.op); });
+    if (disagreement(ops, show_int).empty()) {
+      const auto phases = field_values(descs_, [](const Desc& d) { return d.phase; });
+      if (auto text = disagreement(phases, show_int); !text.empty()) {
+        return "ranks are at different steps: " + text;
+      }
+    }
+    return fingerprint_disagreement(calls);
   }
 
   void make_split(Round& round) const {
