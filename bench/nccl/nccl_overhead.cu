@@ -1,13 +1,16 @@
 // bench/nccl - what NcclComm adds to a raw ncclAllReduce at world size 1 (one GPU), sizes 4 B to
 // 256 MiB, float32 sum in place. Both run side by side in one process on the same GPU,
 // interleaved size by size and trial by trial: the raw call on a stream of its own, NcclComm's
-// sync all_reduce ordered on the caller's stream (its event handoff to the communicator's stream
-// and back included). Per size and implementation it prints the median over trials of
+// sync all_reduce on the caller's stream (impl=tandem, the default), and NcclComm with
+// sync_on_caller_stream = false (impl=tandem_handoff: an event to the communicator's stream and
+// one back per call, as PyTorch's ProcessGroupNCCL does). All are out of place, from a buffer of
+// ones into a zeroed one, and each timing fails unless its output holds the ones (the calls
+// really ran). Per size and implementation it prints the median over trials of
 //   time_us   GPU time per call (CUDA events around `iters` back-to-back calls),
 //   host_us   host time per call to issue them (what the calling thread spends),
 //   algbw, busbw  nccl-tests' formulas: algbw = bytes / time; all_reduce busbw = algbw * 2(n-1)/n
 //                 (0 at n = 1, printed so that multi-GPU runs compare directly with nccl-tests),
-// then the difference (tandem - raw). Output: RESULT lines (key=value), one per measurement.
+// then the differences (tandem - raw, tandem_handoff - raw). Output: RESULT lines (key=value).
 //   bench_nccl [--max-bytes N] [--trials N] [--scale X]
 // Exits 77 with a message where there is no GPU.
 #include <cuda_runtime.h>
@@ -18,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -130,49 +134,95 @@ int main(int argc, char** argv) {
     check_nccl(ncclCommInitRank(&raw, 1, raw_id, 0), "ncclCommInitRank");
     tandem::cuda::Stream raw_stream;
 
-    // tandem: NcclComm ordered on a caller stream of its own.
+    // tandem: NcclComm ordered on a caller stream of its own; once as it comes, once with the
+    // event handoff to its own stream that sync operations made before (and PyTorch makes).
     tandem::NcclComm comm = tandem::NcclComm::create(tandem::NcclComm::unique_id(), 0, 1);
     tandem::cuda::Stream caller;
     comm.use_stream(caller.get());
+    tandem::NcclCommOptions handoff_options;
+    handoff_options.sync_on_caller_stream = false;
+    tandem::NcclComm handoff =
+        tandem::NcclComm::create(tandem::NcclComm::unique_id(), 0, 1, handoff_options);
+    tandem::cuda::Stream handoff_caller;
+    handoff.use_stream(handoff_caller.get());
 
     float* buffer = nullptr;
+    float* output = nullptr;
     tandem::cuda::check(cudaMalloc(&buffer, options.max_bytes), "cudaMalloc");
-    tandem::cuda::check(cudaMemset(buffer, 0, options.max_bytes), "cudaMemset");
+    tandem::cuda::check(cudaMalloc(&output, options.max_bytes), "cudaMalloc");
+    {
+      const std::vector<float> ones(options.max_bytes / sizeof(float), 1.0f);
+      tandem::cuda::check(
+          cudaMemcpy(buffer, ones.data(), options.max_bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+    }
+    // The output of the timed calls: zeroed before, all ones after (first and last element).
+    const auto clear_output = [&](std::size_t bytes) {
+      tandem::cuda::check(cudaMemset(output, 0, bytes), "cudaMemset");
+      tandem::cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    };
+    const auto expect_output = [&](const char* impl, std::size_t bytes) {
+      tandem::cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+      float first = 0, last = 0;
+      tandem::cuda::check(cudaMemcpy(&first, output, sizeof(float), cudaMemcpyDeviceToHost),
+                          "cudaMemcpy");
+      tandem::cuda::check(cudaMemcpy(&last, output + bytes / sizeof(float) - 1, sizeof(float),
+                                     cudaMemcpyDeviceToHost),
+                          "cudaMemcpy");
+      if (first != 1.0f || last != 1.0f) {
+        throw tandem::Error("bench_nccl", std::string(impl) + " at " + std::to_string(bytes) +
+                                              " bytes did not write its output: the timed calls "
+                                              "did not run");
+      }
+    };
 
     for (std::size_t bytes = 4; bytes <= options.max_bytes; bytes *= 4) {
       const std::size_t count = bytes / sizeof(float);
       const int iters = iterations_for(bytes, options.scale);
-      const tandem::View<float, tandem::device> view(buffer, count);
+      const tandem::View<const float, tandem::device> in(buffer, count);
+      const tandem::View<float, tandem::device> out(output, count);
       auto raw_call = [&] {
         check_nccl(
-            ncclAllReduce(buffer, buffer, count, ncclFloat32, ncclSum, raw, raw_stream.get()),
+            ncclAllReduce(buffer, output, count, ncclFloat32, ncclSum, raw, raw_stream.get()),
             "ncclAllReduce");
       };
-      auto tandem_call = [&] { comm.all_reduce(view, tandem::ReduceOp::sum); };
-      // Warm up both (NCCL sets up its channels on first use).
+      auto tandem_call = [&] { comm.all_reduce(in, out, tandem::ReduceOp::sum); };
+      auto handoff_call = [&] { handoff.all_reduce(in, out, tandem::ReduceOp::sum); };
+      // Warm up (NCCL sets up its channels on first use).
       (void)time_calls(raw_stream.get(), 5, raw_call);
       (void)time_calls(caller.get(), 5, tandem_call);
-      std::vector<double> raw_gpu, raw_host, tandem_gpu, tandem_host;
+      (void)time_calls(handoff_caller.get(), 5, handoff_call);
+      struct Series {
+        const char* impl;
+        cudaStream_t stream;
+        std::function<void()> call;
+        std::vector<double> gpu, host;
+      };
+      std::vector<Series> series{{"raw_nccl", raw_stream.get(), raw_call, {}, {}},
+                                 {"tandem", caller.get(), tandem_call, {}, {}},
+                                 {"tandem_handoff", handoff_caller.get(), handoff_call, {}, {}}};
       for (int trial = 0; trial < options.trials; ++trial) {
-        const Sample r = time_calls(raw_stream.get(), iters, raw_call);
-        const Sample t = time_calls(caller.get(), iters, tandem_call);
-        raw_gpu.push_back(r.gpu_us);
-        raw_host.push_back(r.host_us);
-        tandem_gpu.push_back(t.gpu_us);
-        tandem_host.push_back(t.host_us);
+        for (Series& s : series) {
+          clear_output(bytes);
+          const Sample sample = time_calls(s.stream, iters, s.call);
+          expect_output(s.impl, bytes);
+          s.gpu.push_back(sample.gpu_us);
+          s.host.push_back(sample.host_us);
+        }
       }
-      const double rg = median(raw_gpu), rh = median(raw_host);
-      const double tg = median(tandem_gpu), th = median(tandem_host);
-      report("raw_nccl", bytes, 1, iters, rg, rh);
-      report("tandem", bytes, 1, iters, tg, th);
-      std::printf(
-          "RESULT bench=nccl_all_reduce impl=overhead ranks=1 size_bytes=%zu added_time_us=%.3f "
-          "added_host_us=%.3f\n",
-          bytes, tg - rg, th - rh);
+      const double rg = median(series[0].gpu), rh = median(series[0].host);
+      for (Series& s : series) report(s.impl, bytes, 1, iters, median(s.gpu), median(s.host));
+      for (std::size_t i = 1; i < series.size(); ++i) {
+        std::printf(
+            "RESULT bench=nccl_all_reduce impl=overhead of=%s ranks=1 size_bytes=%zu "
+            "added_time_us=%.3f added_host_us=%.3f\n",
+            series[i].impl, bytes, median(series[i].gpu) - rg, median(series[i].host) - rh);
+      }
       std::fflush(stdout);
     }
     comm.synchronize();
+    handoff.synchronize();
     tandem::cuda::check(cudaFree(buffer), "cudaFree");
+    tandem::cuda::check(cudaFree(output), "cudaFree");
     check_nccl(ncclCommDestroy(raw), "ncclCommDestroy");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_nccl: %s\n", e.what());

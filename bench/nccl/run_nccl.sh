@@ -44,8 +44,11 @@ device=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev
   echo "- time_us: GPU time per call (CUDA events, median of trials); host_us: host time per call"
   echo "  to issue; busbw = algbw * 2(n-1)/n (nccl-tests), 0 at one rank."
   echo
-  echo "| size (B) | raw time (us) | tandem time (us) | added (us) | raw host (us) | tandem host (us) | added host (us) | tandem algbw (GB/s) |"
-  echo "|---:|---:|---:|---:|---:|---:|---:|---:|"
+  echo "tandem: sync operations on the caller's stream (the default); handoff:"
+  echo "sync_on_caller_stream = false (an event to the communicator's stream and one back)."
+  echo
+  echo "| size (B) | raw time (us) | tandem time (us) | added (us) | handoff added (us) | raw host (us) | tandem host (us) | added host (us) | handoff added host (us) | tandem algbw (GB/s) |"
+  echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
   awk '
     /^RESULT/ {
       delete kv
@@ -53,9 +56,10 @@ device=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev
       s = kv["size_bytes"]
       if (kv["impl"] == "raw_nccl") { rt[s] = kv["time_us"]; rh[s] = kv["host_us"] }
       if (kv["impl"] == "tandem") { tt[s] = kv["time_us"]; th[s] = kv["host_us"]; ta[s] = kv["algbw_GBps"] }
-      if (kv["impl"] == "overhead") {
-        printf "| %s | %s | %s | %s | %s | %s | %s | %s |\n", s, rt[s], tt[s], kv["added_time_us"],
-          rh[s], th[s], kv["added_host_us"], ta[s]
+      if (kv["impl"] == "overhead" && kv["of"] == "tandem") { at[s] = kv["added_time_us"]; ah[s] = kv["added_host_us"] }
+      if (kv["impl"] == "overhead" && kv["of"] == "tandem_handoff") {
+        printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", s, rt[s], tt[s], at[s],
+          kv["added_time_us"], rh[s], th[s], ah[s], kv["added_host_us"], ta[s]
       }
     }' "$tmp"
 } >"$out"

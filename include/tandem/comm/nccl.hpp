@@ -10,13 +10,16 @@
 // NCCL's ncclAvg, and argument checks and their error texts are the other backends' (one front
 // end, detail::CollectiveFrontend).
 //
-// Streams. Collectives run on the communicator's own stream. Each operation is ordered after the
-// work queued so far on the caller's stream (options.stream, the calling thread's default stream
-// unless set; use_stream changes it), by an event, and:
+// Streams. Each operation is ordered after the work queued so far on the caller's stream
+// (options.stream, the calling thread's default stream unless set; use_stream changes it), and
+// after every operation issued before it, and:
 // - a sync operation returns once it is queued: work queued later on the caller's stream sees
-//   its result (stream order, as in PyTorch). The host does not wait, and nothing synchronises
-//   the whole device. synchronize() waits on the host.
-// - an `_async` operation leaves the caller's stream alone and returns a tandem::Work that the
+//   its result (stream order, as in PyTorch). It runs on the caller's stream itself, so no event
+//   crosses between streams (options.sync_on_caller_stream = false runs it on the
+//   communicator's stream, with an event each way). The host does not wait, and nothing
+//   synchronises the whole device. synchronize() waits on the host.
+// - an `_async` operation runs on the communicator's own stream (so that it overlaps the
+//   caller's later work), leaves the caller's stream alone and returns a tandem::Work that the
 //   host can wait on (work.wait()) or a stream (work.wait(stream), on the GPU); wait_stream(s)
 //   makes a stream wait for every operation issued so far.
 // The tensors of an operation must stay alive and untouched until it has finished on the GPU.
@@ -97,6 +100,11 @@ struct NcclCommOptions {
   std::chrono::milliseconds watchdog_interval{100};
   /// Priority of the communicator's stream (lower runs first; cudaDeviceGetStreamPriorityRange).
   int stream_priority = 0;
+  /// Where a sync operation (outside an NcclGroup) runs. true: on the caller's stream itself,
+  /// which it would wait for anyway, so that nothing is handed between streams (one event
+  /// for the watchdog is the whole per-call cost). false: on the communicator's stream, with
+  /// an event each way, as the `_async` forms and PyTorch's ProcessGroupNCCL do.
+  bool sync_on_caller_stream = true;
 };
 
 class NcclComm;
@@ -203,6 +211,7 @@ class Rank {
       check(ncclCommUserRank(comm_, &rank_), unknown_rank, "ncclCommUserRank", comm_, false);
       check(ncclCommCount(comm_, &size_), rank_, "ncclCommCount", comm_, false);
       stream_.emplace(options_.stream_priority);
+      newest_stream_ = stream_->get();
       start_.emplace();
       cuda::check(cudaMalloc(&scratch_, sizeof(std::int32_t)), "cudaMalloc", rank_);
       watchdog_ = std::thread([this] { watch(); });
@@ -468,20 +477,16 @@ class Rank {
   /// Error that aborted the communicator).
   void synchronize() {
     DeviceGuard guard(device_);
-    cudaEvent_t marker = nullptr;
+    cudaEvent_t newest = nullptr;
     {
       std::lock_guard lock(mutex_);
       throw_if_failed("synchronize");
-      marker = take_event();
-      cuda::check(cudaEventRecord(marker, stream_->get()), "cudaEventRecord", rank_);
+      if (pending_.empty()) return;  // the watchdog has seen every operation finish
+      // issue() orders the operations across streams, so the newest one's end covers them all.
+      // Its event is recycled only by take_event(), on the issuing thread: this one.
+      newest = pending_.back().end;
     }
-    try {
-      wait_on_host(marker, "synchronize");
-    } catch (...) {
-      give_event(marker);
-      throw;
-    }
-    give_event(marker);
+    wait_on_host(newest, "synchronize");
   }
 
   /// Work queued on `stream` from now on waits for every operation issued so far.
@@ -489,8 +494,8 @@ class Rank {
     DeviceGuard guard(device_);
     std::lock_guard lock(mutex_);
     throw_if_failed("wait_stream");
-    cuda::check(cudaEventRecord(start_->get(), stream_->get()), "cudaEventRecord", rank_);
-    cuda::check(cudaStreamWaitEvent(stream, start_->get(), 0), "cudaStreamWaitEvent", rank_);
+    if (pending_.empty()) return;  // every operation has finished
+    cuda::check(cudaStreamWaitEvent(stream, pending_.back().end, 0), "cudaStreamWaitEvent", rank_);
   }
 
   /// Aborts the communicator from any thread (run_local_nccl does, when a rank fails): the
@@ -550,15 +555,16 @@ class Rank {
         throw *failure_;
       }
       if (group_operations_ > 0) {
-        finish_issue("NcclGroup", name, sequence, std::move(works), group_has_sync_);
+        finish_issue("NcclGroup", name, sequence, std::move(works), group_has_sync_,
+                     stream_->get());
       }
-      release_staging();
+      release_staging(stream_->get());
     } catch (...) {
       auto error = std::current_exception();
       for (auto& work : works) {
         if (work) work->fail(error);
       }
-      release_staging();
+      release_staging(stream_->get());
       if (raise) throw;
     }
   }
@@ -578,9 +584,17 @@ class Rank {
     std::unique_lock lock(mutex_);
     throw_if_failed(operation);
     const std::uint64_t sequence = ++sequence_;
-    const cudaStream_t stream = stream_->get();
-    cuda::check(cudaEventRecord(start_->get(), caller_), "cudaEventRecord", rank_);
-    cuda::check(cudaStreamWaitEvent(stream, start_->get(), 0), "cudaStreamWaitEvent", rank_);
+    // A sync operation outside a group may run on the caller's stream itself: the caller would
+    // wait for it anyway, and no event crosses between streams (the per-call cost that matters
+    // for small all_reduces). Everything else runs on the communicator's stream after the
+    // caller's work so far.
+    const bool direct = work == nullptr && group_depth_ == 0 && options_.sync_on_caller_stream;
+    const cudaStream_t stream = direct ? caller_ : stream_->get();
+    if (!direct) {
+      cuda::check(cudaEventRecord(start_->get(), caller_), "cudaEventRecord", rank_);
+      cuda::check(cudaStreamWaitEvent(stream, start_->get(), 0), "cudaStreamWaitEvent", rank_);
+    }
+    follow_newest(stream);
     ncclResult_t state = enqueue(comm_, stream);
     if (group_depth_ > 0) {
       if (state != ncclSuccess && state != ncclInProgress) {
@@ -597,7 +611,7 @@ class Rank {
     if (state == ncclInProgress)
       state = settle_locked(lock, comm_, state, Deadline(options_.timeout));
     if (state != ncclSuccess) {
-      release_staging();
+      release_staging(stream);
       const std::string name = nccl::describe_operation(operation, sequence);
       if (failure_) throw *failure_;
       if (state == ncclInvalidArgument || state == ncclInvalidUsage) {
@@ -606,19 +620,31 @@ class Rank {
       abort_locked(name, sequence, settle_failure(state));
       throw *failure_;
     }
-    release_staging();
+    release_staging(stream);
     std::vector<std::shared_ptr<WorkState>> works;
-    const bool caller_waits = work == nullptr;
+    const bool caller_waits = work == nullptr && !direct;
     if (work) works.push_back(std::move(work));
-    return finish_issue(operation, {}, sequence, std::move(works), caller_waits);
+    return finish_issue(operation, {}, sequence, std::move(works), caller_waits, stream);
+  }
+
+  /// NCCL runs a communicator's operations in issue order: one about to be queued on `stream`
+  /// waits for the newest one still in flight when that one went to another stream (the
+  /// caller's stream changed, or a sync operation on the caller's stream follows `_async` ones).
+  /// Operations on one stream, and the communicator's stream after start_, are ordered already.
+  void follow_newest(cudaStream_t stream) {
+    if (pending_.empty() || newest_stream_ == stream) return;
+    if (stream == stream_->get() && newest_stream_ == caller_) return;  // start_ covers it
+    cuda::check(cudaStreamWaitEvent(stream, pending_.back().end, 0), "cudaStreamWaitEvent", rank_);
   }
 
   /// Records the end of an issued operation on our stream, makes the caller's stream wait for it
   /// where a sync operation is part of it, and hands it to the watchdog.
   cudaEvent_t finish_issue(const char* operation, std::string group, std::uint64_t sequence,
-                           std::vector<std::shared_ptr<WorkState>> works, bool caller_waits) {
+                           std::vector<std::shared_ptr<WorkState>> works, bool caller_waits,
+                           cudaStream_t stream) {
     const cudaEvent_t end = take_event();
-    cuda::check(cudaEventRecord(end, stream_->get()), "cudaEventRecord", rank_);
+    cuda::check(cudaEventRecord(end, stream), "cudaEventRecord", rank_);
+    newest_stream_ = stream;
     const bool async = !works.empty();
     if (caller_waits) {
       cuda::check(cudaStreamWaitEvent(caller_, end, 0), "cudaStreamWaitEvent", rank_);
@@ -644,9 +670,9 @@ class Rank {
 
   /// Frees the staging copies after the operations reading them were queued (inside a group,
   /// only after ncclGroupEnd has launched them).
-  void release_staging() noexcept {
+  void release_staging(cudaStream_t stream) noexcept {
     if (group_depth_ > 0) return;
-    for (void* copy : staging_) (void)cudaFreeAsync(copy, stream_->get());
+    for (void* copy : staging_) (void)cudaFreeAsync(copy, stream);
     staging_.clear();
   }
 
@@ -758,11 +784,6 @@ class Rank {
     return event;
   }
 
-  void give_event(cudaEvent_t event) {
-    std::lock_guard lock(mutex_);
-    free_events_.push_back(event);
-  }
-
   // --- the watchdog -------------------------------------------------------------------------
 
   void watch() {
@@ -779,7 +800,7 @@ class Rank {
   }
 
   /// One look: NCCL's asynchronous error state, then the operations in issue order (they finish
-  /// in that order on one stream).
+  /// in that order: issue() chains them across streams).
   void inspect() {
     ncclResult_t state = ncclSuccess;
     if (const ncclResult_t query = ncclCommGetAsyncError(comm_, &state); query != ncclSuccess) {
@@ -873,8 +894,9 @@ class Rank {
   NcclCommOptions options_;
   cudaStream_t caller_ = cudaStreamPerThread;
   std::optional<cuda::Stream> stream_;
-  std::optional<cuda::Event> start_;  ///< re-recorded per operation: a wait copies its state
-  void* scratch_ = nullptr;           ///< barrier's integer
+  std::optional<cuda::Event> start_;      ///< re-recorded per operation: a wait copies its state
+  cudaStream_t newest_stream_ = nullptr;  ///< where the newest operation was queued
+  void* scratch_ = nullptr;               ///< barrier's integer
 
   std::shared_ptr<WorkState> next_work_;  ///< set by later() for the operation it issues
   std::vector<void*> staging_;

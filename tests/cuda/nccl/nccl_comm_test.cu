@@ -169,6 +169,58 @@ TEST_CASE("a sync operation is ordered on the caller's stream; an async one comp
   CHECK(comm.barrier_async().wait_for(60s));
 }
 
+// A sync operation runs on the caller's stream (or, with the option off, on the communicator's):
+// operations must still run in issue order when they land on different streams. Each step copies
+// the previous step's output (all_gather at world size 1 is a copy), over buffers large enough
+// that an operation that overtook its predecessor would read a stale buffer.
+TEST_CASE("operations keep their issue order across the caller's and the communicator's streams") {
+  for (const bool on_caller : {true, false}) {
+    CAPTURE(on_caller);
+    tandem::NcclCommOptions options;
+    options.sync_on_caller_stream = on_caller;
+    NcclComm comm = single(options);
+    tandem::cuda::Stream first;
+    tandem::cuda::Stream second;
+    const std::size_t n = std::size_t{1} << 25;  // 128 MiB of floats
+    DeviceArray<float> a(n);
+    DeviceArray<float> b(n);
+    DeviceArray<float> c(n);
+    const auto expect_all = [&](const std::vector<float>& values, float expected) {
+      CHECK(values.front() == expected);
+      CHECK(values[n / 2] == expected);
+      CHECK(values.back() == expected);
+    };
+
+    // async (the communicator's stream), then sync on another caller stream reading its output
+    comm.use_stream(first.get());
+    a.upload(std::vector<float>(n, 1.0f), first.get());
+    c.upload(std::vector<float>(n, 0.0f), first.get());
+    tandem::Work copied = comm.all_gather_async(a.view(), b.view());
+    comm.use_stream(second.get());
+    comm.all_gather(b.view(), c.view());
+    expect_all(c.download(second.get()), 1.0f);
+    CHECK(copied.wait_for(60s));
+
+    // sync on one caller stream, then sync on another
+    comm.use_stream(first.get());
+    a.upload(std::vector<float>(n, 2.0f), first.get());
+    comm.all_gather(a.view(), b.view());
+    comm.use_stream(second.get());
+    comm.all_gather(b.view(), c.view());
+    expect_all(c.download(second.get()), 2.0f);
+
+    // sync, then async reading its output, then wait_stream and synchronize
+    comm.use_stream(first.get());
+    a.upload(std::vector<float>(n, 3.0f), first.get());
+    comm.all_gather(a.view(), b.view());
+    tandem::Work last = comm.all_gather_async(b.view(), c.view());
+    comm.wait_stream(second.get());
+    expect_all(c.download(second.get()), 3.0f);
+    comm.synchronize();
+    CHECK(last.wait_for(60s));
+  }
+}
+
 TEST_CASE("a group issues several operations at once; a send to oneself needs one") {
   NcclComm comm = single();
   const cudaStream_t stream = comm.caller_stream();
