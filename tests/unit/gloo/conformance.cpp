@@ -5,6 +5,8 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
+#include <stdlib.h>
+
 #include <chrono>
 #include <cstdio>
 #include <exception>
@@ -45,6 +47,7 @@ const tandem::test::Matrix subgroup_matrix{{0, 1, 13}, true};
 
 }  // namespace
 
+// GlooComm checks unless switched off: the suite asks checks_collectives() at run time.
 static_assert(tandem::detects_mismatched_collectives<tandem::GlooComm>);
 
 TEST_CASE("GlooComm: the conformance suite") {
@@ -126,6 +129,70 @@ TEST_CASE("GlooComm: async operations complete through Work, in issue order") {
   CHECK_FALSE(first.failed());
   CHECK(a[0] == static_cast<double>(n));
   CHECK(gathered.back() == 2.0);
+}
+
+/// A new group of this world, met in the world's store, with `options`.
+tandem::GlooComm regroup(const tandem::GlooCommOptions& options) {
+  auto store = comm().store();
+  return tandem::GlooComm::rendezvous(tandem::World::single_node(comm().rank(), comm().size()),
+                                      store, options);
+}
+
+TEST_CASE("GlooComm: with the check switched off, nothing is exchanged and a mismatch goes by") {
+  const int me = comm().rank();
+  const int odd = comm().size() - 1;
+  // Ranks that reduce with different ops on equal data: harmless to gloo (each rank combines
+  // with its own function), so it shows whether the ranks compared their calls.
+  auto mismatched_ops = [&](tandem::GlooComm& group) {
+    std::vector<float> ones(64, 1.0f);
+    group.all_reduce(ones, me == odd ? tandem::ReduceOp::max : tandem::ReduceOp::sum);
+  };
+  auto checked = regroup({.timeout = 60s, .check_agreement = true});
+  CHECK(checked.checks_collectives());
+  CHECK_THROWS_WITH_AS(mismatched_ops(checked),
+                       doctest::Contains("ranks disagree on the reduce op"), tandem::Error);
+  auto unchecked = regroup({.timeout = 60s, .check_agreement = false});
+  CHECK_FALSE(unchecked.checks_collectives());
+  CHECK_NOTHROW(mismatched_ops(unchecked));
+  // The barrier, which the exchange used to be, still synchronises.
+  std::vector<std::int64_t> sum{1};
+  unchecked.barrier();
+  unchecked.all_reduce(sum);
+  CHECK(sum[0] == comm().size());
+}
+
+TEST_CASE("GlooComm: ranks that disagree on the check fail at rendezvous, naming each side") {
+  const int me = comm().rank();
+  try {
+    (void)regroup({.timeout = 60s, .check_agreement = me != 0});
+    FAIL("a group whose ranks disagree on the check was made");
+  } catch (const tandem::Error& e) {
+    const std::string others = comm().size() == 2 ? "rank 1: on" : "ranks 1, ";
+    CHECK_MESSAGE(tandem::test::mentions(e.what(), "rank " + std::to_string(me) + ":", "rendezvous",
+                                         "TANDEM_CHECK_COLLECTIVES", "rank 0: off", others),
+                  e.what());
+  }
+}
+
+TEST_CASE("GlooComm: a bad TANDEM_CHECK_COLLECTIVES fails rendezvous on every rank") {
+  const int me = comm().rank();
+  const int odd = comm().size() - 1;
+  if (me == odd) ::setenv("TANDEM_CHECK_COLLECTIVES", "yes", 1);
+  try {
+    (void)regroup({.timeout = 60s});
+    FAIL("a group was made with TANDEM_CHECK_COLLECTIVES=yes on rank " << odd);
+  } catch (const tandem::Error& e) {
+    if (me == odd) {
+      CHECK_MESSAGE(tandem::test::mentions(e.what(), "TANDEM_CHECK_COLLECTIVES='yes'"), e.what());
+    } else {
+      CHECK_MESSAGE(tandem::test::mentions(e.what(), "rank " + std::to_string(me) + ":",
+                                           "rank " + std::to_string(odd) + " could not read",
+                                           "TANDEM_CHECK_COLLECTIVES"),
+                    e.what());
+    }
+  }
+  if (me == odd) ::unsetenv("TANDEM_CHECK_COLLECTIVES");
+  comm().barrier();
 }
 
 int main(int argc, char** argv) {
