@@ -1,0 +1,366 @@
+// fault_worker: one rank of a short data-parallel training (tests/support/mlp.hpp's perceptron,
+// DistributedDataParallel overlapping its bucket all_reduces with the backward, plain SGD, the
+// loss averaged over the ranks each step) that one rank, the victim, abandons at a chosen step
+// and point. tests/fault/fault_driver.py starts it and injects the fault; see the README there.
+//
+// Processes (gloo, mpi): the victim announces where it is in DIR/rank<V>.at and the driver sends
+// the signal (SIGKILL or SIGSTOP) from outside:
+//   before  the victim announces and waits for the signal before entering the collective;
+//   after   the victim leaves the collective, announces and waits for the signal;
+//   inside  the victim announces and enters the collective; the survivors straggle (sleep
+//           --straggle-ms) before entering it, so the victim is blocked inside it while the
+//           driver signals it (after a random delay shorter than the straggle). The victim
+//           writes "passed" once the collective returns, so the driver knows where it landed.
+// The collective is the step's gradient sync (--target grads: before = before the forward,
+// inside = in finish_gradient_sync with buckets on the wire, after = once it returned) or the
+// loss all_reduce (--target loss).
+// Threads (local): a rank thread cannot be signalled, so the victim thread does it itself:
+// --fault exit makes it return from its rank function at the point (its LocalComm is destroyed:
+// the group sees it leave, the SIGKILL of a thread), --fault stop makes it block there until the
+// survivors have ended (a thread that stops participating and never returns, the SIGSTOP of a
+// thread). For inside it first starts the collective as `_async` (its part is in flight).
+//
+// Every rank writes DIR/rank<R>.pid at start and DIR/rank<R>.end (exit code, CLOCK_MONOTONIC
+// nanoseconds, the error text) as it ends; a survivor prints the tandem::Error it caught to
+// stderr. Without a fault (--fault-step -1) every rank trains to the end and exits 0 only if the
+// loss fell.
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <fstream>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "support/mlp.hpp"
+#include "tandem/comm/local.hpp"
+#include "tandem/core/env.hpp"
+#include "tandem/core/error.hpp"
+#include "tandem/ddp/ddp.hpp"
+#if TANDEM_FAULT_WITH_GLOO
+#include "tandem/comm/gloo.hpp"
+#include "tandem/comm/init.hpp"
+#endif
+#if TANDEM_FAULT_WITH_MPI
+#include "tandem/comm/mpi.hpp"
+#endif
+
+namespace {
+
+struct Settings {
+  std::string backend = "local";
+  int ranks = 2;  // local only; processes take the launcher's world
+  int steps = 40;
+  int timeout_ms = 2500;
+  int fault_step = -1;
+  std::string point = "before";  // before | inside | after
+  std::string target = "grads";  // grads | loss
+  std::string fault = "exit";    // local: exit | stop
+  int victim = 1;
+  int straggle_ms = 400;
+  std::string dir = ".";
+};
+
+std::int64_t monotonic_ns() {
+  timespec now{};
+  ::clock_gettime(CLOCK_MONOTONIC, &now);
+  return static_cast<std::int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
+}
+
+/// Writes `text` to DIR/name through a temporary file and a rename, so the driver never reads
+/// half of it.
+void publish(const Settings& settings, const std::string& name, const std::string& text) {
+  const std::string path = settings.dir + "/" + name;
+  const std::string temporary = path + ".tmp" + std::to_string(::getpid());
+  {
+    std::ofstream out(temporary, std::ios::trunc);
+    out << text;
+  }
+  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
+    std::fprintf(stderr, "fault_worker: cannot write %s\n", path.c_str());
+  }
+}
+
+/// The victim's announcement: where it is, and when.
+void announce(const Settings& settings, int rank, const char* state, int step) {
+  publish(settings, "rank" + std::to_string(rank) + ".at",
+          std::string(state) + " " + std::to_string(step) + " " + settings.target + " " +
+              std::to_string(monotonic_ns()) + "\n");
+}
+
+/// A process victim waits here for the driver's signal; one that never comes is a driver bug.
+[[noreturn]] void await_signal(int rank) {
+  for (int i = 0; i < 6000; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  std::fprintf(stderr, "fault_worker: rank %d: the driver never sent its signal\n", rank);
+  std::_Exit(3);
+}
+
+/// The process-wide hand-off between a local victim that stops and the survivors it outlives.
+struct LocalStop {
+  std::mutex mutex;
+  std::condition_variable changed;
+  int ended = 0;
+};
+
+/// Thrown by a local victim that "exits": it leaves its rank function at once.
+struct VictimExit {};
+
+/// What a victim does at its point (where = before | inside | after; inside: after it started
+/// the collective). Survivors straggle before an inside collective.
+class FaultPlan {
+ public:
+  FaultPlan(const Settings& settings, int rank, bool threads, LocalStop* stop)
+      : settings_(settings), rank_(rank), threads_(threads), stop_(stop) {}
+
+  [[nodiscard]] bool victim() const { return rank_ == settings_.victim; }
+
+  /// Local victims only: the buffer of the collective a victim leaves in flight.
+  std::vector<double>* in_flight = nullptr;
+
+  /// Called at each point of each step's collective `target` (grads | loss).
+  void at(int step, std::string_view target, std::string_view where) {
+    if (step != settings_.fault_step || target != settings_.target) return;
+    if (!victim()) {
+      if (where == "before" && settings_.point == "inside") {
+        std::this_thread::sleep_for(std::chrono::milliseconds(settings_.straggle_ms));
+      }
+      return;
+    }
+    if (where == "passed") {
+      if (settings_.point == "inside") announce(settings_, rank_, "passed", step);
+      return;
+    }
+    if (where != settings_.point) return;
+    announce(settings_, rank_, settings_.point.c_str(), step);
+    if (!threads_) {
+      if (settings_.point != "inside") await_signal(rank_);
+      return;  // inside: the collective follows; the driver signals during it
+    }
+    if (settings_.fault == "exit") throw VictimExit{};
+    // stop: never return to the training; wake once the survivors have ended.
+    std::unique_lock lock(stop_->mutex);
+    stop_->changed.wait_for(lock, std::chrono::seconds(60),
+                            [&] { return stop_->ended >= settings_.ranks - 1; });
+    throw VictimExit{};
+  }
+
+ private:
+  const Settings& settings_;
+  int rank_;
+  bool threads_;
+  LocalStop* stop_;
+};
+
+/// One rank's training. Returns whether the loss fell; throws what the communicator throws.
+template <tandem::Communicator Comm>
+bool train(Comm& comm, const Settings& settings, FaultPlan& plan) {
+  constexpr std::size_t local_batch = 16;
+  tandem::test::Mlp<float> model({8, 48, 48, 4}, /*seed=*/7);
+  // Small buckets: several all_reduces per step, the first started during the backward.
+  tandem::DistributedDataParallel<Comm, tandem::overlap, tandem::bucket_cap<4096>> ddp(
+      comm, model.params());
+  const auto rank = static_cast<std::size_t>(comm.rank());
+  const bool threads = settings.backend == "local";
+  double first_loss = 0.0;
+  double last_loss = 0.0;
+  for (int step = 0; step < settings.steps; ++step) {
+    ddp.before_forward();  // broadcasts the running mean from rank 0
+    model.params().zero_grad();
+    plan.at(step, "grads", "before");
+    const auto batch = tandem::test::make_batch(3, static_cast<std::size_t>(step) % 8,
+                                                rank * local_batch, local_batch, 8, 4);
+    const double loss = model.forward_backward(batch, 1.0 / static_cast<double>(local_batch),
+                                               [&](auto& param) { ddp.grad_ready(param); });
+    // A thread victim leaves here with the buckets started during the backward in flight.
+    plan.at(step, "grads", "inside");
+    ddp.finish_gradient_sync();
+    plan.at(step, "grads", "passed");
+    plan.at(step, "grads", "after");
+    model.sgd_step(0.05f);
+
+    std::vector<double> mean{loss};
+    plan.at(step, "loss", "before");
+    if (threads && settings.point == "inside" && plan.victim() && step == settings.fault_step &&
+        settings.target == "loss") {
+      // The victim thread leaves with its all_reduce in flight, on a buffer that outlives its
+      // LocalComm (whose destructor runs what is still queued).
+      auto& buffer = *plan.in_flight;
+      buffer = mean;
+      auto work = comm.all_reduce_async(buffer, tandem::ReduceOp::avg);
+      plan.at(step, "loss", "inside");
+      work.wait();
+      mean = buffer;
+    } else {
+      plan.at(step, "loss", "inside");
+      comm.all_reduce(mean, tandem::ReduceOp::avg);
+      plan.at(step, "loss", "passed");
+    }
+    plan.at(step, "loss", "after");
+    if (step == 0) first_loss = mean[0];
+    last_loss = mean[0];
+  }
+  if (rank == 0) {
+    std::printf("fault_worker: loss %.5f at the start, %.5f after %d steps\n", first_loss,
+                last_loss, settings.steps);
+    std::fflush(stdout);
+  }
+  return last_loss < first_loss;
+}
+
+void record_end(const Settings& settings, int rank, int code, const std::string& error) {
+  publish(settings, "rank" + std::to_string(rank) + ".end",
+          std::to_string(code) + " " + std::to_string(monotonic_ns()) + "\n" + error + "\n");
+}
+
+int run_local(const Settings& settings) {
+  LocalStop stop;
+  std::vector<char> ok(static_cast<std::size_t>(settings.ranks), 0);
+  std::vector<std::vector<double>> in_flight(static_cast<std::size_t>(settings.ranks));
+  publish(settings, "rank0.pid", std::to_string(::getpid()) + "\n");
+  try {
+    tandem::run_local(
+        settings.ranks,
+        [&](tandem::LocalComm& comm) {
+          const int rank = comm.rank();
+          FaultPlan plan(settings, rank, /*threads=*/true, &stop);
+          plan.in_flight = &in_flight[static_cast<std::size_t>(rank)];
+          try {
+            ok[static_cast<std::size_t>(rank)] = train(comm, settings, plan);
+            record_end(settings, rank, 0, "");
+          } catch (const VictimExit&) {
+            ok[static_cast<std::size_t>(rank)] = 1;  // the fault, not a failure of this rank
+            return;
+          } catch (const std::exception& e) {
+            std::fprintf(stderr, "fault_worker: rank %d caught: %s\n", rank, e.what());
+            std::fflush(stderr);
+            record_end(settings, rank, 1, e.what());
+            {
+              std::lock_guard lock(stop.mutex);
+              ++stop.ended;
+            }
+            stop.changed.notify_all();
+            throw;
+          }
+          {
+            std::lock_guard lock(stop.mutex);
+            ++stop.ended;
+          }
+          stop.changed.notify_all();
+        },
+        tandem::LocalCommOptions{std::chrono::milliseconds(settings.timeout_ms)});
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fault_worker: run_local: %s\n", e.what());
+    return 1;
+  }
+  for (char each : ok) {
+    if (!each) return 1;
+  }
+  return 0;
+}
+
+/// A process rank: trains, and reports how it ended (the survivors' Error on stderr).
+template <class MakeComm>
+int run_process(const Settings& settings, int rank, MakeComm&& make_comm) {
+  publish(settings, "rank" + std::to_string(rank) + ".pid", std::to_string(::getpid()) + "\n");
+  try {
+    auto comm = make_comm();
+    FaultPlan plan(settings, comm.rank(), /*threads=*/false, nullptr);
+    const bool ok = train(comm, settings, plan);
+    comm.barrier();
+    record_end(settings, rank, ok ? 0 : 1, ok ? "" : "the loss did not fall");
+    return ok ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fault_worker: rank %d caught: %s\n", rank, e.what());
+    std::fflush(stderr);
+    record_end(settings, rank, 1, e.what());
+    return 1;
+  }
+}
+
+int usage() {
+  std::fprintf(stderr,
+               "usage: fault_worker --backend local|gloo|mpi --dir DIR [--ranks N] [--steps S]\n"
+               "  [--timeout-ms T] [--fault-step S --point before|inside|after\n"
+               "  --target grads|loss --victim V --fault exit|stop --straggle-ms D]\n");
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Settings settings;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string_view flag = argv[i];
+    const std::string value = argv[i + 1];
+    const auto number = [&] {
+      const auto parsed = tandem::parse_int(value);
+      if (!parsed || *parsed < -1 || *parsed > 1000000) throw std::invalid_argument(value);
+      return static_cast<int>(*parsed);
+    };
+    try {
+      if (flag == "--backend")
+        settings.backend = value;
+      else if (flag == "--dir")
+        settings.dir = value;
+      else if (flag == "--ranks")
+        settings.ranks = number();
+      else if (flag == "--steps")
+        settings.steps = number();
+      else if (flag == "--timeout-ms")
+        settings.timeout_ms = number();
+      else if (flag == "--fault-step")
+        settings.fault_step = number();
+      else if (flag == "--point")
+        settings.point = value;
+      else if (flag == "--target")
+        settings.target = value;
+      else if (flag == "--fault")
+        settings.fault = value;
+      else if (flag == "--victim")
+        settings.victim = number();
+      else if (flag == "--straggle-ms")
+        settings.straggle_ms = number();
+      else
+        return usage();
+    } catch (const std::invalid_argument&) {
+      return usage();
+    }
+  }
+  if (argc % 2 == 0) return usage();
+  const auto timeout = std::chrono::milliseconds(settings.timeout_ms);
+  if (settings.backend == "local") return run_local(settings);
+#if TANDEM_FAULT_WITH_GLOO
+  if (settings.backend == "gloo") {
+    const auto rank = tandem::parse_int(std::getenv("RANK") ? std::getenv("RANK") : "");
+    return run_process(settings, rank ? static_cast<int>(*rank) : -1, [&] {
+      tandem::GlooCommOptions options;
+      options.timeout = timeout;
+      return tandem::init_process_group<tandem::GlooComm>("env://", options);
+    });
+  }
+#endif
+#if TANDEM_FAULT_WITH_MPI
+  if (settings.backend == "mpi") {
+    const char* rank_text = std::getenv("OMPI_COMM_WORLD_RANK");
+    const auto rank = tandem::parse_int(rank_text ? rank_text : "");
+    return run_process(settings, rank ? static_cast<int>(*rank) : -1, [&] {
+      tandem::MpiCommOptions options;
+      options.timeout = timeout;
+      return tandem::MpiComm::world(options);
+    });
+  }
+#endif
+  std::fprintf(stderr, "fault_worker: backend '%s' is not built in\n", settings.backend.c_str());
+  return 77;
+}
