@@ -1,11 +1,13 @@
 // tandem/comm/tcp_store.hpp - tandem::TcpStore, a Store served over TCP by one rank (the
 // server, usually rank 0 on MASTER_ADDR:MASTER_PORT) to every rank of a job.
-//   tandem::TcpStore server({.host = "0.0.0.0", .port = 29500, .is_server = true});
-//   tandem::TcpStore client({.host = "node0", .port = 29500});   // on every other rank
+//   tandem::TcpStore server({.host = "10.0.0.1", .port = 29500, .is_server = true});  // rank 0
+//   tandem::TcpStore client({.host = "10.0.0.1", .port = 29500});   // on every other rank
 //   client.set("rank3/addr", "10.0.0.4:40001");
 // Needs: POSIX sockets (Linux).
 #pragma once
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -15,6 +17,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -30,20 +33,79 @@
 
 #include "tandem/comm/detail/socket.hpp"
 #include "tandem/comm/store.hpp"
+#include "tandem/core/env.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/core/timeout.hpp"
 #include "tandem/core/units.hpp"
 
 namespace tandem {
 
+/// The TcpStore's default limits (see TcpStoreLimits and TcpStoreOptions).
+namespace tcp_store_defaults {
+/// Longest key: 64 KiB.
+inline constexpr std::size_t max_key_bytes = std::size_t{64} << 10;
+/// Longest value: 64 MiB.
+inline constexpr std::size_t max_value_bytes = std::size_t{64} << 20;
+/// Longest frame either side accepts: room for compare_set's two values and a key.
+inline constexpr std::size_t max_message_bytes = 2 * max_value_bytes + (std::size_t{1} << 20);
+/// Most keys one wait() or check() may name.
+inline constexpr std::size_t max_keys_per_request = std::size_t{1} << 20;
+/// Most bytes the server holds in keys and values (each key also counts entry_overhead_bytes).
+inline constexpr std::size_t max_store_bytes = std::size_t{1} << 30;
+/// What each key costs against max_store_bytes beyond its key and value bytes.
+inline constexpr std::size_t entry_overhead_bytes = 64;
+/// Most connections the server keeps open at once; more are closed as they arrive.
+inline constexpr std::size_t max_connections = std::size_t{1} << 14;
+/// Most connections that have not yet presented their token; past it the oldest is dropped.
+inline constexpr std::size_t max_unauthenticated = 64;
+/// How long a new connection has to present its token.
+inline constexpr Timeout hello_timeout = std::chrono::seconds(30);
+/// Longest job token.
+inline constexpr std::size_t max_token_bytes = 1024;
+/// How often a client still trying to reach the server says so on stderr.
+inline constexpr Timeout notice_interval = std::chrono::seconds(30);
+}  // namespace tcp_store_defaults
+
+/// What the TcpStore server accepts; a request beyond a limit gets an error reply (its client
+/// raises tandem::Error naming the limit), and the server's memory stays bounded: at most
+/// max_store_bytes of keys and values, and per connection about two max_message_bytes of
+/// buffers (a connection without its token yet: a few KiB).
+struct TcpStoreLimits {
+  std::size_t max_key_bytes = tcp_store_defaults::max_key_bytes;      ///< longest key
+  std::size_t max_value_bytes = tcp_store_defaults::max_value_bytes;  ///< longest value
+  /// Most keys in one wait() or check().
+  std::size_t max_keys_per_request = tcp_store_defaults::max_keys_per_request;
+  /// Most bytes of keys and values held (plus entry_overhead_bytes a key); a set of a new key
+  /// past it is refused ("the store is full").
+  std::size_t max_store_bytes = tcp_store_defaults::max_store_bytes;
+  std::size_t max_connections = tcp_store_defaults::max_connections;  ///< open at once
+  /// Connections that have not presented their token yet, at once; past it the oldest is dropped.
+  std::size_t max_unauthenticated = tcp_store_defaults::max_unauthenticated;
+  Timeout hello_timeout = tcp_store_defaults::hello_timeout;  ///< to present the token
+};
+
 /// What a TcpStore takes: where the server listens, whether this one is it, and how long to wait.
 struct TcpStoreOptions {
-  std::string host = "127.0.0.1";  ///< the server's address (the server listens on it)
-  std::uint16_t port = 29500;      ///< 0 with is_server: an ephemeral port (see TcpStore::port())
+  /// The server's address: the server listens on this address only (bind to it, not to every
+  /// interface), and clients connect to it. "0.0.0.0" or "::" listen everywhere, if you must.
+  std::string host = "127.0.0.1";
+  std::uint16_t port = 29500;  ///< 0 with is_server: an ephemeral port (see TcpStore::port())
   /// True: this TcpStore runs the server (rank 0), and is a client of it too.
   bool is_server = false;
   Timeout timeout = default_timeout;  ///< the default timeout of get(), wait() and connecting
-  std::size_t max_message_bytes = std::size_t{64} << 20;  ///< longest frame either side accepts
+  /// Longest frame either side accepts.
+  std::size_t max_message_bytes = tcp_store_defaults::max_message_bytes;
+  /// The job token: the server refuses a client that does not present it, before the client
+  /// reads or writes any key. Empty: TANDEM_STORE_TOKEN from the environment if set (tandemrun
+  /// sets it), else none (the server accepts any client). At most max_token_bytes bytes.
+  std::string token{};
+  TcpStoreLimits limits{};  ///< what the server accepts (is_server only)
+  /// How the "waiting for the store" notice names this process; empty: "rank $RANK" when RANK
+  /// is set, else "process <pid>".
+  std::string client_name{};
+  /// How often a client that cannot reach the server yet says so on stderr ("tandem: rank 1
+  /// waiting for the store at 10.0.0.1:29500 (30 s of 1800 s)"); zero: never.
+  Timeout notice_interval = tcp_store_defaults::notice_interval;
 };
 
 namespace detail::tcp_store {
@@ -51,7 +113,8 @@ namespace detail::tcp_store {
 /// The wire protocol. Every message is a frame: a u32 little-endian length, then that many bytes
 /// of body. A request body is an opcode byte and its fields; a reply body is a status byte and
 /// its fields. Strings are a u32 length and the bytes, integers 8 bytes little-endian, timeouts
-/// u64 milliseconds (relative, so that the ends need no common clock).
+/// u64 milliseconds (relative, so that the ends need no common clock). A connection starts with
+/// hello; the server answers nothing else first.
 enum class Op : std::uint8_t {
   set = 1,          // key, value                  -> ok
   get = 2,          // key, timeout                -> ok value | timed_out
@@ -61,9 +124,19 @@ enum class Op : std::uint8_t {
   check = 6,        // u32 n, n keys               -> ok u8
   delete_key = 7,   // key                         -> ok u8
   num_keys = 8,     //                             -> ok i64
+  hello = 9,        // u32 magic, token            -> ok u32 magic | closing message
 };
 
-enum class Status : std::uint8_t { ok = 0, timed_out = 1, error = 2 };
+/// Any request may also be answered `error message` (refused, the connection goes on) or
+/// `closing message` (refused, and the server closes the connection).
+enum class Status : std::uint8_t { ok = 0, timed_out = 1, error = 2, closing = 3 };
+
+/// "TDM1": the hello of tandem's protocol, version 1.
+inline constexpr std::uint32_t magic = 0x314d4454u;
+/// Longest hello frame: opcode, magic, token.
+inline constexpr std::size_t max_hello_bytes = 1 + 4 + 4 + tcp_store_defaults::max_token_bytes;
+/// Longest error text sent in a reply.
+inline constexpr std::size_t max_error_bytes = 4096;
 
 inline void put_string(std::string& out, std::string_view bytes) {
   append_u32(out, static_cast<std::uint32_t>(bytes.size()));
@@ -76,6 +149,7 @@ class Reader {
   explicit Reader(std::string_view body) : body_(body) {}
   [[nodiscard]] bool good() const noexcept { return good_; }
   [[nodiscard]] bool at_end() const noexcept { return good_ && pos_ == body_.size(); }
+  [[nodiscard]] std::size_t left() const noexcept { return good_ ? body_.size() - pos_ : 0; }
 
   std::uint8_t u8() {
     if (!need(1)) return 0;
@@ -93,13 +167,15 @@ class Reader {
     pos_ += 8;
     return v;
   }
-  std::string string() {
+  /// A string's bytes, in place: nothing is allocated from the length read.
+  std::string_view view() {
     const auto length = u32();
     if (!need(length)) return {};
-    std::string out(body_.substr(pos_, length));
+    const auto out = body_.substr(pos_, length);
     pos_ += length;
     return out;
   }
+  std::string string() { return std::string(view()); }
 
  private:
   bool need(std::size_t n) {
@@ -120,13 +196,333 @@ inline Timeout decode_timeout(std::uint64_t ms) {
       std::min<std::uint64_t>(ms, static_cast<std::uint64_t>(Timeout::max().count()))));
 }
 
+/// The first frame of `buffer`: `need_more` until it is whole, `too_long` when its length is 0
+/// or over `max_body` (the stream cannot go on). Nothing is allocated.
+struct Frame {
+  enum class Kind { need_more, ready, too_long } kind = Kind::need_more;
+  std::string_view body;     ///< ready: the body
+  std::size_t consumed = 0;  ///< ready: header and body
+  std::uint32_t length = 0;  ///< the length read, once 4 bytes are there
+};
+
+inline Frame next_frame(std::string_view buffer, std::size_t max_body) {
+  Frame frame;
+  if (buffer.size() < 4) return frame;
+  frame.length = load_u32(buffer.data());
+  if (frame.length == 0 || frame.length > max_body) {
+    frame.kind = Frame::Kind::too_long;
+    return frame;
+  }
+  if (buffer.size() - 4 < frame.length) return frame;
+  frame.kind = Frame::Kind::ready;
+  frame.body = buffer.substr(4, frame.length);
+  frame.consumed = 4 + static_cast<std::size_t>(frame.length);
+  return frame;
+}
+
+/// One request as parsed from a frame body.
+struct Request {
+  Op op = Op::num_keys;
+  std::string key;                // set, get, add, compare_set, delete_key
+  std::string value;              // set: the value; compare_set: expected; hello: the token
+  std::string desired;            // compare_set
+  std::vector<std::string> keys;  // wait, check
+  std::uint64_t number = 0;       // get, wait: timeout ms; add: delta; hello: magic
+};
+
+/// What parse_request makes of a body: a request, or why not. `fatal` when the body is malformed
+/// (the server then closes the connection); a request over a limit is not fatal.
+struct Parsed {
+  std::optional<Request> request;
+  std::string error;
+  bool fatal = false;
+};
+
+/// Parses one request body against `limits`. Pure: no state, and nothing is allocated from a
+/// length or count before it is checked against the body's size and the limits.
+inline Parsed parse_request(std::string_view body, const TcpStoreLimits& limits) {
+  Parsed parsed;
+  const auto malformed = [&](std::string why) {
+    parsed.request.reset();
+    parsed.error = "malformed request: " + std::move(why);
+    parsed.fatal = true;
+    return parsed;
+  };
+  const auto refused = [&](std::string why) {
+    parsed.request.reset();
+    parsed.error = std::move(why);
+    return parsed;
+  };
+  Reader in(body);
+  Request request;
+  const auto opcode = in.u8();
+  if (!in.good() || opcode < static_cast<std::uint8_t>(Op::set) ||
+      opcode > static_cast<std::uint8_t>(Op::hello)) {
+    return malformed("unknown operation " + std::to_string(opcode));
+  }
+  request.op = static_cast<Op>(opcode);
+  std::string too_long;    // the first field over its limit: refused once the body is known good
+  bool bad_count = false;  // a key count the body cannot hold
+  const auto field = [&](std::string& out, std::size_t limit, const char* what) {
+    const auto bytes = in.view();
+    if (!in.good()) return;
+    if (bytes.size() > limit) {
+      if (too_long.empty()) {
+        too_long = std::string(what) + " of " + std::to_string(bytes.size()) +
+                   " bytes exceeds the store's limit of " + std::to_string(limit) + " bytes";
+      }
+      return;
+    }
+    out.assign(bytes);
+  };
+  const auto key_list = [&] {
+    const auto count = in.u32();
+    if (!in.good()) return;
+    if (count > limits.max_keys_per_request) {
+      too_long = std::to_string(count) + " keys in one request exceed the store's limit of " +
+                 std::to_string(limits.max_keys_per_request);
+      return;
+    }
+    if (count > in.left() / 4) {  // each key takes at least its 4-byte length
+      bad_count = true;
+      return;
+    }
+    request.keys.reserve(count);
+    for (std::uint32_t i = 0; i < count && in.good(); ++i) {
+      std::string key;
+      field(key, limits.max_key_bytes, "a key");
+      request.keys.push_back(std::move(key));
+    }
+  };
+  switch (request.op) {
+    case Op::set:
+      field(request.key, limits.max_key_bytes, "a key");
+      field(request.value, limits.max_value_bytes, "a value");
+      break;
+    case Op::get:
+      field(request.key, limits.max_key_bytes, "a key");
+      request.number = in.u64();
+      break;
+    case Op::add:
+      field(request.key, limits.max_key_bytes, "a key");
+      request.number = in.u64();
+      break;
+    case Op::compare_set:
+      field(request.key, limits.max_key_bytes, "a key");
+      field(request.value, limits.max_value_bytes, "a value");
+      field(request.desired, limits.max_value_bytes, "a value");
+      break;
+    case Op::wait:
+      key_list();
+      if (!too_long.empty() && request.keys.empty()) return refused(too_long);
+      request.number = in.u64();
+      break;
+    case Op::check:
+      key_list();
+      if (!too_long.empty() && request.keys.empty()) return refused(too_long);
+      break;
+    case Op::delete_key:
+      field(request.key, limits.max_key_bytes, "a key");
+      break;
+    case Op::num_keys:
+      break;
+    case Op::hello:
+      request.number = in.u32();
+      field(request.value, tcp_store_defaults::max_token_bytes, "a token");
+      break;
+  }
+  if (bad_count) return malformed("more keys than the message can hold");
+  if (!in.good()) return malformed("a field runs past the end of the message");
+  if (!in.at_end()) return malformed("bytes left after the last field");
+  if (!too_long.empty()) return refused(too_long);
+  parsed.request = std::move(request);
+  return parsed;
+}
+
+/// Compares two tokens in time that depends on `expected`'s length only.
+inline bool same_token(std::string_view expected, std::string_view given) noexcept {
+  unsigned difference = expected.size() == given.size() ? 0u : 1u;
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    const auto a = static_cast<unsigned char>(expected[i]);
+    const auto b = i < given.size() ? static_cast<unsigned char>(given[i]) : 0u;
+    difference |= a ^ b;
+  }
+  // Keep the compiler from turning the loop into an early exit.
+  asm volatile("" : "+r"(difference));
+  return difference == 0;
+}
+
+/// A key for an error message: quoted, cut at 100 bytes.
+inline std::string quote_key(std::string_view key) {
+  if (key.size() <= 100) return "'" + std::string(key) + "'";
+  return "'" + std::string(key.substr(0, 100)) + "...' (" + std::to_string(key.size()) + " bytes)";
+}
+
+/// The server's keys and values, with their size accounted against max_store_bytes.
+class Table {
+ public:
+  explicit Table(std::size_t max_bytes) : max_bytes_(max_bytes) {}
+
+  [[nodiscard]] const std::string* find(std::string_view key) const {
+    const auto it = map_.find(key);
+    return it == map_.end() ? nullptr : &it->second;
+  }
+  [[nodiscard]] bool contains(std::string_view key) const { return map_.contains(key); }
+  [[nodiscard]] std::size_t size() const noexcept { return map_.size(); }
+  /// Bytes held: keys, values and entry_overhead_bytes a key.
+  [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
+
+  /// Stores `value` under `key`; an error text (and no change) when that would pass the limit.
+  std::optional<std::string> put(const std::string& key, std::string value) {
+    const auto it = map_.find(key);
+    const std::size_t old_cost = it == map_.end() ? 0 : cost(key, it->second);
+    const std::size_t new_cost = cost(key, value);
+    if (new_cost > old_cost && new_cost - old_cost > max_bytes_ - bytes_) {
+      return "the store is full: storing key " + quote_key(key) + " (" + std::to_string(new_cost) +
+             " bytes) would pass its limit of " + std::to_string(max_bytes_) + " bytes (" +
+             std::to_string(bytes_) + " held)";
+    }
+    bytes_ = bytes_ - old_cost + new_cost;
+    if (it == map_.end()) {
+      map_.emplace(key, std::move(value));
+    } else {
+      it->second = std::move(value);
+    }
+    return std::nullopt;
+  }
+
+  bool erase(std::string_view key) {
+    const auto it = map_.find(key);
+    if (it == map_.end()) return false;
+    bytes_ -= cost(it->first, it->second);
+    map_.erase(it);
+    return true;
+  }
+
+ private:
+  static std::size_t cost(std::string_view key, std::string_view value) noexcept {
+    return key.size() + value.size() + tcp_store_defaults::entry_overhead_bytes;
+  }
+  std::size_t max_bytes_;
+  std::size_t bytes_ = 0;
+  std::map<std::string, std::string, std::less<>> map_;
+};
+
+/// What execute() did with a request.
+struct Outcome {
+  enum class Kind { reply, park, close } kind = Kind::reply;
+  Status status = Status::ok;
+  std::string fields;                ///< reply, close: the reply's fields
+  std::optional<std::string> added;  ///< a key that now exists (waiters may be woken)
+};
+
+inline Outcome error_outcome(Status status, std::string_view message) {
+  Outcome outcome;
+  outcome.kind = status == Status::closing ? Outcome::Kind::close : Outcome::Kind::reply;
+  outcome.status = status;
+  put_string(outcome.fields, message.substr(0, max_error_bytes));
+  return outcome;
+}
+
+/// Runs one request (not hello) on `table`: everything the server does but the sockets and
+/// the parking of a get/wait whose keys are missing (Outcome::Kind::park).
+inline Outcome execute(Table& table, const Request& request) {
+  Outcome outcome;
+  switch (request.op) {
+    case Op::set:
+      if (auto full = table.put(request.key, request.value)) {
+        return error_outcome(Status::error, *full);
+      }
+      outcome.added = request.key;
+      return outcome;
+    case Op::get:
+      if (const auto* value = table.find(request.key)) {
+        put_string(outcome.fields, *value);
+      } else {
+        outcome.kind = Outcome::Kind::park;
+      }
+      return outcome;
+    case Op::add: {
+      std::int64_t value = 0;
+      try {
+        value = added_value("TcpStore", request.key, table.find(request.key),
+                            static_cast<std::int64_t>(request.number));
+      } catch (const Error& error) {
+        return error_outcome(Status::error, error.cause());
+      }
+      if (auto full = table.put(request.key, std::to_string(value))) {
+        return error_outcome(Status::error, *full);
+      }
+      append_u64(outcome.fields, static_cast<std::uint64_t>(value));
+      outcome.added = request.key;
+      return outcome;
+    }
+    case Op::compare_set: {
+      auto result = compare_set_outcome(table.find(request.key), request.value, request.desired);
+      if (result.store) {
+        if (auto full = table.put(request.key, std::move(*result.store))) {
+          return error_outcome(Status::error, *full);
+        }
+        outcome.added = request.key;
+      }
+      put_string(outcome.fields, result.result);
+      return outcome;
+    }
+    case Op::wait:
+      for (const auto& key : request.keys) {
+        if (!table.contains(key)) {
+          outcome.kind = Outcome::Kind::park;
+          break;
+        }
+      }
+      return outcome;
+    case Op::check: {
+      const bool all = std::all_of(request.keys.begin(), request.keys.end(),
+                                   [&](const std::string& key) { return table.contains(key); });
+      outcome.fields.push_back(static_cast<char>(all ? 1 : 0));
+      return outcome;
+    }
+    case Op::delete_key:
+      outcome.fields.push_back(static_cast<char>(table.erase(request.key) ? 1 : 0));
+      return outcome;
+    case Op::num_keys:
+      append_u64(outcome.fields, static_cast<std::uint64_t>(table.size()));
+      return outcome;
+    case Op::hello:
+      return error_outcome(Status::closing, "hello twice on one connection");
+  }
+  return error_outcome(Status::closing, "unknown operation");
+}
+
+/// The server's answer to the first frame of a connection: ok (and the connection may go on) or
+/// an Outcome::Kind::close with the reason.
+inline Outcome check_hello(const Parsed& parsed, std::string_view token) {
+  if (!parsed.request || parsed.request->op != Op::hello || parsed.request->number != magic) {
+    return error_outcome(Status::closing,
+                         "this is tandem's TcpStore; a connection must start with its hello");
+  }
+  if (!token.empty() && !same_token(token, parsed.request->value)) {
+    return error_outcome(Status::closing, "the store refused this client's token");
+  }
+  Outcome outcome;
+  append_u32(outcome.fields, magic);
+  return outcome;
+}
+
+/// What the server is told: its limits and the job token (empty: none).
+struct ServerConfig {
+  std::size_t max_message_bytes = tcp_store_defaults::max_message_bytes;
+  TcpStoreLimits limits{};
+  std::string token{};
+};
+
 /// The server: one thread running a poll() loop over the listening socket, an eventfd that
 /// stops it, and every connection. Blocked get/wait requests park their connection on waiter
 /// lists of the keys they need, and are answered when the keys appear or at their deadline.
 class Server {
  public:
-  Server(const std::string& host, std::uint16_t port, std::size_t max_message_bytes)
-      : max_message_bytes_(max_message_bytes) {
+  Server(const std::string& host, std::uint16_t port, ServerConfig config)
+      : config_(std::move(config)), table_(config_.limits.max_store_bytes) {
     auto [listener, actual] = listen_tcp(host, port, "TcpStore");
     listener_ = std::move(listener);
     port_ = actual;
@@ -146,7 +542,25 @@ class Server {
 
   [[nodiscard]] std::uint16_t port() const noexcept { return port_; }
 
+  /// The address the listening socket is bound to, "127.0.0.1:29500" or "[::1]:29500".
+  [[nodiscard]] std::string bound_address() const {
+    sockaddr_storage bound{};
+    socklen_t len = sizeof bound;
+    if (::getsockname(listener_.get(), reinterpret_cast<sockaddr*>(&bound), &len) < 0) return {};
+    char text[INET6_ADDRSTRLEN] = {};
+    if (bound.ss_family == AF_INET) {
+      const auto* v4 = reinterpret_cast<const sockaddr_in*>(&bound);
+      ::inet_ntop(AF_INET, &v4->sin_addr, text, sizeof text);
+      return std::string(text) + ":" + std::to_string(ntohs(v4->sin_port));
+    }
+    const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&bound);
+    ::inet_ntop(AF_INET6, &v6->sin6_addr, text, sizeof text);
+    return "[" + std::string(text) + "]:" + std::to_string(ntohs(v6->sin6_port));
+  }
+
  private:
+  using clock = Deadline::clock;
+
   struct Pending {
     Op op = Op::get;
     std::vector<std::string> keys;
@@ -158,10 +572,20 @@ class Server {
     std::string in;   // bytes received, not yet a whole frame (or waiting behind a pending one)
     std::string out;  // reply bytes not yet sent
     std::optional<Pending> pending;
+    bool authenticated = false;  // its hello was accepted
+    bool ending = false;         // refused: reads nothing more, closes once `out` is sent
     bool closing = false;
+    clock::time_point hello_by;  // when it must have said hello
   };
 
   using Id = std::uint64_t;
+
+  /// A connection takes no more requests while this much of its replies is unsent.
+  [[nodiscard]] std::size_t out_limit() const noexcept { return config_.max_message_bytes; }
+
+  [[nodiscard]] bool reads(const Connection& conn) const noexcept {
+    return !conn.pending && !conn.ending && !conn.closing && conn.out.size() < out_limit();
+  }
 
   void run() {
     std::vector<pollfd> fds;
@@ -170,9 +594,10 @@ class Server {
       fds.clear();
       ids.clear();
       fds.push_back({wake_.get(), POLLIN, 0});
-      fds.push_back({listener_.get(), POLLIN, 0});
+      const bool listening = clock::now() >= listener_paused_until_;
+      fds.push_back({listening ? listener_.get() : -1, POLLIN, 0});
       for (auto& [id, conn] : connections_) {
-        short events = conn->pending ? POLLRDHUP : static_cast<short>(POLLIN | POLLRDHUP);
+        short events = reads(*conn) ? static_cast<short>(POLLIN | POLLRDHUP) : POLLRDHUP;
         if (!conn->out.empty()) events |= POLLOUT;
         fds.push_back({conn->fd.get(), events, 0});
         ids.push_back(id);
@@ -189,30 +614,34 @@ class Server {
         Connection& conn = *it->second;
         if (revents & (POLLERR | POLLNVAL)) {
           conn.closing = true;
-        } else if (conn.pending) {
-          // Not reading while a request waits: a hang-up means the client left mid-request.
+        } else if (!reads(conn)) {
+          // Not reading: a hang-up means the client left (mid-request, or not reading replies).
           if (revents & (POLLRDHUP | POLLHUP)) conn.closing = true;
         } else if (revents & (POLLIN | POLLRDHUP | POLLHUP)) {
           receive(ids[i], conn);  // reads up to the end of the stream, then marks it closing
         }
-        if (!conn.closing && (revents & POLLOUT)) flush(conn);
+        if (!conn.closing && (revents & POLLOUT)) flush(ids[i], conn);
       }
       expire_waiters();
+      expire_hellos();
       close_marked();
     }
   }
 
   int next_timeout() const {
-    std::optional<Deadline::clock::time_point> first;
+    std::optional<clock::time_point> first;
+    const auto consider = [&](clock::time_point at) {
+      if (!first || at < *first) first = at;
+    };
     for (const auto& [id, conn] : connections_) {
-      if (conn->pending && (!first || conn->pending->deadline.at() < *first)) {
-        first = conn->pending->deadline.at();
-      }
+      if (conn->pending) consider(conn->pending->deadline.at());
+      if (!conn->authenticated) consider(conn->hello_by);
     }
+    if (clock::now() < listener_paused_until_) consider(listener_paused_until_);
     if (!first) return -1;
-    if (*first == Deadline::clock::time_point::max()) return -1;
-    const auto left = *first - Deadline::clock::now();
-    if (left <= Deadline::clock::duration::zero()) return 0;
+    if (*first == clock::time_point::max()) return -1;
+    const auto left = *first - clock::now();
+    if (left <= clock::duration::zero()) return 0;
     return static_cast<int>(std::min<std::int64_t>(
         std::chrono::ceil<std::chrono::milliseconds>(left).count(), 24 * 3600 * 1000));
   }
@@ -222,26 +651,52 @@ class Server {
       Fd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
       if (!fd) {
         if (errno == EINTR || errno == ECONNABORTED) continue;
-        return;  // EAGAIN, or out of descriptors: try again on the next wake-up
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+          // Out of descriptors: the pending connection stays queued, and polling the listener
+          // now would spin. Look again a little later.
+          listener_paused_until_ = clock::now() + std::chrono::milliseconds(100);
+        }
+        return;  // EAGAIN: all taken
+      }
+      if (connections_.size() >= config_.limits.max_connections) {
+        // Refused: a reply in place of its hello's (a fresh socket takes it at once), closed.
+        std::string reply;
+        const auto outcome =
+            error_outcome(Status::closing, "the store has " + std::to_string(connections_.size()) +
+                                               " connections open, its limit (max_connections)");
+        append_u32(reply, static_cast<std::uint32_t>(1 + outcome.fields.size()));
+        reply.push_back(static_cast<char>(outcome.status));
+        reply += outcome.fields;
+        (void)::send(fd.get(), reply.data(), reply.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+        continue;
+      }
+      std::size_t unauthenticated = 0;
+      auto oldest = connections_.end();
+      for (auto it = connections_.begin(); it != connections_.end(); ++it) {
+        if (it->second->authenticated || it->second->closing) continue;
+        ++unauthenticated;
+        if (oldest == connections_.end() || it->first < oldest->first) oldest = it;
+      }
+      if (unauthenticated >= config_.limits.max_unauthenticated && oldest != connections_.end()) {
+        oldest->second->closing = true;  // the oldest silent one makes room
       }
       set_nodelay(fd.get());
       auto conn = std::make_unique<Connection>();
       conn->fd = std::move(fd);
+      conn->hello_by = Deadline(config_.limits.hello_timeout).at();
       connections_.emplace(next_id_++, std::move(conn));
     }
   }
 
   void receive(Id id, Connection& conn) {
     char buffer[64 * 1024];
-    // At most 1 MiB per wake-up, so that one fast sender cannot hold the loop.
-    for (int round = 0; round < 16; ++round) {
+    // At most 1 MiB per wake-up, so that one fast sender cannot hold the loop. Each chunk is
+    // processed before the next is read: `in` holds at most one unfinished frame and a chunk.
+    for (int round = 0; round < 16 && reads(conn); ++round) {
       const ssize_t n = ::recv(conn.fd.get(), buffer, sizeof buffer, MSG_DONTWAIT);
       if (n > 0) {
         conn.in.append(buffer, static_cast<std::size_t>(n));
-        if (conn.in.size() >= 4 && load_u32(conn.in.data()) > max_message_bytes_) {
-          conn.closing = true;  // oversize frame: drop the connection before buffering it
-          return;
-        }
+        process(id, conn);
         if (static_cast<std::size_t>(n) < sizeof buffer) break;
         continue;
       }
@@ -250,34 +705,41 @@ class Server {
       conn.closing = true;  // EOF (even mid-frame) or an error
       return;
     }
-    process(id, conn);
   }
 
-  /// Handles the whole frames buffered, stopping at a request that has to wait.
+  /// Handles the whole frames buffered, stopping at a request that has to wait, at a refusal,
+  /// or while too much of the replies is unsent.
   void process(Id id, Connection& conn) {
     std::size_t used = 0;
-    while (!conn.closing && !conn.pending && conn.in.size() - used >= 4) {
-      const std::uint32_t length = load_u32(conn.in.data() + used);
-      if (length == 0 || length > max_message_bytes_) {
-        conn.closing = true;
+    while (reads(conn)) {
+      const auto limit = conn.authenticated ? config_.max_message_bytes : max_hello_bytes;
+      const auto frame = next_frame(std::string_view(conn.in).substr(used), limit);
+      if (frame.kind == Frame::Kind::need_more) break;
+      if (frame.kind == Frame::Kind::too_long) {
+        // Its body is not read: the stream cannot go on.
+        respond(conn,
+                error_outcome(Status::closing, "a message of " + std::to_string(frame.length) +
+                                                   " bytes is outside the store's limit of 1 to " +
+                                                   std::to_string(limit) + " bytes"));
         break;
       }
-      if (conn.in.size() - used - 4 < length) break;
-      const std::string_view body(conn.in.data() + used + 4, length);
-      used += 4 + static_cast<std::size_t>(length);
-      if (!handle(id, conn, body)) conn.closing = true;
+      used += frame.consumed;
+      handle(id, conn, frame.body);
     }
     conn.in.erase(0, used);
-    if (!conn.closing) flush(conn);
+    if (!conn.closing) flush(id, conn);
   }
 
-  static void reply(Connection& conn, Status status, std::string_view fields = {}) {
-    append_u32(conn.out, static_cast<std::uint32_t>(1 + fields.size()));
-    conn.out.push_back(static_cast<char>(status));
-    conn.out.append(fields);
+  /// Queues an outcome's reply; a close outcome ends the connection once the reply is sent.
+  static void respond(Connection& conn, const Outcome& outcome) {
+    append_u32(conn.out, static_cast<std::uint32_t>(1 + outcome.fields.size()));
+    conn.out.push_back(static_cast<char>(outcome.status));
+    conn.out.append(outcome.fields);
+    if (outcome.kind == Outcome::Kind::close) conn.ending = true;
   }
 
-  void flush(Connection& conn) {
+  void flush(Id id, Connection& conn) {
+    const bool was_full = conn.out.size() >= out_limit();
     while (!conn.out.empty()) {
       const ssize_t n =
           ::send(conn.fd.get(), conn.out.data(), conn.out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -286,122 +748,53 @@ class Server {
         continue;
       }
       if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
       conn.closing = true;  // EPIPE, ECONNRESET: the client is gone
       return;
     }
+    if (conn.ending && conn.out.empty()) conn.closing = true;
+    // Requests held back while the replies piled up.
+    if (was_full && reads(conn) && !conn.in.empty()) process(id, conn);
   }
 
-  /// One request; false when it is malformed (the connection is then closed).
-  bool handle(Id id, Connection& conn, std::string_view body) {
-    Reader in(body);
-    const auto op = static_cast<Op>(in.u8());
-    std::string fields;
-    switch (op) {
-      case Op::set: {
-        auto key = in.string();
-        auto value = in.string();
-        if (!in.at_end()) return false;
-        map_.insert_or_assign(key, std::move(value));
-        reply(conn, Status::ok);
-        key_added(key);
-        return true;
-      }
-      case Op::get: {
-        auto key = in.string();
-        const auto timeout = decode_timeout(in.u64());
-        if (!in.at_end()) return false;
-        park(id, conn, Op::get, {std::move(key)}, timeout);
-        return true;
-      }
-      case Op::add: {
-        auto key = in.string();
-        const auto delta = static_cast<std::int64_t>(in.u64());
-        if (!in.at_end()) return false;
-        const auto it = map_.find(key);
-        try {
-          const auto value =
-              added_value("TcpStore", key, it == map_.end() ? nullptr : &it->second, delta);
-          map_.insert_or_assign(key, std::to_string(value));
-          append_u64(fields, static_cast<std::uint64_t>(value));
-          reply(conn, Status::ok, fields);
-        } catch (const Error& error) {
-          put_string(fields, error.cause());
-          reply(conn, Status::error, fields);
-          return true;
-        }
-        key_added(key);
-        return true;
-      }
-      case Op::compare_set: {
-        auto key = in.string();
-        const auto expected = in.string();
-        const auto desired = in.string();
-        if (!in.at_end()) return false;
-        const auto it = map_.find(key);
-        auto outcome =
-            compare_set_outcome(it == map_.end() ? nullptr : &it->second, expected, desired);
-        if (outcome.store) map_.insert_or_assign(key, std::move(*outcome.store));
-        put_string(fields, outcome.result);
-        reply(conn, Status::ok, fields);
-        if (outcome.store) key_added(key);
-        return true;
-      }
-      case Op::wait: {
-        auto keys = read_keys(in);
-        const auto timeout = decode_timeout(in.u64());
-        if (!in.at_end()) return false;
-        park(id, conn, Op::wait, std::move(keys), timeout);
-        return true;
-      }
-      case Op::check: {
-        const auto keys = read_keys(in);
-        if (!in.at_end()) return false;
-        const bool all = std::all_of(keys.begin(), keys.end(),
-                                     [&](const std::string& key) { return map_.contains(key); });
-        fields.push_back(static_cast<char>(all ? 1 : 0));
-        reply(conn, Status::ok, fields);
-        return true;
-      }
-      case Op::delete_key: {
-        const auto key = in.string();
-        if (!in.at_end()) return false;
-        fields.push_back(static_cast<char>(map_.erase(key) > 0 ? 1 : 0));
-        reply(conn, Status::ok, fields);
-        return true;
-      }
-      case Op::num_keys: {
-        if (!in.at_end()) return false;
-        append_u64(fields, static_cast<std::uint64_t>(map_.size()));
-        reply(conn, Status::ok, fields);
-        return true;
-      }
+  /// One request frame.
+  void handle(Id id, Connection& conn, std::string_view body) {
+    const auto parsed = parse_request(body, config_.limits);
+    if (!conn.authenticated) {
+      const auto outcome = check_hello(parsed, config_.token);
+      respond(conn, outcome);
+      conn.authenticated = outcome.kind == Outcome::Kind::reply;
+      return;
     }
-    return false;  // unknown opcode
-  }
-
-  static std::vector<std::string> read_keys(Reader& in) {
-    const auto count = in.u32();
-    std::vector<std::string> keys;
-    // Each key takes at least 4 bytes, so a count the body cannot hold fails on the way.
-    for (std::uint32_t i = 0; i < count && in.good(); ++i) keys.push_back(in.string());
-    return keys;
+    if (!parsed.request) {
+      respond(conn, error_outcome(parsed.fatal ? Status::closing : Status::error, parsed.error));
+      return;
+    }
+    const Request& request = *parsed.request;
+    auto outcome = execute(table_, request);
+    if (outcome.kind == Outcome::Kind::park) {
+      park(id, conn, request);
+      return;
+    }
+    respond(conn, outcome);
+    if (outcome.added) key_added(*outcome.added);
   }
 
   std::vector<std::string> missing(const std::vector<std::string>& keys) const {
     std::vector<std::string> out;
     for (const auto& key : keys) {
-      if (!map_.contains(key)) out.push_back(key);
+      if (!table_.contains(key)) out.push_back(key);
     }
     return out;
   }
 
-  /// Answers a get/wait now if its keys are there, else parks the connection until they are.
-  void park(Id id, Connection& conn, Op op, std::vector<std::string> keys, Timeout timeout) {
-    Pending pending{op, std::move(keys), Deadline(timeout)};
-    if (missing(pending.keys).empty()) {
-      answer(conn, pending);
-      return;
+  /// Parks a get/wait whose keys are missing until they are all there.
+  void park(Id id, Connection& conn, const Request& request) {
+    Pending pending{request.op, {}, Deadline(decode_timeout(request.number))};
+    if (request.op == Op::get) {
+      pending.keys.push_back(request.key);
+    } else {
+      pending.keys = request.keys;
     }
     for (const auto& key : pending.keys) waiters_[key].insert(id);
     conn.pending = std::move(pending);
@@ -409,9 +802,9 @@ class Server {
 
   /// Replies to a get/wait whose keys are all present.
   void answer(Connection& conn, const Pending& pending) {
-    std::string fields;
-    if (pending.op == Op::get) put_string(fields, map_.at(pending.keys.front()));
-    reply(conn, Status::ok, fields);
+    Outcome outcome;
+    if (pending.op == Op::get) put_string(outcome.fields, *table_.find(pending.keys.front()));
+    respond(conn, outcome);
   }
 
   void unpark(Id id, Connection& conn) {
@@ -450,14 +843,23 @@ class Server {
       Connection& conn = *connections_.at(id);
       const Pending pending = *conn.pending;
       unpark(id, conn);
-      std::string fields;
+      Outcome outcome;
+      outcome.status = Status::timed_out;
       if (pending.op == Op::wait) {
         const auto keys = missing(pending.keys);
-        append_u32(fields, static_cast<std::uint32_t>(keys.size()));
-        for (const auto& key : keys) put_string(fields, key);
+        append_u32(outcome.fields, static_cast<std::uint32_t>(keys.size()));
+        for (const auto& key : keys) put_string(outcome.fields, key);
       }
-      reply(conn, Status::timed_out, fields);
+      respond(conn, outcome);
       process(id, conn);
+    }
+  }
+
+  /// Drops connections that did not say hello in time.
+  void expire_hellos() {
+    const auto now = clock::now();
+    for (auto& [id, conn] : connections_) {
+      if (!conn->authenticated && !conn->ending && now >= conn->hello_by) conn->closing = true;
     }
   }
 
@@ -472,11 +874,12 @@ class Server {
     }
   }
 
-  std::size_t max_message_bytes_;
+  ServerConfig config_;
+  Table table_;
   Fd listener_;
   Fd wake_;
   std::uint16_t port_ = 0;
-  std::map<std::string, std::string, std::less<>> map_;
+  clock::time_point listener_paused_until_{};
   std::unordered_map<Id, std::unique_ptr<Connection>> connections_;
   std::map<std::string, std::set<Id>, std::less<>> waiters_;
   Id next_id_ = 0;
@@ -488,7 +891,12 @@ class Server {
 /// A Store served over TCP. With is_server, the constructor starts the server (a thread with a
 /// poll() loop serving every connection) on host:port and this object is also a client of it;
 /// without, it connects to host:port, retrying with back-off (10 ms doubling to 1 s) until the
-/// timeout, then raises tandem::Error "could not reach HOST:PORT within T: <cause>".
+/// timeout, then raises tandem::Error "could not reach HOST:PORT within T: <cause>"; while it
+/// retries it says so on stderr every notice_interval.
+/// Every connection first presents the job token (TcpStoreOptions::token, or TANDEM_STORE_TOKEN);
+/// a server with a token closes a connection that presents another, before it reads or writes
+/// any key, and that client raises tandem::Error "the store at HOST:PORT refused this client's
+/// token". A request over the server's limits (TcpStoreLimits) raises tandem::Error naming it.
 /// One connection per object, shared by its threads under a mutex: a get/wait that blocks holds
 /// the connection, so a thread that must not wait behind it should use a TcpStore of its own.
 /// Blocking get/wait wait on the server (which answers "timed out" at the deadline sent with the
@@ -504,9 +912,23 @@ class TcpStore {
   /// The server (is_server) listens, then every TcpStore connects, retrying until the timeout.
   explicit TcpStore(TcpStoreOptions options = {})
       : options_(std::move(options)), client_(std::make_unique<Client>()) {
+    if (options_.token.empty()) options_.token = process_env("TANDEM_STORE_TOKEN").value_or("");
+    if (options_.token.size() > tcp_store_defaults::max_token_bytes) {
+      throw Error("TcpStore", "the job token has " + std::to_string(options_.token.size()) +
+                                  " bytes; at most " +
+                                  std::to_string(tcp_store_defaults::max_token_bytes) +
+                                  " are allowed");
+    }
+    if (options_.client_name.empty()) {
+      const auto rank = process_env("RANK");
+      options_.client_name =
+          rank && parse_int(*rank) ? "rank " + *rank : "process " + std::to_string(::getpid());
+    }
     if (options_.is_server) {
-      server_ = std::make_unique<detail::tcp_store::Server>(options_.host, options_.port,
-                                                            options_.max_message_bytes);
+      server_ = std::make_unique<detail::tcp_store::Server>(
+          options_.host, options_.port,
+          detail::tcp_store::ServerConfig{options_.max_message_bytes, options_.limits,
+                                          options_.token});
       options_.port = server_->port();
     }
     std::lock_guard lock(client_->mutex);
@@ -530,6 +952,11 @@ class TcpStore {
   [[nodiscard]] const std::string& host() const noexcept { return options_.host; }
   /// True when this TcpStore runs the server.
   [[nodiscard]] bool is_server() const noexcept { return server_ != nullptr; }
+  /// For the server: the address its socket listens on, as the system reports it
+  /// ("127.0.0.1:29500", "[::1]:29500"); empty for a client.
+  [[nodiscard]] std::string listen_address() const {
+    return server_ ? server_->bound_address() : std::string();
+  }
 
   /// Stores `value` under `key`, replacing what was there (Store requirement 2).
   void set(const std::string& key, std::string_view value) {
@@ -565,7 +992,7 @@ class TcpStore {
     detail::append_u64(body, static_cast<std::uint64_t>(delta));
     const auto reply = call("add", body, options_.timeout);
     detail::tcp_store::Reader in(reply);
-    if (static_cast<Status>(in.u8()) == Status::error) throw Error("TcpStore.add", in.string());
+    in.u8();
     const auto value = static_cast<std::int64_t>(in.u64());
     expect_end(in, "add");
     return value;
@@ -598,8 +1025,12 @@ class TcpStore {
     const auto reply = call("wait", body, with_grace(timeout));
     detail::tcp_store::Reader in(reply);
     if (static_cast<Status>(in.u8()) == Status::timed_out) {
-      std::vector<std::string> missing(in.u32());
-      for (auto& key : missing) key = in.string();
+      const auto count = in.u32();
+      // No more keys than the reply can hold, whatever the count says.
+      if (count > in.left() / 4) expect_end(detail::tcp_store::Reader(" "), "wait");
+      std::vector<std::string> missing;
+      missing.reserve(count);
+      for (std::uint32_t i = 0; i < count; ++i) missing.push_back(in.string());
       expect_end(in, "wait");
       throw detail::wait_timeout_error("TcpStore", missing, timeout);
     }
@@ -676,12 +1107,88 @@ class TcpStore {
     }
   }
 
+  /// "30 s" (whole seconds from 1 s on), for the waiting notice.
+  static std::string seconds(Timeout t) {
+    if (t >= std::chrono::seconds(1)) {
+      return std::to_string(std::chrono::duration_cast<std::chrono::seconds>(t).count()) + " s";
+    }
+    return std::to_string(t.count()) + " ms";
+  }
+
   void connect_locked(Timeout timeout) {
-    client_->fd = detail::connect_tcp(options_.host, options_.port, timeout, "TcpStore");
+    detail::ConnectNotice notice;
+    notice.interval =
+        options_.notice_interval > Timeout::zero() ? options_.notice_interval : Timeout::max();
+    notice.say = [&](Timeout waited) {
+      const std::string line = "tandem: " + options_.client_name + " waiting for the store at " +
+                               endpoint() + " (" + seconds(waited) + " of " +
+                               (timeout == Timeout::max() ? "no limit" : seconds(timeout)) + ")\n";
+      std::fputs(line.c_str(), stderr);
+      std::fflush(stderr);
+    };
+    const Deadline deadline(timeout);
+    auto fd = detail::connect_tcp(options_.host, options_.port, timeout, "TcpStore", &notice);
+    hello(fd, deadline);
+    client_->fd = std::move(fd);
+  }
+
+  /// Presents the token; the server answers ok, or refuses and closes.
+  void hello(const detail::Fd& fd, const Deadline& deadline) {
+    std::string body = request(Op::hello);
+    detail::append_u32(body, detail::tcp_store::magic);
+    detail::tcp_store::put_string(body, options_.token);
+    std::string reply;
+    const auto failed = exchange(fd, body, deadline, reply);
+    const std::string where = "the store at " + endpoint();
+    if (failed) {
+      throw Error("TcpStore", where + " did not answer this client's hello (" + *failed +
+                                  "); is it a tandem TcpStore of the same version?");
+    }
+    detail::tcp_store::Reader in(reply);
+    const auto status = static_cast<Status>(in.u8());
+    if (status == Status::ok && in.u32() == detail::tcp_store::magic && in.at_end()) return;
+    if (status == Status::closing || status == Status::error) {
+      const auto cause = in.string();
+      if (cause.find("token") != std::string::npos) {
+        throw Error("TcpStore",
+                    where + " refused this client's token (" +
+                        (options_.token.empty() ? std::string("this client has none")
+                                                : std::string("this client's differs")) +
+                        "): give every rank the same TANDEM_STORE_TOKEN (tandemrun "
+                        "--rdzv-token)");
+      }
+      throw Error("TcpStore", where + " refused this client: " + cause);
+    }
+    throw Error("TcpStore", where + " answered the hello with a malformed reply");
+  }
+
+  /// Sends one request frame and reads the reply body; the failure, described, or nullopt.
+  std::optional<std::string> exchange(const detail::Fd& fd, const std::string& body,
+                                      const Deadline& deadline, std::string& reply) const {
+    std::string frame;
+    frame.reserve(4 + body.size());
+    detail::append_u32(frame, static_cast<std::uint32_t>(body.size()));
+    frame += body;
+    if (auto r = detail::send_all(fd.get(), frame.data(), frame.size(), deadline); !r.ok()) {
+      return "cannot send to " + endpoint() + ": " + r.describe();
+    }
+    char header[4];
+    if (auto r = detail::recv_all(fd.get(), header, 4, deadline); !r.ok()) {
+      return "no reply from " + endpoint() + ": " + r.describe();
+    }
+    const auto length = detail::load_u32(header);
+    if (length == 0 || length > options_.max_message_bytes) {
+      return "a reply of " + std::to_string(length) + " bytes from " + endpoint();
+    }
+    reply.assign(length, '\0');
+    if (auto r = detail::recv_all(fd.get(), reply.data(), length, deadline); !r.ok()) {
+      return "no reply from " + endpoint() + ": " + r.describe();
+    }
+    return std::nullopt;
   }
 
   /// Sends one request frame and returns the reply body; any failure drops the connection
-  /// (so that the stream is never out of step) and raises an Error.
+  /// (so that the stream is never out of step) and raises an Error, as does a refusal.
   std::string call(const char* op, const std::string& body, Timeout wait) {
     if (body.size() > options_.max_message_bytes) {
       throw Error(std::string("TcpStore.") + op,
@@ -690,31 +1197,19 @@ class TcpStore {
     std::lock_guard lock(client_->mutex);
     if (!client_->fd) connect_locked(options_.timeout);
     const Deadline deadline(wait);
-    auto fail = [&](const std::string& what, const detail::IoResult& r) {
+    std::string reply;
+    if (const auto failed = exchange(client_->fd, body, deadline, reply)) {
       client_->fd.reset();
-      return Error(std::string("TcpStore.") + op, what + " " + endpoint() + ": " + r.describe());
-    };
-    std::string frame;
-    frame.reserve(4 + body.size());
-    detail::append_u32(frame, static_cast<std::uint32_t>(body.size()));
-    frame += body;
-    if (auto r = detail::send_all(client_->fd.get(), frame.data(), frame.size(), deadline);
-        !r.ok()) {
-      throw fail("cannot send to", r);
+      throw Error(std::string("TcpStore.") + op, *failed);
     }
-    char header[4];
-    if (auto r = detail::recv_all(client_->fd.get(), header, 4, deadline); !r.ok()) {
-      throw fail("no reply from", r);
-    }
-    const auto length = detail::load_u32(header);
-    if (length == 0 || length > options_.max_message_bytes) {
-      client_->fd.reset();
+    const auto status = static_cast<Status>(reply.front());
+    if (status == Status::error || status == Status::closing) {
+      if (status == Status::closing) client_->fd.reset();
+      detail::tcp_store::Reader in(reply);
+      in.u8();
+      const auto cause = in.string();
       throw Error(std::string("TcpStore.") + op,
-                  "reply of " + std::to_string(length) + " bytes from " + endpoint());
-    }
-    std::string reply(length, '\0');
-    if (auto r = detail::recv_all(client_->fd.get(), reply.data(), length, deadline); !r.ok()) {
-      throw fail("no reply from", r);
+                  in.at_end() ? cause : "malformed reply from " + endpoint());
     }
     return reply;
   }

@@ -2,13 +2,20 @@
 #include <doctest/doctest.h>
 
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -27,21 +34,52 @@ bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-/// A plain blocking socket connected to the server, for sending it whatever we like.
-tandem::detail::Fd raw_connect(std::uint16_t port) {
+void raw_send(int fd, const std::string& bytes) {
+  REQUIRE(
+      tandem::detail::send_all(fd, bytes.data(), bytes.size(), tandem::Deadline(generous)).ok());
+}
+
+std::string frame(const std::string& body) {
+  std::string out;
+  tandem::detail::append_u32(out, static_cast<std::uint32_t>(body.size()));
+  return out + body;
+}
+
+/// The hello frame that opens every connection.
+std::string hello(const std::string& token = "") {
+  std::string body(1, '\x09');
+  tandem::detail::append_u32(body, tandem::detail::tcp_store::magic);
+  tandem::detail::tcp_store::put_string(body, token);
+  return frame(body);
+}
+
+/// One reply body, read whole.
+std::string read_reply(int fd) {
+  const tandem::Deadline deadline(generous);
+  char header[4];
+  REQUIRE(tandem::detail::recv_all(fd, header, 4, deadline).ok());
+  std::string reply(tandem::detail::load_u32(header), '\0');
+  REQUIRE(reply.size() < 1u << 20);
+  REQUIRE(tandem::detail::recv_all(fd, reply.data(), reply.size(), deadline).ok());
+  return reply;
+}
+
+/// A plain blocking socket connected to the server at `address`, for sending it whatever we
+/// like; with `say_hello`, the hello (and its reply) are done.
+tandem::detail::Fd raw_connect(std::uint16_t port, bool say_hello = true,
+                               const char* address = "127.0.0.1") {
   tandem::detail::Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   REQUIRE(fd.valid());
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(port);
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::inet_pton(AF_INET, address, &addr.sin_addr) == 1);
   REQUIRE(::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0);
+  if (say_hello) {
+    raw_send(fd.get(), hello());
+    REQUIRE(read_reply(fd.get()).front() == 0);
+  }
   return fd;
-}
-
-void raw_send(int fd, const std::string& bytes) {
-  REQUIRE(
-      tandem::detail::send_all(fd, bytes.data(), bytes.size(), tandem::Deadline(generous)).ok());
 }
 
 /// Whether the server closes the connection (EOF) within a generous time, reading past
@@ -56,12 +94,6 @@ bool closed_by_server(int fd) {
     if (n < 0 && errno == ECONNRESET) return true;
     if (n < 0 && errno != EINTR) return false;
   }
-}
-
-std::string frame(const std::string& body) {
-  std::string out;
-  tandem::detail::append_u32(out, static_cast<std::uint32_t>(body.size()));
-  return out + body;
 }
 
 std::uint16_t unused_port() {
@@ -151,7 +183,7 @@ TEST_CASE("hostile or vanishing clients lose their connection; others are served
   }
   SUBCASE("a wait whose key count the frame cannot hold") {
     std::string body(1, '\x05');
-    tandem::detail::append_u32(body, 0xffffffffu);
+    tandem::detail::append_u32(body, 1000);
     auto fd = raw_connect(server.port());
     raw_send(fd.get(), frame(body));
     CHECK(closed_by_server(fd.get()));
@@ -194,12 +226,13 @@ TEST_CASE("hostile or vanishing clients lose their connection; others are served
 
 TEST_CASE("pipelined requests are answered in order, behind a waiting get") {
   TcpStore server({.port = 0, .is_server = true, .timeout = generous});
-  auto fd = raw_connect(server.port());
+  auto fd = raw_connect(server.port(), false);
   std::string get(1, '\x02');
   tandem::detail::tcp_store::put_string(get, "later");
   tandem::detail::append_u64(get, 60'000);
   std::string count(1, '\x08');
-  raw_send(fd.get(), frame(get) + frame(count));
+  raw_send(fd.get(), hello() + frame(get) + frame(count));
+  CHECK(read_reply(fd.get()).front() == 0);  // the hello's
   std::this_thread::sleep_for(50ms);
   server.set("later", "value");
 
@@ -279,4 +312,302 @@ TEST_CASE("forked processes share the parent's server") {
     CHECK(WEXITSTATUS(status) == 0);
   }
   CHECK(server.num_keys() == children + 2);
+}
+
+namespace {
+
+/// A set request body.
+std::string set_body(const std::string& key, const std::string& value) {
+  std::string body(1, '\x01');
+  tandem::detail::tcp_store::put_string(body, key);
+  tandem::detail::tcp_store::put_string(body, value);
+  return body;
+}
+
+std::string error_of(const std::function<void()>& call) {
+  try {
+    call();
+  } catch (const tandem::Error& error) {
+    return error.what();
+  }
+  return "(no error)";
+}
+
+/// Sets (or, with nullptr, unsets) an environment variable for one scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value != nullptr) {
+      ::setenv(name, value, 1);
+    } else {
+      ::unsetenv(name);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+  ~ScopedEnv() {
+    if (old_) {
+      ::setenv(name_, old_->c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+/// What this process writes to stderr while `fn` runs.
+std::string capture_stderr(const std::function<void()>& fn) {
+  TempDir dir;
+  const auto path = dir.path() / "stderr";
+  std::fflush(stderr);
+  const int saved = ::dup(STDERR_FILENO);
+  const int file = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  REQUIRE(file >= 0);
+  ::dup2(file, STDERR_FILENO);
+  ::close(file);
+  try {
+    fn();
+  } catch (...) {
+    std::fflush(stderr);
+    ::dup2(saved, STDERR_FILENO);
+    ::close(saved);
+    throw;
+  }
+  std::fflush(stderr);
+  ::dup2(saved, STDERR_FILENO);
+  ::close(saved);
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+}  // namespace
+
+TEST_CASE("the job token: the right one is served, others are refused before any key") {
+  ScopedEnv no_env_token("TANDEM_STORE_TOKEN", nullptr);
+  TcpStore server({.port = 0, .is_server = true, .timeout = generous, .token = "s3cret"});
+  TcpStore good({.port = server.port(), .timeout = generous, .token = "s3cret"});
+  good.set("k", "v");
+  CHECK(good.get("k") == "v");
+  const std::vector<std::string> intruder{"intruder"};
+
+  SUBCASE("a client without a token") {
+    const auto message =
+        error_of([&] { TcpStore client({.port = server.port(), .timeout = generous}); });
+    CHECK(contains(message, "refused this client's token (this client has none)"));
+    CHECK(contains(message, "127.0.0.1:" + std::to_string(server.port())));
+  }
+  SUBCASE("a client with another token") {
+    const auto message = error_of(
+        [&] { TcpStore client({.port = server.port(), .timeout = generous, .token = "guess"}); });
+    CHECK(contains(message, "refused this client's token (this client's differs)"));
+    CHECK_FALSE(contains(message, "s3cret"));
+  }
+  SUBCASE("a prefix of the token") {
+    const auto message = error_of(
+        [&] { TcpStore client({.port = server.port(), .timeout = generous, .token = "s3cre"}); });
+    CHECK(contains(message, "refused this client's token"));
+  }
+  SUBCASE("a wrong token with a set right behind it: closed, nothing written") {
+    auto fd = raw_connect(server.port(), false);
+    raw_send(fd.get(), hello("guess") + frame(set_body("intruder", "x")));
+    const auto reply = read_reply(fd.get());
+    CHECK(reply.front() == 3);  // closing
+    CHECK(closed_by_server(fd.get()));
+  }
+  SUBCASE("a set with no hello at all: closed, nothing written") {
+    auto fd = raw_connect(server.port(), false);
+    raw_send(fd.get(), frame(set_body("intruder", "x")));
+    CHECK(closed_by_server(fd.get()));
+  }
+  SUBCASE("the token from TANDEM_STORE_TOKEN") {
+    ScopedEnv token("TANDEM_STORE_TOKEN", "s3cret");
+    TcpStore client({.port = server.port(), .timeout = generous});
+    CHECK(client.get("k") == "v");
+  }
+  CHECK_FALSE(good.check(intruder));
+  CHECK(good.num_keys() == 1);
+}
+
+TEST_CASE("a server without a token takes clients with or without one") {
+  ScopedEnv no_env_token("TANDEM_STORE_TOKEN", nullptr);
+  TcpStore server({.port = 0, .is_server = true, .timeout = generous});
+  TcpStore with({.port = server.port(), .timeout = generous, .token = "anything"});
+  with.set("k", "v");
+  CHECK(server.get("k") == "v");
+  CHECK(contains(
+      error_of([&] { TcpStore({.port = server.port(), .token = std::string(2000, 't')}); }),
+      "at most 1024"));
+}
+
+TEST_CASE("limits: oversize keys, values, counts and frames are refused; memory is bounded") {
+  tandem::TcpStoreLimits limits;
+  limits.max_key_bytes = 64;
+  limits.max_value_bytes = 1000;
+  limits.max_keys_per_request = 8;
+  limits.max_store_bytes = 4096;
+  TcpStore server({.port = 0,
+                   .is_server = true,
+                   .timeout = generous,
+                   .max_message_bytes = 8192,
+                   .limits = limits});
+  TcpStore client({.port = server.port(), .timeout = generous});
+
+  SUBCASE("a key over max_key_bytes") {
+    const auto message = error_of([&] { client.set(std::string(65, 'k'), "v"); });
+    CHECK(contains(message, "TcpStore.set"));
+    CHECK(contains(message, "a key of 65 bytes exceeds the store's limit of 64 bytes"));
+    CHECK(contains(error_of([&] { (void)client.get(std::string(100, 'k'), 10ms); }),
+                   "a key of 100 bytes"));
+  }
+  SUBCASE("a value over max_value_bytes") {
+    const auto message = error_of([&] { client.set("k", std::string(1001, 'v')); });
+    CHECK(contains(message, "a value of 1001 bytes exceeds the store's limit of 1000 bytes"));
+    CHECK(contains(error_of([&] { client.compare_set("k", "", std::string(1001, 'v')); }),
+                   "a value of 1001 bytes"));
+  }
+  SUBCASE("a wait or check naming more keys than max_keys_per_request") {
+    const std::vector<std::string> keys(9, "k");
+    CHECK(contains(error_of([&] { client.wait(keys, 10ms); }),
+                   "9 keys in one request exceed the store's limit of 8"));
+    CHECK(contains(error_of([&] { (void)client.check(keys); }), "9 keys"));
+    // A raw count of 2^32-1: refused from the count alone, nothing allocated for it.
+    auto fd = raw_connect(server.port());
+    std::string body(1, '\x05');
+    tandem::detail::append_u32(body, 0xffffffffu);
+    raw_send(fd.get(), frame(body));
+    const auto reply = read_reply(fd.get());
+    CHECK(reply.front() == 2);  // error; the connection goes on
+    CHECK(contains(reply, "4294967295 keys"));
+  }
+  SUBCASE("a frame over max_message_bytes gets a closing reply and is closed") {
+    auto fd = raw_connect(server.port());
+    raw_send(fd.get(), std::string("\xff\xff\xff\xff", 4));
+    const auto reply = read_reply(fd.get());
+    CHECK(reply.front() == 3);
+    CHECK(contains(reply, "4294967295 bytes is outside the store's limit of 1 to 8192 bytes"));
+    CHECK(closed_by_server(fd.get()));
+  }
+  SUBCASE("before its hello a connection may send a few KiB only") {
+    auto fd = raw_connect(server.port(), false);
+    raw_send(fd.get(), std::string("\x00\x10\x00\x00", 4));  // 4 KiB: beyond a hello
+    CHECK(read_reply(fd.get()).front() == 3);
+    CHECK(closed_by_server(fd.get()));
+  }
+  SUBCASE("new keys stop at max_store_bytes; replacing and deleting still work") {
+    int stored = 0;
+    std::string message;
+    for (; stored < 1000; ++stored) {
+      message =
+          error_of([&] { client.set("key" + std::to_string(stored), std::string(100, 'v')); });
+      if (message != "(no error)") break;
+    }
+    CHECK(contains(message, "the store is full"));
+    CHECK(contains(message, "4096 bytes"));
+    CHECK(stored == 4096 / (4 + 100 + 64));  // key, value and 64 bytes a key
+    CHECK(client.num_keys() == stored);
+    client.set("key0", std::string(100, 'w'));  // the same size: fits
+    CHECK(client.get("key0") == std::string(100, 'w'));
+    CHECK(contains(error_of([&] { (void)client.add("counter", 1); }), "the store is full"));
+    CHECK(client.delete_key("key1"));
+    CHECK(client.add("counter", 1) == 1);
+  }
+  // The connection that was refused (error, not closing) goes on.
+  client.set("after", "ok");
+  CHECK(client.get("after") == "ok");
+}
+
+TEST_CASE("connections: at most max_connections") {
+  tandem::TcpStoreLimits limits;
+  limits.max_connections = 2;
+  TcpStore server(
+      {.port = 0, .is_server = true, .timeout = generous, .limits = limits});  // connection 1
+  TcpStore client({.port = server.port(), .timeout = generous});               // connection 2
+  SUBCASE("a third client is refused, saying why") {
+    const auto message =
+        error_of([&] { TcpStore third({.port = server.port(), .timeout = generous}); });
+    CHECK(contains(message, "refused this client: the store has 2 connections open"));
+  }
+  SUBCASE("a third raw connection is closed at once") {
+    auto third = raw_connect(server.port(), false);
+    CHECK(closed_by_server(third.get()));
+  }
+  client.set("k", "v");
+  CHECK(server.get("k") == "v");
+}
+
+TEST_CASE("silent connections: dropped after hello_timeout, the oldest first past the limit") {
+  tandem::TcpStoreLimits limits;
+  limits.max_unauthenticated = 2;
+  limits.hello_timeout = 500ms;
+  TcpStore server({.port = 0, .is_server = true, .timeout = generous, .limits = limits});
+  const auto start = std::chrono::steady_clock::now();
+  auto first = raw_connect(server.port(), false);
+  std::this_thread::sleep_for(20ms);
+  auto second = raw_connect(server.port(), false);
+  std::this_thread::sleep_for(20ms);
+  auto third = raw_connect(server.port(), false);
+  CHECK(closed_by_server(first.get()));  // made room for the third
+  const auto first_closed = std::chrono::steady_clock::now() - start;
+  CHECK(closed_by_server(second.get()));  // its hello_timeout
+  CHECK(std::chrono::steady_clock::now() - start >= 450ms);
+  CHECK(first_closed < std::chrono::steady_clock::now() - start);
+  TcpStore client({.port = server.port(), .timeout = generous});
+  client.set("k", "v");
+}
+
+TEST_CASE("the server listens on its host's address only") {
+  TcpStore server({.host = "127.0.0.1", .port = 0, .is_server = true, .timeout = generous});
+  const auto port = server.port();
+  CHECK(server.listen_address() == "127.0.0.1:" + std::to_string(port));
+  TcpStore client({.port = port, .timeout = generous});
+  CHECK(client.listen_address().empty());
+
+  const auto reachable = [&](const char* address) {
+    tandem::detail::Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    REQUIRE(::inet_pton(AF_INET, address, &addr.sin_addr) == 1);
+    return ::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0;
+  };
+  CHECK(reachable("127.0.0.1"));
+  CHECK_FALSE(reachable("127.0.0.2"));  // loopback too, but not the address bound
+  // Every other IPv4 address of this machine's interfaces, if it has any.
+  ifaddrs* list = nullptr;
+  REQUIRE(::getifaddrs(&list) == 0);
+  int others = 0;
+  for (const ifaddrs* entry = list; entry != nullptr; entry = entry->ifa_next) {
+    if (entry->ifa_addr == nullptr || entry->ifa_addr->sa_family != AF_INET) continue;
+    char text[INET_ADDRSTRLEN] = {};
+    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(entry->ifa_addr)->sin_addr, text,
+                sizeof text);
+    if (std::string(text) == "127.0.0.1") continue;
+    CAPTURE(text);
+    CHECK_FALSE(reachable(text));
+    ++others;
+  }
+  ::freeifaddrs(list);
+  MESSAGE("other local IPv4 addresses tried: " << others);
+}
+
+TEST_CASE("a client waiting for its server says so on stderr") {
+  const auto port = unused_port();
+  const auto said = capture_stderr([&] {
+    CHECK_THROWS_AS(
+        TcpStore({.port = port, .timeout = 2500ms, .client_name = "rank 7", .notice_interval = 1s}),
+        tandem::Error);
+  });
+  CHECK(contains(said, "tandem: rank 7 waiting for the store at 127.0.0.1:" + std::to_string(port) +
+                           " (1 s of 2 s)\n"));
+  CHECK(contains(said, "(2 s of 2 s)\n"));
+
+  const auto quiet = capture_stderr([&] {
+    CHECK_THROWS_AS(TcpStore({.port = port, .timeout = 1500ms, .notice_interval = 0ms}),
+                    tandem::Error);
+  });
+  CHECK(quiet.empty());
 }

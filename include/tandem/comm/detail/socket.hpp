@@ -19,6 +19,7 @@
 #include <chrono>
 #include <climits>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -179,12 +180,24 @@ inline Fd try_connect(const addrinfo& ai, const Deadline& deadline, int& error) 
   return fd;
 }
 
+/// What connect_tcp says while it retries: `say(waited)` every `interval` of waiting (never
+/// when `interval` is zero or Timeout::max()).
+struct ConnectNotice {
+  Timeout interval = Timeout::max();
+  std::function<void(Timeout waited)> say;
+};
+
 /// Connects to host:port, retrying with back-off (10 ms doubling to 1 s) until `timeout`;
 /// then tandem::Error "could not reach HOST:PORT within T: <last error>". The socket returned is
-/// non-blocking, close-on-exec, with TCP_NODELAY.
+/// non-blocking, close-on-exec, with TCP_NODELAY. With `notice`, calls notice->say every
+/// notice->interval while it waits.
 inline Fd connect_tcp(const std::string& host, std::uint16_t port, Timeout timeout,
-                      const std::string& op) {
+                      const std::string& op, const ConnectNotice* notice = nullptr) {
   const Deadline deadline(timeout);
+  const auto started = Deadline::clock::now();
+  const bool notices = notice != nullptr && notice->say && notice->interval > Timeout::zero() &&
+                       notice->interval < Timeout::max();
+  auto next_notice = started + (notices ? notice->interval : Timeout::zero());
   auto backoff = std::chrono::milliseconds(10);
   int error = ETIMEDOUT;
   for (;;) {
@@ -195,7 +208,17 @@ inline Fd connect_tcp(const std::string& host, std::uint16_t port, Timeout timeo
       }
     }
     if (deadline.expired()) break;
-    const auto pause = std::min<Timeout>(backoff, deadline.remaining());
+    auto pause = std::min<Timeout>(backoff, deadline.remaining());
+    if (notices) {
+      const auto now = Deadline::clock::now();
+      if (now >= next_notice) {
+        notice->say(std::chrono::duration_cast<Timeout>(now - started));
+        while (next_notice <= now) next_notice += notice->interval;
+      }
+      pause = std::min<Timeout>(pause,
+                                std::chrono::ceil<Timeout>(next_notice - Deadline::clock::now()));
+      pause = std::max<Timeout>(pause, Timeout::zero());
+    }
     std::this_thread::sleep_for(pause);
     backoff = std::min<Timeout>(backoff * 2, std::chrono::seconds(1));
     if (deadline.expired()) break;
