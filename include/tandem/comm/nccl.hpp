@@ -38,6 +38,13 @@
 // Groups: `{ tandem::NcclGroup group(comm); comm.all_reduce(a); comm.broadcast(b, 0); }` issues
 // the operations as one ncclGroupStart/ncclGroupEnd; they finish together.
 //
+// Mismatched collectives: with options.check_agreement (or TANDEM_CHECK_COLLECTIVES=1) every
+// collective first all-gathers each rank's fingerprint (comm/checked.hpp) on the communicator's
+// stream and compares them on the host, so ranks that disagree raise the same Error before the
+// collective is queued. The host waits for that all-gather (after the operations already
+// queued), so the check is off unless asked for. Operations inside an NcclGroup, send and recv
+// are not checked. The ranks compare the switch itself when the communicator is made.
+//
 // Never hang. The communicator is created in NCCL's nonblocking mode; every NCCL call that
 // reports ncclInProgress is polled within options.timeout. A watchdog thread per communicator
 // checks ncclCommGetAsyncError and each operation's age; on an error or an operation older than
@@ -68,6 +75,7 @@
 #include <utility>
 #include <vector>
 
+#include "tandem/comm/checked.hpp"
 #include "tandem/comm/communicator.hpp"
 #include "tandem/comm/detail/frontend.hpp"
 #include "tandem/comm/detail/nccl_support.hpp"
@@ -105,6 +113,12 @@ struct NcclCommOptions {
   /// for the watchdog is the whole per-call cost). false: on the communicator's stream, with
   /// an event each way, as the `_async` forms and PyTorch's ProcessGroupNCCL do.
   bool sync_on_caller_stream = true;
+  /// Whether every collective's fingerprint (operation, element type, count, root, reduce op,
+  /// how many came before) is compared across ranks before it runs, so that a mismatch is an
+  /// Error naming both sides instead of a hang or mixed data. Unset: TANDEM_CHECK_COLLECTIVES,
+  /// else off - on NCCL each check is an all-gather the host waits for, which stalls the
+  /// caller's pipelining (see the top of this header).
+  CollectiveCheck check_agreement{};
 };
 
 class NcclComm;
@@ -283,6 +297,7 @@ class Rank {
 
   template <class E>
   void all_reduce(const E* in, E* out, std::size_t count, ReduceOp op) {
+    check_call<E>(detail::CollectiveOp::all_reduce, count, 0, op);
     issue("all_reduce", count, [&](ncclComm_t comm, cudaStream_t stream) {
       return ncclAllReduce(in, out, count, data_type<E>(), reduce_op(op), comm, stream);
     });
@@ -292,6 +307,7 @@ class Rank {
   /// on the root only, and gets none elsewhere).
   template <class E>
   void reduce(E* buffer, std::size_t count, int root, ReduceOp op) {
+    check_call<E>(detail::CollectiveOp::reduce, count, root, op);
     E* out = rank_ == root ? buffer : nullptr;
     issue("reduce", count, [&](ncclComm_t comm, cudaStream_t stream) {
       return ncclReduce(buffer, out, count, data_type<E>(), reduce_op(op), root, comm, stream);
@@ -300,6 +316,7 @@ class Rank {
 
   template <class E>
   void broadcast(E* buffer, std::size_t count, int root) {
+    check_call<E>(detail::CollectiveOp::broadcast, count, root);
     issue("broadcast", count, [&](ncclComm_t comm, cudaStream_t stream) {
       return ncclBroadcast(buffer, buffer, count, data_type<E>(), root, comm, stream);
     });
@@ -307,6 +324,7 @@ class Rank {
 
   template <class E>
   void all_gather(const E* in, E* out, std::size_t count) {
+    check_call<E>(detail::CollectiveOp::all_gather, count);
     issue("all_gather", count, [&](ncclComm_t comm, cudaStream_t stream) {
       return ncclAllGather(in, out, count, data_type<E>(), comm, stream);
     });
@@ -314,6 +332,7 @@ class Rank {
 
   template <class E>
   void reduce_scatter(const E* in, E* out, std::size_t count, ReduceOp op) {
+    check_call<E>(detail::CollectiveOp::reduce_scatter, count, 0, op);
     issue("reduce_scatter", count, [&](ncclComm_t comm, cudaStream_t stream) {
       return ncclReduceScatter(in, out, count, data_type<E>(), reduce_op(op), comm, stream);
     });
@@ -321,6 +340,7 @@ class Rank {
 
   template <class E>
   void gather(const E* in, E* out, std::size_t count, int root) {
+    check_call<E>(detail::CollectiveOp::gather, count, root);
     issue("gather", count, [&](ncclComm_t comm, cudaStream_t stream) -> ncclResult_t {
       if constexpr (native_rooted_collectives) {
         return ncclGather(in, out, count, data_type<E>(), root, comm, stream);
@@ -340,6 +360,7 @@ class Rank {
 
   template <class E>
   void scatter(const E* in, E* out, std::size_t count, int root) {
+    check_call<E>(detail::CollectiveOp::scatter, count, root);
     issue("scatter", count, [&](ncclComm_t comm, cudaStream_t stream) -> ncclResult_t {
       if constexpr (native_rooted_collectives) {
         return ncclScatter(in, out, count, data_type<E>(), root, comm, stream);
@@ -363,6 +384,7 @@ class Rank {
   /// is not in place: overlapping buffers go through a copy of in made on the stream.
   template <class E>
   void all_to_all(const E* in, E* out, std::size_t total) {
+    check_call<E>(detail::CollectiveOp::all_to_all, total);
     const std::size_t count = total / static_cast<std::size_t>(size_);
     issue("all_to_all", total, [&](ncclComm_t comm, cudaStream_t stream) -> ncclResult_t {
       const E* source = in;
@@ -406,6 +428,7 @@ class Rank {
 
   /// An all_reduce of one integer; the sync form also waits on the host, as a barrier must.
   void barrier() {
+    check_call<std::int32_t>(detail::CollectiveOp::barrier, 0);
     const bool async = next_work_ != nullptr;
     auto* scratch = static_cast<std::int32_t*>(scratch_);
     const cudaEvent_t end = issue("barrier", 1, [&](ncclComm_t comm, cudaStream_t stream) {
@@ -419,6 +442,7 @@ class Rank {
   /// null for no_color. The parent finishes its operations first (NCCL: none may be outstanding).
   std::unique_ptr<Rank> split(int color, int key) {
     if (group_depth_ > 0) throw Error(rank_, "split", "split cannot run inside an NcclGroup");
+    check_call<std::int32_t>(detail::CollectiveOp::split, 0);
     synchronize();
     DeviceGuard guard(device_);
     std::unique_lock lock(mutex_);
@@ -448,7 +472,9 @@ class Rank {
       own = settle_locked(lock, made, own, deadline);
       if (own == ncclSuccess && !failure_) {
         lock.unlock();
-        return std::make_unique<Rank>(made, device_, options_);
+        auto child = std::make_unique<Rank>(made, device_, options_);
+        child->checking_ = checking_;  // every rank of the parent agreed on it
+        return child;
       }
       const std::string why = "the new communicator failed: " + error_text(own, made);
       (void)ncclCommAbort(made);
@@ -470,6 +496,45 @@ class Rank {
     if (aborted_elsewhere) throw_if_failed("split");
     throw *failure_;
   }
+
+  // --- collective checks ------------------------------------------------------------------
+
+  /// Resolves options.check_agreement and compares it across the ranks (one all-gather, always:
+  /// ranks that differ would otherwise hang at the first check). create() calls it once the
+  /// communicator is whole; split's children inherit the parent's.
+  void agree_on_checks() {
+    std::optional<Error> unreadable;
+    bool on = false;
+    try {
+      on = options_.check_agreement.resolve(false);
+    } catch (const Error& e) {
+      unreadable = e;
+    }
+    detail::CollectiveFingerprint mine;
+    mine.op = static_cast<std::int64_t>(detail::CollectiveOp::barrier);
+    mine.count = unreadable ? -1 : (on ? 1 : 0);
+    const auto all = gather_fingerprints(mine, "the collective-check agreement");
+    if (unreadable) throw *unreadable;
+    std::vector<bool> checking;
+    std::vector<int> broken;
+    for (int r = 0; r < size_; ++r) {
+      const auto value = all[static_cast<std::size_t>(r)].count;
+      if (value < 0) broken.push_back(r);
+      checking.push_back(value == 1);
+    }
+    if (!broken.empty()) {
+      throw Error(rank_, "NcclComm",
+                  detail::rank_list(broken) + " could not read " +
+                      std::string(check_collectives_variable) + " (see that rank's Error)");
+    }
+    if (auto text = detail::switch_disagreement(checking); !text.empty()) {
+      throw Error(rank_, "NcclComm", text);
+    }
+    checking_ = on;
+  }
+
+  /// Whether every collective is compared across ranks first.
+  [[nodiscard]] bool checking() const noexcept { return checking_; }
 
   // --- beyond the Communicator concept ----------------------------------------------------
 
@@ -573,7 +638,8 @@ class Rank {
   /// The stream handoff and bookkeeping every operation shares; returns the end event (null for
   /// an operation with nothing to move, or one inside a group).
   template <class Enqueue>
-  cudaEvent_t issue(const char* operation, std::size_t count, Enqueue enqueue) {
+  cudaEvent_t issue(const char* operation, std::size_t count, Enqueue enqueue,
+                    bool after_caller = true) {
     std::shared_ptr<WorkState> work = std::move(next_work_);
     next_work_.reset();
     if (count == 0) {  // every rank agrees on the count, so every rank skips it
@@ -588,9 +654,11 @@ class Rank {
     // wait for it anyway, and no event crosses between streams (the per-call cost that matters
     // for small all_reduces). Everything else runs on the communicator's stream after the
     // caller's work so far.
-    const bool direct = work == nullptr && group_depth_ == 0 && options_.sync_on_caller_stream;
+    // (A collective check, after_caller false, waits only for the operations before it.)
+    const bool direct =
+        after_caller && work == nullptr && group_depth_ == 0 && options_.sync_on_caller_stream;
     const cudaStream_t stream = direct ? caller_ : stream_->get();
-    if (!direct) {
+    if (!direct && after_caller) {
       cuda::check(cudaEventRecord(start_->get(), caller_), "cudaEventRecord", rank_);
       cuda::check(cudaStreamWaitEvent(stream, start_->get(), 0), "cudaStreamWaitEvent", rank_);
     }
@@ -622,9 +690,74 @@ class Rank {
     }
     release_staging(stream);
     std::vector<std::shared_ptr<WorkState>> works;
-    const bool caller_waits = work == nullptr && !direct;
+    const bool caller_waits = work == nullptr && !direct && after_caller;
     if (work) works.push_back(std::move(work));
     return finish_issue(operation, {}, sequence, std::move(works), caller_waits, stream);
+  }
+
+  /// With checks on: this rank's fingerprint for the collective about to be issued, compared
+  /// with every rank's; a mismatch is the same Error on every rank, before anything is queued.
+  template <class E>
+  void check_call(detail::CollectiveOp op, std::size_t count, int root = 0,
+                  ReduceOp reduce = ReduceOp::sum) {
+    if (!checking_ || group_depth_ > 0) return;
+    const auto mine = detail::make_fingerprint<E>(op, ++checked_calls_, count, root, reduce);
+    const auto all = gather_fingerprints(mine, "collective check");
+    if (auto text = detail::fingerprint_disagreement(all); !text.empty()) {
+      throw Error(rank_, detail::name(op), text);
+    }
+  }
+
+  /// Every rank's fingerprint (in rank order): an ncclAllGather on the communicator's stream,
+  /// after the operations issued so far but not after the caller's other work, waited for on
+  /// the host within the timeout (the watchdog aborts it past that, like any operation).
+  std::vector<detail::CollectiveFingerprint> gather_fingerprints(
+      const detail::CollectiveFingerprint& mine, const char* what) {
+    using Fingerprint = detail::CollectiveFingerprint;
+    constexpr std::size_t words = sizeof(Fingerprint) / sizeof(std::int64_t);
+    const auto ranks = static_cast<std::size_t>(size_);
+    if (!check_host_) {
+      DeviceGuard guard(device_);
+      void* host = nullptr;
+      cuda::check(cudaMallocHost(&host, ranks * sizeof(Fingerprint)), "cudaMallocHost", rank_);
+      check_host_ = static_cast<Fingerprint*>(host);
+      void* device = nullptr;
+      cuda::check(cudaMalloc(&device, ranks * sizeof(Fingerprint)), "cudaMalloc", rank_);
+      check_device_ = static_cast<Fingerprint*>(device);
+    }
+    Fingerprint* const host = check_host_;
+    Fingerprint* const device = check_device_;
+    const auto slot = static_cast<std::size_t>(rank_);
+    host[slot] = mine;
+    // The check is an operation of its own: it must not complete the Work of an _async
+    // operation being issued.
+    std::shared_ptr<WorkState> saved = std::move(next_work_);
+    next_work_.reset();
+    const auto restore = [&] { next_work_ = std::move(saved); };
+    try {
+      const cudaEvent_t end = issue(
+          what, words,
+          [&](ncclComm_t comm, cudaStream_t stream) {
+            cuda::check(cudaMemcpyAsync(device + slot, host + slot, sizeof(Fingerprint),
+                                        cudaMemcpyHostToDevice, stream),
+                        "cudaMemcpyAsync", rank_);
+            return ncclAllGather(device + slot, device, words, ncclInt64, comm, stream);
+          },
+          /*after_caller=*/false);
+      if (end) wait_on_host(end, what);
+      DeviceGuard guard(device_);
+      const cudaStream_t stream = stream_->get();
+      cuda::check(cudaMemcpyAsync(host, device, ranks * sizeof(Fingerprint), cudaMemcpyDeviceToHost,
+                                  stream),
+                  "cudaMemcpyAsync", rank_);
+      // Nothing is queued behind the all-gather (this thread issues): this waits for the copy.
+      cuda::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize", rank_);
+    } catch (...) {
+      restore();
+      throw;
+    }
+    restore();
+    return std::vector<Fingerprint>(host, host + ranks);
   }
 
   /// NCCL runs a communicator's operations in issue order: one about to be queued on `stream`
@@ -882,6 +1015,10 @@ class Rank {
       free_events_.clear();
       if (scratch_) (void)cudaFree(scratch_);
       scratch_ = nullptr;
+      if (check_host_) (void)cudaFreeHost(check_host_);
+      if (check_device_) (void)cudaFree(check_device_);
+      check_host_ = nullptr;
+      check_device_ = nullptr;
     } catch (...) {
       // A destructor must not throw; what could fail here is the device itself.
     }
@@ -896,7 +1033,11 @@ class Rank {
   std::optional<cuda::Stream> stream_;
   std::optional<cuda::Event> start_;      ///< re-recorded per operation: a wait copies its state
   cudaStream_t newest_stream_ = nullptr;  ///< where the newest operation was queued
-  void* scratch_ = nullptr;               ///< barrier's integer
+  bool checking_ = false;                 ///< compare fingerprints before each collective
+  std::uint64_t checked_calls_ = 0;       ///< collectives checked so far (the fingerprint's count)
+  detail::CollectiveFingerprint* check_host_ = nullptr;    ///< pinned: every rank's fingerprint
+  detail::CollectiveFingerprint* check_device_ = nullptr;  ///< the all-gather's buffer
+  void* scratch_ = nullptr;                                ///< barrier's integer
 
   std::shared_ptr<WorkState> next_work_;  ///< set by later() for the operation it issues
   std::vector<void*> staging_;
@@ -993,6 +1134,10 @@ class NcclComm : public detail::CollectiveFrontend<NcclComm, device> {
   [[nodiscard]] bool aborted() const { return self().aborted(); }
   /// NCCL's communicator, for calls tandem does not make (null once aborted).
   [[nodiscard]] ncclComm_t native() const { return self().native(); }
+  /// Whether every collective is compared across ranks first (options().check_agreement,
+  /// resolved against TANDEM_CHECK_COLLECTIVES when the communicator was made; the same on
+  /// every rank).
+  [[nodiscard]] bool checks_collectives() const { return self().checking(); }
 
  private:
   friend class detail::CollectiveFrontend<NcclComm, tandem::device>;
@@ -1015,7 +1160,9 @@ class NcclComm : public detail::CollectiveFrontend<NcclComm, device> {
     if (device < 0) device = cuda::current_device();
     detail::nccl::DeviceGuard guard(device);
     ncclComm_t comm = detail::nccl::init_rank(id, rank, size, options.timeout, stop);
-    return NcclComm(std::make_shared<detail::nccl::Rank>(comm, device, options));
+    auto made = std::make_shared<detail::nccl::Rank>(comm, device, options);
+    made->agree_on_checks();
+    return NcclComm(std::move(made));
   }
 
   detail::nccl::Rank& self() const {
@@ -1034,6 +1181,11 @@ class NcclComm : public detail::CollectiveFrontend<NcclComm, device> {
 };
 
 static_assert(Communicator<NcclComm>);
+
+/// NcclComm can compare every collective across ranks (off unless asked for: see
+/// NcclCommOptions::check_agreement and NcclComm::checks_collectives()).
+template <>
+inline constexpr bool detects_mismatched_collectives<NcclComm> = true;
 
 /// Several operations on one or more communicators issued as one NCCL group (ncclGroupStart at
 /// construction, ncclGroupEnd at end() or destruction): they are launched together and finish

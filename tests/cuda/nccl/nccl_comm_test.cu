@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -81,6 +82,19 @@ struct SingleRunner {
   void operator()(int world_size, Fn fn) {
     REQUIRE(world_size == 1);
     Staged staged(single());
+    fn(staged);
+  }
+};
+
+/// SingleRunner with the collective check on: every collective goes through the all-gather of
+/// fingerprints first.
+struct CheckedRunner {
+  template <class Fn>
+  void operator()(int world_size, Fn fn) {
+    REQUIRE(world_size == 1);
+    tandem::NcclCommOptions options;
+    options.check_agreement = true;
+    Staged staged(single(options));
     fn(staged);
   }
 };
@@ -523,6 +537,81 @@ TEST_CASE("watchdog: a collective one rank skips times out, aborts, and names ra
   CHECK(std::chrono::steady_clock::now() - start < 120s);
 }
 
+// The collective check (options.check_agreement, TANDEM_CHECK_COLLECTIVES): off by default on
+// NCCL; on, every collective first all-gathers the ranks' fingerprints. At world size 1 the
+// whole suite runs through that path (nothing can disagree); the mismatch needs two GPUs.
+TEST_CASE("collective checks: the switch, and every collective through the check at world size 1") {
+  {
+    NcclComm plain = single();
+    CHECK_FALSE(plain.checks_collectives());
+  }
+  {
+    tandem::NcclCommOptions options;
+    options.check_agreement = true;
+    NcclComm checked = single(options);
+    CHECK(checked.checks_collectives());
+    DeviceArray<float> data(4096);
+    data.upload(std::vector<float>(4096, 2.5f), cudaStreamPerThread);
+    checked.all_reduce(data.view(), tandem::ReduceOp::max);
+    tandem::Work work = checked.all_reduce_async(data.view(), tandem::ReduceOp::min);
+    CHECK(work.wait_for(60s));
+    checked.wait_stream(cudaStreamPerThread);
+    CHECK(data.download(cudaStreamPerThread)[4095] == 2.5f);
+    checked.barrier();
+    auto child = checked.split(0, 0);
+    REQUIRE(child.has_value());
+    CHECK(child->checks_collectives());  // inherited: the parent's ranks agreed on it
+  }
+  CheckedRunner checked_run;
+  tandem::test::check_all_collectives(checked_run, 1, nccl_matrix());
+  tandem::test::check_subgroups(checked_run, 1, nccl_subgroup_matrix());
+
+  ::setenv("TANDEM_CHECK_COLLECTIVES", "1", 1);
+  CHECK(single().checks_collectives());
+  ::setenv("TANDEM_CHECK_COLLECTIVES", "yes", 1);
+  try {
+    (void)single();
+    FAIL("TANDEM_CHECK_COLLECTIVES=yes was accepted");
+  } catch (const tandem::Error& e) {
+    CHECK(std::string(e.what()).find("TANDEM_CHECK_COLLECTIVES='yes'") != std::string::npos);
+  }
+  tandem::NcclCommOptions explicit_off;
+  explicit_off.check_agreement = false;  // an explicit choice wins over the variable
+  CHECK_FALSE(single(explicit_off).checks_collectives());
+  ::unsetenv("TANDEM_CHECK_COLLECTIVES");
+}
+
+// NCCL refuses two ranks on one GPU: with fewer than 2 GPUs this case is reported as skipped.
+TEST_CASE("collective checks: ranks that disagree raise one Error naming both calls" *
+          doctest::skip(two_gpus_missing())) {
+  tandem::NcclCommOptions options;
+  options.check_agreement = true;
+  options.timeout = 30s;
+  std::vector<std::string> seen(2);
+  CHECK_THROWS_AS(
+      tandem::run_local_nccl(
+          2,
+          [&](NcclComm& comm) {
+            DeviceArray<float> data(8);
+            comm.all_reduce(data.view());  // both agree
+            const std::size_t count = comm.rank() == 1 ? 8 : 7;
+            try {
+              comm.all_reduce(tandem::View<float, tandem::device>(data.view().data(), count));
+            } catch (const tandem::Error& e) {
+              seen[static_cast<std::size_t>(comm.rank())] = e.what();
+              throw;
+            }
+          },
+          options),
+      tandem::Error);
+  for (const std::string& text : seen) {
+    CAPTURE(text);
+    CHECK(text.find("element count") != std::string::npos);
+    CHECK(text.find("rank 0 called all_reduce(7 x float32, sum)") != std::string::npos);
+    CHECK(text.find("rank 1 called all_reduce(8 x float32, sum)") != std::string::npos);
+  }
+}
+
 int main(int argc, char** argv) {
   if (tandem::cuda::device_count() == 0) {
     std::printf("SKIPPED: no CUDA device (NcclComm needs a GPU per rank)\n");
@@ -530,7 +619,8 @@ int main(int argc, char** argv) {
   }
   if (two_gpus_missing()) {
     std::printf(
-        "note: %d GPU(s): the two-rank watchdog case is skipped (NCCL runs one rank per "
+        "note: %d GPU(s): the two-rank watchdog and mismatch cases are skipped (NCCL runs one rank "
+        "per "
         "GPU); doctest counts it as skipped\n",
         gpus());
   }
