@@ -2,7 +2,8 @@
 # scripts/gpu-check.sh - everything tandem can check on a GPU machine, in one command, with a
 # dated record: a Release build with CUDA and NCCL (Gloo and MPI where found), every
 # `cuda`-labelled test, compute-sanitizer memcheck over the device tests, NcclComm's suite again
-# with the host code under AddressSanitizer, bench/nccl and bench/step with their PyTorch peers.
+# with the host code under AddressSanitizer, bench/nccl and bench/step with their PyTorch peers,
+# and bench/fashion_mnist's GPU run (fashion_mnist_cuda beside PyTorch on one GPU).
 # Writes bench/results/gpu-<date>-<device>.md (device, driver, versions, commit, test counts,
 # tables) and prints its path. Without a GPU it says so and exits 77, having built nothing.
 #   scripts/gpu-check.sh [--build DIR] [--jobs N] [--no-asan] [--no-memcheck] [--no-bench]
@@ -74,7 +75,7 @@ for backends in "ON ON" "ON OFF" "OFF ON" "OFF OFF"; do
   note "configuring (Gloo $gloo, MPI $mpi) in $build"
   rm -f "$build/CMakeCache.txt"
   if cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTANDEM_BUILD_TESTS=ON \
-    -DTANDEM_BUILD_BENCH=ON -DTANDEM_BUILD_TOOLS=ON -DTANDEM_WITH_CUDA=ON \
+    -DTANDEM_BUILD_BENCH=ON -DTANDEM_BUILD_TOOLS=ON -DTANDEM_BUILD_EXAMPLES=ON -DTANDEM_WITH_CUDA=ON \
     -DTANDEM_WITH_GLOO="$gloo" -DTANDEM_WITH_MPI="$mpi" "${arch[@]}" >"$logs/configure.log" 2>&1; then
     configured="Gloo $gloo, MPI $mpi"
     break
@@ -166,6 +167,7 @@ fi
 # --- benchmarks ----------------------------------------------------------------------------------
 nccl_table=""
 step_output=""
+fashion_output=""
 if [[ $bench -eq 1 ]]; then
   note "bench/nccl"
   if "$root/bench/nccl/run_nccl.sh" "$build" --out "$logs/nccl.md" >"$logs/bench-nccl.log" 2>&1; then
@@ -180,6 +182,16 @@ if [[ $bench -eq 1 ]]; then
   else
     failures+=("bench/step (a benchmark failed or found its work skipped)")
     step_output="bench/step failed: $(tail -n 5 "$logs/bench-step.log")"
+  fi
+  note "bench/fashion_mnist on the GPU (fashion_mnist_cuda beside PyTorch)"
+  "$root/bench/fashion_mnist/run_fashion_mnist_gpu.sh" "$build" --out "$logs/fashion-mnist-gpu.md" \
+    >"$logs/bench-fashion-mnist-gpu.log" 2>&1
+  status=$?
+  if [[ $status -eq 0 ]]; then
+    fashion_output=$(grep -vE '^# ' "$logs/fashion-mnist-gpu.md")
+  else
+    failures+=("bench/fashion_mnist GPU (exit $status: a run failed or did not train)")
+    fashion_output="bench/fashion_mnist failed (exit $status): $(tail -n 8 "$logs/bench-fashion-mnist-gpu.log")"
   fi
 fi
 
@@ -236,6 +248,10 @@ torch_version=$(python3 -c "import torch; print(torch.__version__, 'CUDA', torch
     echo "## bench/step"
     echo
     echo "$step_output"
+    echo
+    echo "## bench/fashion_mnist on one GPU"
+    echo
+    echo "$fashion_output"
     echo
   fi
   echo "## Result"

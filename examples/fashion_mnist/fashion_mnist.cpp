@@ -5,7 +5,8 @@
 // the learning rate), warm-up + cosine LR, an EMA evaluated at each epoch's end, distributed
 // evaluation over the test set (every sample once), rank-0 progress and TensorBoard, a checkpoint
 // every epoch and --resume. Matrix products through OpenBLAS. Rank 0's last line states the test
-// accuracy.
+// accuracy. What this program shares with its GPU variant (fashion_mnist_cuda.cu) - flags, the
+// initialisation, the param groups, the schedule, the EMA - is in recipe.hpp.
 //   build/dev/tools/tandemrun --nproc-per-node 2 build/dev/examples/fashion_mnist   Gloo (default)
 //   build/dev/examples/fashion_mnist --backend local --ranks 2                        threads
 //   mpirun -n 2 build/dev/examples/fashion_mnist --backend mpi                        MPI
@@ -29,6 +30,7 @@
 #include <string_view>
 #include <vector>
 
+#include "recipe.hpp"
 #include "tandem/comm/local.hpp"
 #include "tandem/core/env.hpp"
 #include "tandem/data/batches.hpp"
@@ -56,27 +58,9 @@
 
 namespace {
 
-struct Settings {
-  std::string backend;
-  int ranks = 2;
-  int epochs = 3;
-  std::size_t batch_size = 64;
-  double lr = 0.1;
-  std::uint64_t seed = 0;
-  std::string data = tandem::FashionMNIST::default_directory().string();
-  std::string checkpoint_dir;
-  bool resume = false;
-  int timeout_seconds = 1800;
-  int workers = 1;
-  std::string tensorboard;
-  std::int64_t max_steps = -1;      // stop early (tests)
-  std::int64_t crash_at_step = -1;  // rank 1 kills itself here on the first attempt (the test)
-  bool wide = false;
-  bool plain = false;  // the benchmark's recipe: one constant lr, no EMA
-};
-
-constexpr std::size_t pixels = 784;
-constexpr std::size_t classes = 10;
+using fashion_mnist::classes;
+using fashion_mnist::pixels;
+using fashion_mnist::Settings;
 
 /// The model: fc1 -> SyncBatchNorm -> ReLU -> fc2, its forward and backward written out, the
 /// products through OpenBLAS. Names are those of the PyTorch module
@@ -93,17 +77,12 @@ class Mlp {
     fc2_b_ = &params_.add("fc2.bias", {static_cast<std::int64_t>(classes)});
     params_.finalize();
     bn_->reset_parameters();
-    // PyTorch's nn.Linear default: U(-1/sqrt(in), 1/sqrt(in)) for weights and biases.
-    std::mt19937_64 random(seed);
-    auto fill = [&](tandem::View<float> v, std::size_t fan_in) {
-      const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
-      std::uniform_real_distribution<double> uniform(-bound, bound);
-      for (auto& x : v) x = static_cast<float>(uniform(random));
-    };
-    fill(fc1_w_->value(), pixels);
-    fill(fc1_b_->value(), pixels);
-    fill(fc2_w_->value(), hidden);
-    fill(fc2_b_->value(), hidden);
+    // PyTorch's nn.Linear default (recipe.hpp), the same numbers as fashion_mnist_cuda's.
+    const auto init = fashion_mnist::linear_init(hidden, seed);
+    std::copy(init.fc1_weight.begin(), init.fc1_weight.end(), fc1_w_->value().data());
+    std::copy(init.fc1_bias.begin(), init.fc1_bias.end(), fc1_b_->value().data());
+    std::copy(init.fc2_weight.begin(), init.fc2_weight.end(), fc2_w_->value().data());
+    std::copy(init.fc2_bias.begin(), init.fc2_bias.end(), fc2_b_->value().data());
   }
 
   tandem::Parameters<float>& params() { return params_; }
@@ -224,28 +203,18 @@ template <tandem::Communicator Comm>
 double train(Comm& comm, const Settings& settings) {
   const tandem::FashionMNIST train_set(tandem::split::train, settings.data);
   const tandem::FashionMNIST test_set(tandem::split::test, settings.data);
-  Mlp<Comm> model(comm, settings.wide ? 1024 : 256, settings.seed);
+  Mlp<Comm> model(comm, fashion_mnist::hidden_width(settings), settings.seed);
   tandem::DistributedDataParallel<Comm, tandem::overlap> ddp(comm, model.params());
 
-  using tandem::optim::ParamGroup;
-  using tandem::optim::SGDOptions;
-  const std::vector<ParamGroup<SGDOptions>> groups{
-      {tandem::optim::params_with_prefix("fc1."), {.lr = settings.lr, .momentum = 0.9}},
-      {tandem::optim::params_with_prefix("bn1."), {.lr = settings.lr, .momentum = 0.9}},
-      {tandem::optim::params_with_prefix("fc2."),
-       {.lr = (settings.plain ? 1 : 2) * settings.lr, .momentum = 0.9}}};
+  const auto groups = fashion_mnist::sgd_groups(settings);
   tandem::optim::SGD optimizer(model.params(), std::span(groups));
   tandem::DistributedSampler sampler(train_set.size(), comm,
                                      {.shuffle = true, .seed = settings.seed});
   auto batches = sampler | tandem::views::batches(settings.batch_size);
   const auto steps_per_epoch = static_cast<std::int64_t>(batches.size());
   const std::int64_t total_steps = steps_per_epoch * settings.epochs;
-  auto schedule =  // a factor on each group's lr
-      settings.plain
-          ? tandem::lr::lambda(optimizer, [](std::int64_t) { return 1.0; })
-          : tandem::lr::warmup_cosine(optimizer, std::min<std::int64_t>(100, total_steps / 10),
-                                      total_steps, 1.0, 0.01);
-  tandem::EMA ema(model.params(), {.decay = 0.999, .use_warmup = true});
+  auto schedule = fashion_mnist::lr_schedule(optimizer, settings, total_steps);
+  tandem::EMA ema(model.params(), fashion_mnist::ema_options());
   tandem::Loader loader(train_set, batches, {.workers = settings.workers});
 
   std::int64_t step = 0;
@@ -332,76 +301,11 @@ double train(Comm& comm, const Settings& settings) {
   return accuracy;
 }
 
-int usage() {
-  std::fprintf(stderr,
-               "usage: fashion_mnist [--backend gloo|mpi|local] [--ranks N] [--epochs E]\n"
-               "  [--batch-size B] [--lr LR] [--seed S] [--data DIR] [--checkpoint-dir DIR]\n"
-               "  [--resume] [--timeout SECONDS] [--workers W] [--tensorboard DIR]\n"
-               "  [--max-steps N] [--wide] [--plain]\n"
-               "  default backend: gloo under a launcher (WORLD_SIZE set), else local\n");
-  return 2;
-}
-
-std::optional<Settings> parse(int argc, char** argv) {
-  Settings s;
-  s.backend = std::getenv("WORLD_SIZE") ? "gloo" : "local";
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    const bool has_value = i + 1 < argc;
-    auto number = [&](std::int64_t low, std::int64_t high) -> std::optional<std::int64_t> {
-      const auto v = tandem::parse_int(argv[++i]);
-      if (!v || *v < low || *v > high) return std::nullopt;
-      return *v;
-    };
-    if (arg == "--resume")
-      s.resume = true;
-    else if (arg == "--plain")
-      s.plain = true;
-    else if (arg == "--wide")
-      s.wide = true;
-    else if (!has_value)
-      return std::nullopt;
-    else if (arg == "--backend")
-      s.backend = argv[++i];
-    else if (arg == "--data")
-      s.data = argv[++i];
-    else if (arg == "--checkpoint-dir")
-      s.checkpoint_dir = argv[++i];
-    else if (arg == "--tensorboard")
-      s.tensorboard = argv[++i];
-    else if (arg == "--lr") {
-      s.lr = std::atof(argv[++i]);
-      if (!(s.lr > 0)) return std::nullopt;
-    } else {
-      std::optional<std::int64_t> v;
-      if (arg == "--ranks" && (v = number(1, 64)))
-        s.ranks = int(*v);
-      else if (arg == "--epochs" && (v = number(1, 1000)))
-        s.epochs = int(*v);
-      else if (arg == "--batch-size" && (v = number(1, 60000)))
-        s.batch_size = std::size_t(*v);
-      else if (arg == "--seed" && (v = number(0, INT64_MAX)))
-        s.seed = std::uint64_t(*v);
-      else if (arg == "--timeout" && (v = number(1, 86400)))
-        s.timeout_seconds = int(*v);
-      else if (arg == "--workers" && (v = number(0, 64)))
-        s.workers = int(*v);
-      else if (arg == "--max-steps" && (v = number(0, INT64_MAX)))
-        s.max_steps = *v;
-      else if (arg == "--crash-at-step" && (v = number(0, INT64_MAX)))
-        s.crash_at_step = *v;
-      else
-        return std::nullopt;
-    }
-  }
-  return s;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  const auto settings = parse(argc, argv);
-  if (!settings) return usage();
+  const auto settings = fashion_mnist::parse(argc, argv, fashion_mnist::program::cpu);
+  if (!settings) return fashion_mnist::usage(fashion_mnist::program::cpu);
   openblas_set_num_threads(1);  // one core per rank: the ranks are the parallelism
   const auto timeout = std::chrono::seconds(settings->timeout_seconds);
   try {
@@ -430,7 +334,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr, "fashion_mnist: backend '%s' is not built in\n",
                    settings->backend.c_str());
-      return usage();
+      return fashion_mnist::usage(fashion_mnist::program::cpu);
     }
     return std::isfinite(accuracy) ? 0 : 1;
   } catch (const std::exception& e) {

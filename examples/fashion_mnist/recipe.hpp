@@ -1,0 +1,195 @@
+// examples/fashion_mnist/recipe.hpp - what the CPU example (fashion_mnist.cpp) and the GPU one
+// (fashion_mnist_cuda.cu) share, so that both train the same model with the same recipe: the
+// settings and their flags, nn.Linear's initialisation, SGD's two learning rates (the head at
+// twice the rate), the warm-up + cosine schedule, and the EMA's settings.
+//   auto settings = fashion_mnist::parse(argc, argv, fashion_mnist::program::cpu);
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tandem/core/env.hpp"
+#include "tandem/data/mnist.hpp"
+#include "tandem/ema.hpp"
+#include "tandem/optim/lr_scheduler.hpp"
+#include "tandem/optim/sgd.hpp"
+
+namespace fashion_mnist {
+
+/// Which of the two programs parses the flags: the GPU one takes --precision and --resident and
+/// the nccl backend, and defaults to nccl.
+enum class program { cpu, gpu };
+
+struct Settings {
+  std::string backend;
+  int ranks = 2;
+  int epochs = 3;
+  std::size_t batch_size = 64;
+  double lr = 0.1;
+  std::uint64_t seed = 0;
+  std::string data = tandem::FashionMNIST::default_directory().string();
+  std::string checkpoint_dir;
+  bool resume = false;
+  int timeout_seconds = 1800;
+  int workers = 1;
+  std::string tensorboard;
+  std::int64_t max_steps = -1;      // stop early (tests)
+  std::int64_t crash_at_step = -1;  // rank 1 kills itself here on the first attempt (the test)
+  bool wide = false;
+  bool plain = false;  // the benchmark's recipe: one constant lr, no EMA
+  // GPU only:
+  std::string precision = "fp16";  // compute copies of the weights: fp16 (O2), bf16 (O2), fp32
+  bool resident = false;           // the whole data set on the GPU, no Loader
+};
+
+constexpr std::size_t pixels = 784;
+constexpr std::size_t classes = 10;
+
+/// The hidden layer's width: 256, or 1024 with --wide.
+inline std::size_t hidden_width(const Settings& settings) {
+  return settings.wide ? 1024 : 256;
+}
+
+/// The two Linear layers' initial values, PyTorch's nn.Linear default: U(-1/sqrt(in), 1/sqrt(in))
+/// for weights and biases, drawn in this order from one generator seeded `seed`.
+struct LinearInit {
+  std::vector<float> fc1_weight, fc1_bias, fc2_weight, fc2_bias;
+};
+
+inline LinearInit linear_init(std::size_t hidden, std::uint64_t seed) {
+  std::mt19937_64 random(seed);
+  auto draw = [&](std::size_t count, std::size_t fan_in) {
+    const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
+    std::uniform_real_distribution<double> uniform(-bound, bound);
+    std::vector<float> values(count);
+    for (auto& x : values) x = static_cast<float>(uniform(random));
+    return values;
+  };
+  LinearInit init;
+  init.fc1_weight = draw(hidden * pixels, pixels);
+  init.fc1_bias = draw(hidden, pixels);
+  init.fc2_weight = draw(classes * hidden, hidden);
+  init.fc2_bias = draw(classes, hidden);
+  return init;
+}
+
+/// SGD's param groups: fc1 and bn1 at the learning rate, the head (fc2) at twice it (at it with
+/// --plain), momentum 0.9 for all. The arena must hold fc1., bn1. and fc2. in that order.
+inline std::vector<tandem::optim::ParamGroup<tandem::optim::SGDOptions>> sgd_groups(
+    const Settings& settings) {
+  using tandem::optim::params_with_prefix;
+  return {{params_with_prefix("fc1."), {.lr = settings.lr, .momentum = 0.9}},
+          {params_with_prefix("bn1."), {.lr = settings.lr, .momentum = 0.9}},
+          {params_with_prefix("fc2."),
+           {.lr = (settings.plain ? 1 : 2) * settings.lr, .momentum = 0.9}}};
+}
+
+/// A factor on each group's lr: warm-up (a tenth of the run, at most 100 steps) then cosine down
+/// to 1 %; with --plain one constant factor.
+template <class Optimizer>
+auto lr_schedule(Optimizer& optimizer, const Settings& settings, std::int64_t total_steps) {
+  return settings.plain
+             ? tandem::lr::lambda(optimizer, [](std::int64_t) { return 1.0; })
+             : tandem::lr::warmup_cosine(optimizer, std::min<std::int64_t>(100, total_steps / 10),
+                                         total_steps, 1.0, 0.01);
+}
+
+/// The EMA of the weights evaluated at each epoch's end (not with --plain).
+inline tandem::EMAOptions ema_options() {
+  return {.decay = 0.999, .use_warmup = true};
+}
+
+inline int usage(program which) {
+  if (which == program::cpu) {
+    std::fprintf(stderr,
+                 "usage: fashion_mnist [--backend gloo|mpi|local] [--ranks N] [--epochs E]\n"
+                 "  [--batch-size B] [--lr LR] [--seed S] [--data DIR] [--checkpoint-dir DIR]\n"
+                 "  [--resume] [--timeout SECONDS] [--workers W] [--tensorboard DIR]\n"
+                 "  [--max-steps N] [--wide] [--plain]\n"
+                 "  default backend: gloo under a launcher (WORLD_SIZE set), else local\n");
+  } else {
+    std::fprintf(stderr,
+                 "usage: fashion_mnist_cuda [--backend nccl|gloo|local] [--ranks N] [--epochs E]\n"
+                 "  [--batch-size B] [--lr LR] [--seed S] [--data DIR] [--checkpoint-dir DIR]\n"
+                 "  [--resume] [--timeout SECONDS] [--workers W] [--tensorboard DIR]\n"
+                 "  [--max-steps N] [--wide] [--plain] [--precision fp16|bf16|fp32] [--resident]\n"
+                 "  default backend: nccl (one GPU per rank); gloo and local move device tensors\n"
+                 "  through pinned host memory, and let several ranks share one GPU\n");
+  }
+  return 2;
+}
+
+inline std::optional<Settings> parse(int argc, char** argv, program which) {
+  Settings s;
+  if (which == program::cpu)
+    s.backend = std::getenv("WORLD_SIZE") ? "gloo" : "local";
+  else
+    s.backend = "nccl";
+  const bool gpu = which == program::gpu;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    const bool has_value = i + 1 < argc;
+    auto number = [&](std::int64_t low, std::int64_t high) -> std::optional<std::int64_t> {
+      const auto v = tandem::parse_int(argv[++i]);
+      if (!v || *v < low || *v > high) return std::nullopt;
+      return *v;
+    };
+    if (arg == "--resume")
+      s.resume = true;
+    else if (arg == "--plain")
+      s.plain = true;
+    else if (arg == "--wide")
+      s.wide = true;
+    else if (gpu && arg == "--resident")
+      s.resident = true;
+    else if (!has_value)
+      return std::nullopt;
+    else if (arg == "--backend")
+      s.backend = argv[++i];
+    else if (arg == "--data")
+      s.data = argv[++i];
+    else if (arg == "--checkpoint-dir")
+      s.checkpoint_dir = argv[++i];
+    else if (arg == "--tensorboard")
+      s.tensorboard = argv[++i];
+    else if (gpu && arg == "--precision") {
+      s.precision = argv[++i];
+      if (s.precision != "fp16" && s.precision != "bf16" && s.precision != "fp32")
+        return std::nullopt;
+    } else if (arg == "--lr") {
+      s.lr = std::atof(argv[++i]);
+      if (!(s.lr > 0)) return std::nullopt;
+    } else {
+      std::optional<std::int64_t> v;
+      if (arg == "--ranks" && (v = number(1, 64)))
+        s.ranks = int(*v);
+      else if (arg == "--epochs" && (v = number(1, 1000)))
+        s.epochs = int(*v);
+      else if (arg == "--batch-size" && (v = number(1, 60000)))
+        s.batch_size = std::size_t(*v);
+      else if (arg == "--seed" && (v = number(0, INT64_MAX)))
+        s.seed = std::uint64_t(*v);
+      else if (arg == "--timeout" && (v = number(1, 86400)))
+        s.timeout_seconds = int(*v);
+      else if (arg == "--workers" && (v = number(0, 64)))
+        s.workers = int(*v);
+      else if (arg == "--max-steps" && (v = number(0, INT64_MAX)))
+        s.max_steps = *v;
+      else if (arg == "--crash-at-step" && (v = number(0, INT64_MAX)))
+        s.crash_at_step = *v;
+      else
+        return std::nullopt;
+    }
+  }
+  return s;
+}
+
+}  // namespace fashion_mnist
