@@ -13,8 +13,17 @@
 //
 // Semantics follow torch.distributed, as LocalComm's do, with MPI's rules where they differ:
 // - Size, root, peer and tag checks and avg on integers raise tandem::Error (LocalComm's texts)
-//   before anything is sent. Ranks that disagree on a collective are not detected: MPI leaves
-//   that erroneous (it may hang, fail or mix data).
+//   before anything is sent.
+// - Mismatch check (tandem/comm/checked.hpp), on by default: before each collective (and split)
+//   the ranks all-gather a 64-byte fingerprint (operation, element type, count, root, reduce op,
+//   sequence number) on the thread that then makes the call, so that ranks that disagree all
+//   raise a tandem::Error naming what differs and each rank's call, and nothing is sent; the
+//   communicator stays usable. bench/results/check-cost.md measures the cost (one small
+//   MPI_Allgather). TANDEM_CHECK_COLLECTIVES=0 or options.check_agreement = false turns it off;
+//   a mismatch is then erroneous MPI (it may hang, fail or mix data). Every rank must make the
+//   same choice: making the communicator compares them (an Error on every rank otherwise).
+//   Where MPI calls are serialized, an `_async` collective compares on the calling thread before
+//   its request starts, so it returns once every rank has called it.
 // - half and bfloat16 reduce with MPI ops of their own, computing in float and rounding once per
 //   combination of two ranks' elements; avg is sum, then division by size().
 // - send may block until the receiver has posted a matching recv (MPI standard mode); recv checks
@@ -34,8 +43,12 @@
 //   on first use) tests them and completes their Work. Both forms match each other. Sync
 //   send/recv do not wait for anything, so that a pending recv_async cannot dead-lock a later
 //   sync operation, and sync collectives do not wait for pending point-to-point operations.
-// - options().timeout: a sync operation's MPI call has no timeout - a rank that never arrives
-//   hangs it, as in MPI; bound the job with the launcher (mpirun --timeout). An `_async`
+// - options().timeout: a blocking MPI call on the calling thread (sync collectives, send, recv,
+//   split, the fingerprint exchange) cannot be timed out or cancelled, so a watchdog thread per
+//   communicator ends the job when one lasts longer than the timeout: it prints the
+//   tandem::Error (rank, operation, time, timeout) to stderr and calls MPI_Abort on
+//   MPI_COMM_WORLD with exit code 124 (below MPI_THREAD_SERIALIZED, where that thread may not
+//   call MPI, it ends this process with code 124 and mpirun ends the others). An `_async`
 //   operation not complete within the timeout of its call fails its Work with a tandem::Error,
 //   and so do the `_async` collectives queued behind it; the communicator becomes unusable
 //   (every later call raises tandem::Error). MPI cannot cancel an operation: the worker stays
@@ -83,6 +96,7 @@
 
 #include <mpi.h>
 
+#include "tandem/comm/checked.hpp"
 #include "tandem/comm/communicator.hpp"
 #include "tandem/comm/detail/collective_args.hpp"
 #include "tandem/comm/detail/mpi_engine.hpp"
@@ -102,9 +116,12 @@ namespace tandem {
 struct MpiCommOptions {
   /// How long an `_async` operation may stay pending (queued or inside MPI) before its Work
   /// fails and the communicator becomes unusable; also how long a sync collective waits for the
-  /// pending `_async` ones and the destructor for all pending ones. A sync operation's own MPI
-  /// call has no timeout (see the top of tandem/comm/mpi.hpp).
+  /// pending `_async` ones and the destructor for all pending ones. A sync operation's own
+  /// blocking MPI call that lasts longer ends the job (the watchdog: see tandem/comm/mpi.hpp).
   Timeout timeout = default_timeout;
+  /// Exchange and compare every collective's fingerprint first (tandem/comm/checked.hpp).
+  /// Unset: TANDEM_CHECK_COLLECTIVES, else on. `= false` or `= true` wins over the variable.
+  CollectiveCheck check_agreement{};
 };
 
 namespace detail::mpi {
@@ -119,16 +136,20 @@ std::shared_ptr<std::vector<T>> scratch_copy(const T* data, std::size_t count) {
 /// Heap-allocated and owned by the MpiComm, so their threads may point at it while it moves.
 class State {
  public:
-  State(Runtime& runtime, MPI_Comm comm, MpiCommOptions options)
-      : runtime_(runtime), comm_(comm), options_(options) {
+  /// `checking`: options.check_agreement resolved (the same on every rank: see duplicate()).
+  State(Runtime& runtime, MPI_Comm comm, MpiCommOptions options, bool checking)
+      : runtime_(runtime), comm_(comm), options_(options), checking_(checking) {
     runtime_.attach();
-    auto lock = runtime_.lock();
-    MPI_Comm_rank(comm_, &rank_);
-    MPI_Comm_size(comm_, &size_);
-    void* value = nullptr;
-    int found = 0;
-    MPI_Comm_get_attr(comm_, MPI_TAG_UB, &value, &found);
-    if (found && value) tag_upper_bound_ = *static_cast<int*>(value);
+    {
+      auto lock = runtime_.lock();
+      MPI_Comm_rank(comm_, &rank_);
+      MPI_Comm_size(comm_, &size_);
+      void* value = nullptr;
+      int found = 0;
+      MPI_Comm_get_attr(comm_, MPI_TAG_UB, &value, &found);
+      if (found && value) tag_upper_bound_ = *static_cast<int*>(value);
+    }
+    watchdog_ = std::make_unique<BlockingWatchdog>(runtime_, rank_, options_.timeout);
   }
   State(const State&) = delete;
   State& operator=(const State&) = delete;
@@ -138,6 +159,7 @@ class State {
     const bool worker_left = worker_ && !worker_->stop();
     worker_.reset();
     engine_.reset();
+    watchdog_.reset();
     if (worker_left) return;
     int finalized = 0;
     MPI_Finalized(&finalized);
@@ -154,6 +176,26 @@ class State {
   [[nodiscard]] const MpiCommOptions& options() const noexcept { return options_; }
   [[nodiscard]] Runtime& runtime() const noexcept { return runtime_; }
   [[nodiscard]] int tag_upper_bound() const noexcept { return tag_upper_bound_; }
+  [[nodiscard]] bool checking() const noexcept { return checking_; }
+
+  /// The next collective's fingerprint where this communicator checks collectives.
+  std::optional<CollectiveFingerprint> fingerprint(CollectiveOp op, dtype type, std::size_t count,
+                                                   int root = 0,
+                                                   ReduceOp reduce_op = ReduceOp::sum) {
+    if (!checking_) return std::nullopt;
+    return make_fingerprint(op, ++sequence_, type, count, root, reduce_op);
+  }
+
+  /// Compares `mine` with every rank's on this thread, under the watchdog; raises the mismatch.
+  void compare(const char* operation, const CollectiveFingerprint& mine) {
+    std::string mismatch;
+    watchdog_->begin(operation);
+    const int code =
+        compare_fingerprints(runtime_, comm_, size_, mine, runtime_.serialized(), mismatch);
+    watchdog_->end();
+    if (code != MPI_SUCCESS) throw error(rank_, operation, code);
+    if (!mismatch.empty()) throw Error(rank_, operation, mismatch);
+  }
 
   /// Raises tandem::Error if an `_async` operation timed out earlier.
   void check_usable(const char* operation) const {
@@ -179,8 +221,11 @@ class State {
   /// blocking form, or where MPI calls are serialized its non-blocking form and polling.
   void run(Call& call) {
     check_usable(call.operation);
+    if (call.fingerprint) compare(call.operation, *call.fingerprint);
     MPI_Status status{};
+    watchdog_->begin(call.operation);
     const int code = runtime_.serialized() ? start_and_wait(call, status) : call.blocking(&status);
+    watchdog_->end();
     if (code != MPI_SUCCESS) throw error(rank_, call.operation, code);
     if (call.finish) call.finish(status);
   }
@@ -201,9 +246,21 @@ class State {
       return Work(state);
     }
     if (call.collective && !runtime_.serialized()) {
-      if (!worker_) worker_ = std::make_unique<Worker>(runtime_, comm_, rank_, options_.timeout);
+      if (!worker_) {
+        worker_ = std::make_unique<Worker>(runtime_, comm_, rank_, size_, options_.timeout);
+      }
       worker_->add(std::move(call), state);
       return Work(state);
+    }
+    if (call.fingerprint) {
+      // Serialized: the comparison, polled here, must come before the request starts; a
+      // mismatch fails the Work on every rank and nothing is started.
+      try {
+        compare(call.operation, *call.fingerprint);
+      } catch (...) {
+        state->fail(std::current_exception());
+        return Work(state);
+      }
     }
     // The engine first: once the request is started, nothing may throw before it is handed over.
     if (!engine_) engine_ = std::make_unique<Engine>(runtime_, rank_, options_.timeout);
@@ -260,11 +317,14 @@ class State {
   Runtime& runtime_;
   MPI_Comm comm_;
   MpiCommOptions options_;
+  bool checking_;
+  std::uint64_t sequence_ = 0;  // collectives made, split included (one thread issues them)
   int rank_ = 0;
   int size_ = 1;
   int tag_upper_bound_ = 32767;     // MPI's guaranteed minimum, where the attribute is missing
   std::unique_ptr<Worker> worker_;  // started by the first `_async` collective
   std::unique_ptr<Engine> engine_;  // started by the first non-blocking `_async` operation
+  std::unique_ptr<BlockingWatchdog> watchdog_;  // watches run()'s blocking calls
 };
 
 }  // namespace detail::mpi
@@ -308,7 +368,15 @@ class MpiComm {
       if (copy != MPI_COMM_NULL) MPI_Comm_free(&copy);
       throw Error("MpiComm", "MPI_Comm_dup failed: " + detail::mpi::error_string(code));
     }
-    return MpiComm(std::make_unique<detail::mpi::State>(runtime, copy, options));
+    bool checking = true;
+    try {
+      checking = agree_on_check(runtime, copy, options);
+    } catch (...) {
+      auto lock = runtime.lock();
+      MPI_Comm_free(&copy);
+      throw;
+    }
+    return MpiComm(std::make_unique<detail::mpi::State>(runtime, copy, options, checking));
   }
 
   /// For init_process_group<MpiComm>: MPI has its own rendezvous (mpirun), so this checks that
@@ -343,6 +411,9 @@ class MpiComm {
   [[nodiscard]] const MpiCommOptions& options() const { return self().options(); }
   /// The MPI communicator underneath (owned by this MpiComm), for calls tandem does not make.
   [[nodiscard]] MPI_Comm native() const { return self().comm(); }
+  /// Whether every collective is checked first (options().check_agreement, resolved against
+  /// TANDEM_CHECK_COLLECTIVES when the communicator was made; the same on every rank).
+  [[nodiscard]] bool checks_collectives() const { return self().checking(); }
 
   // --- all_reduce -----------------------------------------------------------------------------
 
@@ -594,6 +665,9 @@ class MpiComm {
     detail::check_color(rank(), color);
     auto& me = self();
     me.drain("split");
+    if (auto mine = me.fingerprint(detail::CollectiveOp::split, dtype::float32, 0)) {
+      me.compare("split", *mine);
+    }
     MPI_Comm made = MPI_COMM_NULL;
     me.call_locked("split", [&] {
       return MPI_Comm_split(me.comm(), color == no_color ? MPI_UNDEFINED : color, key, &made);
@@ -604,7 +678,8 @@ class MpiComm {
       auto lock = me.runtime().lock();
       code = MPI_Comm_set_errhandler(made, MPI_ERRORS_RETURN);
     }
-    auto state = std::make_unique<detail::mpi::State>(me.runtime(), made, me.options());
+    auto state =
+        std::make_unique<detail::mpi::State>(me.runtime(), made, me.options(), me.checking());
     if (code != MPI_SUCCESS) throw detail::mpi::error(rank(), "split", code);
     return MpiComm(std::move(state));
   }
@@ -613,6 +688,59 @@ class MpiComm {
   using Call = detail::mpi::Call;
 
   explicit MpiComm(std::unique_ptr<detail::mpi::State> state) : self_(std::move(state)) {}
+
+  /// Resolves options.check_agreement and compares it with every rank's (one MPI_Allgather on
+  /// `comm`): ranks that differ would hang (one waits for fingerprints the others never send),
+  /// so all of them raise an Error naming each side. A rank whose TANDEM_CHECK_COLLECTIVES is
+  /// unreadable still takes part, then raises its own Error; the others raise one naming it.
+  static bool agree_on_check(detail::mpi::Runtime& runtime, MPI_Comm comm,
+                             const MpiCommOptions& options) {
+    int rank = 0;
+    int size = 0;
+    {
+      auto lock = runtime.lock();
+      MPI_Comm_rank(comm, &rank);
+      MPI_Comm_size(comm, &size);
+    }
+    int mine = 1;
+    std::optional<Error> unreadable;
+    try {
+      mine = options.check_agreement.resolve(true) ? 1 : 0;
+    } catch (const Error& e) {
+      unreadable = e;
+      mine = -1;
+    }
+    std::vector<int> all(static_cast<std::size_t>(size));
+    int code = MPI_SUCCESS;
+    {
+      auto lock = runtime.lock();
+      code = MPI_Allgather(&mine, 1, MPI_INT, all.data(), 1, MPI_INT, comm);
+    }
+    if (code != MPI_SUCCESS) throw detail::mpi::error(rank, "MpiComm", code);
+    if (unreadable) throw *unreadable;
+    std::vector<int> bad;
+    std::vector<bool> checking;
+    for (int r = 0; r < size; ++r) {
+      if (all[static_cast<std::size_t>(r)] < 0) bad.push_back(r);
+      checking.push_back(all[static_cast<std::size_t>(r)] == 1);
+    }
+    if (!bad.empty()) {
+      throw Error(rank, "MpiComm",
+                  detail::rank_list(bad) + " could not read " +
+                      std::string(check_collectives_variable) + " (see its error)");
+    }
+    if (auto text = detail::switch_disagreement(checking); !text.empty()) {
+      throw Error(rank, "MpiComm", text);
+    }
+    return mine == 1;
+  }
+
+  /// `call` with the fingerprint it is checked by, where this communicator checks collectives.
+  Call checked(Call call, detail::CollectiveOp op, dtype type, std::size_t count, int root = 0,
+               ReduceOp reduce_op = ReduceOp::sum) const {
+    call.fingerprint = self().fingerprint(op, type, count, root, reduce_op);
+    return call;
+  }
 
   /// A sync operation: after the pending `_async` collectives where it is one, so that its
   /// checks and copies see their results.
@@ -676,11 +804,14 @@ class MpiComm {
     const MPI_Datatype type = detail::mpi::datatype<E>();
     const MPI_Op mpi_op = detail::mpi::reduce_op<E>(self().runtime(), op);
     const MPI_Comm comm = native();
-    return {
-        "all_reduce", true,
-        [=](MPI_Status*) { return MPI_Allreduce(sendbuf, target, n, type, mpi_op, comm); },
-        [=](MPI_Request* r) { return MPI_Iallreduce(sendbuf, target, n, type, mpi_op, comm, r); },
-        average(op, target, count)};
+    return checked(
+        Call{"all_reduce", true,
+             [=](MPI_Status*) { return MPI_Allreduce(sendbuf, target, n, type, mpi_op, comm); },
+             [=](MPI_Request* r) {
+               return MPI_Iallreduce(sendbuf, target, n, type, mpi_op, comm, r);
+             },
+             average(op, target, count)},
+        detail::CollectiveOp::all_reduce, dtype_of<E>, count, 0, op);
   }
 
   template <class T>
@@ -695,12 +826,14 @@ class MpiComm {
     const MPI_Datatype type = detail::mpi::datatype<E>();
     const MPI_Op mpi_op = detail::mpi::reduce_op<E>(self().runtime(), op);
     const MPI_Comm comm = native();
-    return {"reduce", true,
-            [=](MPI_Status*) { return MPI_Reduce(sendbuf, recvbuf, n, type, mpi_op, root, comm); },
-            [=](MPI_Request* r) {
-              return MPI_Ireduce(sendbuf, recvbuf, n, type, mpi_op, root, comm, r);
-            },
-            is_root ? average(op, data, count) : nullptr};
+    return checked(
+        Call{"reduce", true,
+             [=](MPI_Status*) { return MPI_Reduce(sendbuf, recvbuf, n, type, mpi_op, root, comm); },
+             [=](MPI_Request* r) {
+               return MPI_Ireduce(sendbuf, recvbuf, n, type, mpi_op, root, comm, r);
+             },
+             is_root ? average(op, data, count) : nullptr},
+        detail::CollectiveOp::reduce, dtype_of<E>, count, root, op);
   }
 
   template <class T>
@@ -710,8 +843,10 @@ class MpiComm {
     const int n = to_int(static_cast<std::size_t>(t.size()), "broadcast");
     const MPI_Datatype type = detail::mpi::datatype<E>();
     const MPI_Comm comm = native();
-    return {"broadcast", true, [=](MPI_Status*) { return MPI_Bcast(data, n, type, root, comm); },
-            [=](MPI_Request* r) { return MPI_Ibcast(data, n, type, root, comm, r); }, nullptr};
+    return checked(
+        Call{"broadcast", true, [=](MPI_Status*) { return MPI_Bcast(data, n, type, root, comm); },
+             [=](MPI_Request* r) { return MPI_Ibcast(data, n, type, root, comm, r); }, nullptr},
+        detail::CollectiveOp::broadcast, dtype_of<E>, static_cast<std::size_t>(t.size()), root);
   }
 
   /// The send buffer of a gather into `out` whose slot `slot` is this rank's: MPI_IN_PLACE when
@@ -738,11 +873,14 @@ class MpiComm {
                       static_cast<std::size_t>(rank()), keep);
     const MPI_Datatype type = detail::mpi::datatype<E>();
     const MPI_Comm comm = native();
-    return {
-        "all_gather", true,
-        [=](MPI_Status*) { return MPI_Allgather(sendbuf, n, type, target, n, type, comm); },
-        [=](MPI_Request* r) { return MPI_Iallgather(sendbuf, n, type, target, n, type, comm, r); },
-        [keep](const MPI_Status&) {}};
+    return checked(
+        Call{"all_gather", true,
+             [=](MPI_Status*) { return MPI_Allgather(sendbuf, n, type, target, n, type, comm); },
+             [=](MPI_Request* r) {
+               return MPI_Iallgather(sendbuf, n, type, target, n, type, comm, r);
+             },
+             [keep](const MPI_Status&) {}},
+        detail::CollectiveOp::all_gather, dtype_of<E>, count);
   }
 
   template <class In, class Out>
@@ -761,12 +899,14 @@ class MpiComm {
                 : source;
     const MPI_Datatype type = detail::mpi::datatype<E>();
     const MPI_Comm comm = native();
-    return {"gather", true,
-            [=](MPI_Status*) { return MPI_Gather(sendbuf, n, type, target, n, type, root, comm); },
-            [=](MPI_Request* r) {
-              return MPI_Igather(sendbuf, n, type, target, n, type, root, comm, r);
-            },
-            [keep](const MPI_Status&) {}};
+    return checked(
+        Call{"gather", true,
+             [=](MPI_Status*) { return MPI_Gather(sendbuf, n, type, target, n, type, root, comm); },
+             [=](MPI_Request* r) {
+               return MPI_Igather(sendbuf, n, type, target, n, type, root, comm, r);
+             },
+             [keep](const MPI_Status&) {}},
+        detail::CollectiveOp::gather, dtype_of<E>, count, root);
   }
 
   template <class In, class Out>
@@ -791,12 +931,15 @@ class MpiComm {
     }
     const MPI_Datatype type = detail::mpi::datatype<E>();
     const MPI_Comm comm = native();
-    return {"scatter", true,
-            [=](MPI_Status*) { return MPI_Scatter(source, n, type, recvbuf, n, type, root, comm); },
-            [=](MPI_Request* r) {
-              return MPI_Iscatter(source, n, type, recvbuf, n, type, root, comm, r);
-            },
-            [keep](const MPI_Status&) {}};
+    return checked(Call{"scatter", true,
+                        [=](MPI_Status*) {
+                          return MPI_Scatter(source, n, type, recvbuf, n, type, root, comm);
+                        },
+                        [=](MPI_Request* r) {
+                          return MPI_Iscatter(source, n, type, recvbuf, n, type, root, comm, r);
+                        },
+                        [keep](const MPI_Status&) {}},
+                   detail::CollectiveOp::scatter, dtype_of<E>, count, root);
   }
 
   template <class In, class Out>
@@ -821,17 +964,19 @@ class MpiComm {
       keep = std::make_shared<std::vector<E>>(count);
       result = keep->data();
     }
-    return {"reduce_scatter", true,
-            [=](MPI_Status*) {
-              return MPI_Reduce_scatter_block(source, result, n, type, mpi_op, comm);
-            },
-            [=](MPI_Request* r) {
-              return MPI_Ireduce_scatter_block(source, result, n, type, mpi_op, comm, r);
-            },
-            [=](const MPI_Status&) {
-              if (keep) std::memcpy(target, keep->data(), count * sizeof(E));
-              if (average) detail::divide(target, count, ranks);
-            }};
+    return checked(Call{"reduce_scatter", true,
+                        [=](MPI_Status*) {
+                          return MPI_Reduce_scatter_block(source, result, n, type, mpi_op, comm);
+                        },
+                        [=](MPI_Request* r) {
+                          return MPI_Ireduce_scatter_block(source, result, n, type, mpi_op, comm,
+                                                           r);
+                        },
+                        [=](const MPI_Status&) {
+                          if (keep) std::memcpy(target, keep->data(), count * sizeof(E));
+                          if (average) detail::divide(target, count, ranks);
+                        }},
+                   detail::CollectiveOp::reduce_scatter, dtype_of<E>, count, 0, op);
   }
 
   template <class In, class Out>
@@ -851,11 +996,14 @@ class MpiComm {
     }
     const MPI_Datatype type = detail::mpi::datatype<E>();
     const MPI_Comm comm = native();
-    return {
-        "all_to_all", true,
-        [=](MPI_Status*) { return MPI_Alltoall(source, n, type, target, n, type, comm); },
-        [=](MPI_Request* r) { return MPI_Ialltoall(source, n, type, target, n, type, comm, r); },
-        [keep](const MPI_Status&) {}};
+    return checked(
+        Call{"all_to_all", true,
+             [=](MPI_Status*) { return MPI_Alltoall(source, n, type, target, n, type, comm); },
+             [=](MPI_Request* r) {
+               return MPI_Ialltoall(source, n, type, target, n, type, comm, r);
+             },
+             [keep](const MPI_Status&) {}},
+        detail::CollectiveOp::all_to_all, dtype_of<E>, total);
   }
 
   template <class T>
@@ -897,13 +1045,19 @@ class MpiComm {
 
   Call barrier_call() const {
     const MPI_Comm comm = native();
-    return {"barrier", true, [=](MPI_Status*) { return MPI_Barrier(comm); },
-            [=](MPI_Request* r) { return MPI_Ibarrier(comm, r); }, nullptr};
+    return checked(Call{"barrier", true, [=](MPI_Status*) { return MPI_Barrier(comm); },
+                        [=](MPI_Request* r) { return MPI_Ibarrier(comm, r); }, nullptr},
+                   detail::CollectiveOp::barrier, dtype::float32, 0);
   }
 
   std::unique_ptr<detail::mpi::State> self_;
 };
 
 static_assert(Communicator<MpiComm>);
+
+/// MpiComm compares every collective's fingerprints first unless switched off (see
+/// MpiComm::checks_collectives()).
+template <>
+inline constexpr bool detects_mismatched_collectives<MpiComm> = true;
 
 }  // namespace tandem

@@ -19,10 +19,11 @@ TEST_CASE("MpiComm: MPI provides MPI_THREAD_MULTIPLE when MpiComm initialises it
   CHECK(tandem::MpiComm::thread_level() == MPI_THREAD_MULTIPLE);
 }
 
-// MPI leaves ranks that disagree on a collective undefined; the suite learns it from the trait.
-static_assert(!tandem::detects_mismatched_collectives<tandem::MpiComm>);
+// MpiComm compares fingerprints unless switched off: the suite asks checks_collectives().
+static_assert(tandem::detects_mismatched_collectives<tandem::MpiComm>);
 
 TEST_CASE("MpiComm: the conformance suite on the whole job") {
   tandem::test::MpiRunner run;
+  run.options.check_agreement = true;  // whatever TANDEM_CHECK_COLLECTIVES says
   tandem::test::check_conformance<tandem::MpiComm>(run, tandem::test::job_size(), counts, counts);
 }

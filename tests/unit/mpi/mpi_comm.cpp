@@ -524,3 +524,79 @@ TEST_CASE("Destroying an MpiComm whose `_async` collective a rank never joined d
   CHECK(data[0] == static_cast<float>(n));
   late.barrier();
 }
+
+// --- mismatch checks (tandem/comm/checked.hpp) -------------------------------------------------
+
+TEST_CASE("MpiComm: mismatched `_async` collectives fail their Work on every rank, and go on") {
+  tandem::test::on_every_rank(
+      [](tandem::MpiComm& comm) {
+        const int me = comm.rank();
+        const int odd = comm.size() - 1;
+        std::vector<double> data(me == odd ? 4 : 3, 1.0);
+        // Forms mixed across ranks: the odd rank's is `_async` (the worker compares), the
+        // others' sync (this thread compares).
+        if (me == odd) {
+          auto work = comm.broadcast_async(data, 0);
+          expect_error([&] { work.wait(); }, rank_text(comm), "ranks called different operations",
+                       "rank " + std::to_string(odd) + " called broadcast(4 x float64, root 0)");
+        } else {
+          expect_error([&] { comm.all_reduce(data); }, rank_text(comm),
+                       "called all_reduce(3 x float64, sum)",
+                       "rank " + std::to_string(odd) + " called broadcast(4 x float64, root 0)");
+        }
+        // Nothing ran and nothing broke: the queue goes on.
+        std::vector<double> one{1.0};
+        comm.all_reduce_async(one).wait();
+        CHECK(one[0] == static_cast<double>(comm.size()));
+      },
+      {.check_agreement = true});
+}
+
+TEST_CASE("MpiComm: with the check switched off nothing is compared, so a mismatch goes by") {
+  const auto ranks_reducing_differently = [](tandem::MpiComm& comm) {
+    // Harmless to MPI in practice (each rank combines with its own op), so it shows only
+    // whether the ranks compared their calls.
+    std::vector<float> ones(16, 1.0f);
+    comm.all_reduce(ones,
+                    comm.rank() == comm.size() - 1 ? tandem::ReduceOp::max : tandem::ReduceOp::sum);
+  };
+  tandem::test::on_every_rank(
+      [&](tandem::MpiComm& comm) {
+        CHECK(comm.checks_collectives());
+        expect_error([&] { ranks_reducing_differently(comm); }, "ranks disagree on the reduce op");
+      },
+      {.check_agreement = true});
+  tandem::test::on_every_rank(
+      [&](tandem::MpiComm& comm) {
+        CHECK_FALSE(comm.checks_collectives());
+        CHECK_NOTHROW(ranks_reducing_differently(comm));
+        auto half = comm.split(comm.rank() % 2);  // a split inherits the setting
+        REQUIRE(half.has_value());
+        CHECK_FALSE(half->checks_collectives());
+      },
+      {.check_agreement = false});
+}
+
+TEST_CASE("MpiComm: ranks that disagree on the check, or cannot read it, all fail when made") {
+  auto world = tandem::MpiComm::world();
+  const int me = world.rank();
+  const int odd = world.size() - 1;
+  expect_error([&] { (void)tandem::MpiComm::world({.check_agreement = me != 0}); },
+               rank_text(world), "MpiComm", "TANDEM_CHECK_COLLECTIVES", "rank 0: off",
+               world.size() == 2 ? "rank 1: on" : "ranks 1, 2: on", "would wait for fingerprints");
+  if (me == odd) ::setenv("TANDEM_CHECK_COLLECTIVES", "on", 1);
+  try {
+    (void)tandem::MpiComm::world();
+    FAIL_CHECK("a communicator was made with TANDEM_CHECK_COLLECTIVES=on on rank " << odd);
+  } catch (const tandem::Error& e) {
+    if (me == odd) {
+      CHECK_MESSAGE(mentions(e.what(), "TANDEM_CHECK_COLLECTIVES='on'"), e.what());
+    } else {
+      CHECK_MESSAGE(mentions(e.what(), rank_text(world) + ":",
+                             "rank " + std::to_string(odd) + " could not read"),
+                    e.what());
+    }
+  }
+  if (me == odd) ::unsetenv("TANDEM_CHECK_COLLECTIVES");
+  world.barrier();
+}

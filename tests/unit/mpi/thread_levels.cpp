@@ -38,6 +38,35 @@ TEST_CASE("MpiComm below MPI_THREAD_MULTIPLE: subgroups") {
   tandem::test::check_subgroups(run, tandem::test::job_size(), {{0, 13}});
 }
 
+TEST_CASE("MpiComm below MPI_THREAD_MULTIPLE: mismatched collectives are errors on every rank") {
+  tandem::test::MpiRunner run;
+  run.options.check_agreement = true;
+  tandem::test::check_mismatch_errors(run, tandem::test::job_size());
+  // `_async` forms compare too (polled before the request starts, or run at once below
+  // SERIALIZED): the Work fails on every rank, and the communicator stays usable.
+  tandem::test::on_every_rank(
+      [](tandem::MpiComm& comm) {
+        const int odd = comm.size() - 1;
+        std::vector<float> data(comm.rank() == odd ? 3 : 2, 1.0f);
+        auto work = comm.all_reduce_async(data);
+        try {
+          work.wait();
+          FAIL_CHECK("an all_reduce_async with mismatched counts succeeded");
+        } catch (const tandem::Error& e) {
+          CHECK_MESSAGE(tandem::test::mentions(
+                            e.what(), "rank " + std::to_string(comm.rank()) + ":",
+                            "ranks disagree on the element count",
+                            "rank " + std::to_string(odd) + " called all_reduce(3 x float32, sum)",
+                            "called all_reduce(2 x float32, sum)"),
+                        e.what());
+        }
+        std::vector<float> one{1.0f};
+        comm.all_reduce(one);
+        CHECK(one[0] == static_cast<float>(comm.size()));
+      },
+      {.check_agreement = true});
+}
+
 TEST_CASE("MpiComm below MPI_THREAD_MULTIPLE: ranks may mix sync and `_async` forms") {
   tandem::test::on_every_rank([](tandem::MpiComm& comm) { tandem::test::check_mixed_forms(comm); });
 }

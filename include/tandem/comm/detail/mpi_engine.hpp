@@ -7,8 +7,13 @@
 // Needs: an MPI (C API, MPI-3) and threads.
 #pragma once
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <exception>
 #include <functional>
@@ -26,6 +31,7 @@
 #include <sched.h>
 #endif
 
+#include "tandem/comm/checked.hpp"
 #include "tandem/comm/communicator.hpp"
 #include "tandem/comm/detail/mpi_runtime.hpp"
 #include "tandem/core/error.hpp"
@@ -43,7 +49,43 @@ struct Call {
   /// After MPI completed successfully (avg's division, copying out of scratch, recv's count
   /// check); may throw tandem::Error.
   std::function<void(const MPI_Status&)> finish;
+  /// Where the communicator checks collectives: this call's fingerprint, compared with every
+  /// rank's (compare_fingerprints) right before the call is made, on the thread that makes it.
+  std::optional<CollectiveFingerprint> fingerprint{};
 };
+
+/// Every rank's fingerprint of the next collective (one MPI_Allgather of 64 bytes a rank) and
+/// their comparison: MPI's error code, and in `cause` the mismatch Error's text ("" when the
+/// ranks agree). `polled`: MPI_Iallgather, tested under the runtime's lock between pauses (where
+/// MPI calls are serialized no thread may block inside MPI).
+inline int compare_fingerprints(Runtime& runtime, MPI_Comm comm, int size,
+                                const CollectiveFingerprint& mine, bool polled,
+                                std::string& cause) {
+  std::vector<CollectiveFingerprint> all(static_cast<std::size_t>(size));
+  constexpr int bytes = static_cast<int>(sizeof(CollectiveFingerprint));
+  int code = MPI_SUCCESS;
+  if (!polled) {
+    code = MPI_Allgather(&mine, bytes, MPI_BYTE, all.data(), bytes, MPI_BYTE, comm);
+  } else {
+    MPI_Request request = MPI_REQUEST_NULL;
+    {
+      auto lock = runtime.lock();
+      code = MPI_Iallgather(&mine, bytes, MPI_BYTE, all.data(), bytes, MPI_BYTE, comm, &request);
+    }
+    Backoff backoff;
+    while (code == MPI_SUCCESS) {
+      int flag = 0;
+      {
+        auto lock = runtime.lock();
+        code = MPI_Test(&request, &flag, MPI_STATUS_IGNORE);
+      }
+      if (flag) break;
+      backoff.pause();
+    }
+  }
+  if (code == MPI_SUCCESS) cause = fingerprint_disagreement(all);
+  return code;
+}
 
 /// An `_async` operation in flight as an MPI request.
 struct Pending {
@@ -233,8 +275,8 @@ struct Queued {
 /// releases the runtime itself if MPI ever returns (until then MPI is not finalised at exit).
 class Worker {
  public:
-  Worker(Runtime& runtime, MPI_Comm comm, int rank, Timeout timeout)
-      : shared_(std::make_shared<Shared>(runtime, comm, rank, timeout)) {
+  Worker(Runtime& runtime, MPI_Comm comm, int rank, int size, Timeout timeout)
+      : shared_(std::make_shared<Shared>(runtime, comm, rank, size, timeout)) {
     // The worker co-owns the shared state, so that it may outlive this object when detached.
     worker_ = std::thread([shared = shared_] { work(shared); });
     try {
@@ -322,11 +364,13 @@ class Worker {
 
  private:
   struct Shared {
-    Shared(Runtime& r, MPI_Comm c, int k, Timeout t) : runtime(r), comm(c), rank(k), timeout(t) {}
+    Shared(Runtime& r, MPI_Comm c, int k, int n, Timeout t)
+        : runtime(r), comm(c), rank(k), size(n), timeout(t) {}
 
     Runtime& runtime;
     MPI_Comm comm;
     int rank;
+    int size;
     Timeout timeout;
     std::mutex mutex;
     std::condition_variable changed;
@@ -348,13 +392,21 @@ class Worker {
       job.started = true;
       lock.unlock();
       MPI_Status status{};
-      const int code = job.call.blocking(&status);
+      std::string mismatch;
+      int code = MPI_SUCCESS;
+      if (job.call.fingerprint) {
+        code = compare_fingerprints(shared->runtime, shared->comm, shared->size,
+                                    *job.call.fingerprint, false, mismatch);
+      }
+      // Every rank found the same mismatch: none makes the call, and the queue goes on.
+      if (code == MPI_SUCCESS && mismatch.empty()) code = job.call.blocking(&status);
       lock.lock();
       if (!job.settled) {  // else its Work failed on a timeout: leave its buffers alone
         job.settled = true;
         lock.unlock();
         try {
           if (code != MPI_SUCCESS) throw error(shared->rank, job.call.operation, code);
+          if (!mismatch.empty()) throw Error(shared->rank, job.call.operation, mismatch);
           if (job.call.finish) job.call.finish(status);
           job.state->complete();
         } catch (...) {
@@ -463,6 +515,108 @@ class Worker {
   bool detached_ = false;
   std::thread worker_;
   std::thread watchdog_;
+};
+
+/// The exit status of a job the watchdog ended (MPI_Abort's error code): GNU timeout's.
+inline constexpr int watchdog_exit_code = 124;
+
+/// Watches the blocking MPI call a communicator makes on the calling thread (sync collectives,
+/// send, recv, split): MPI cannot time one out or cancel it, so a peer that stopped or never
+/// calls would hang this rank forever. Past the timeout the watchdog prints the tandem::Error
+/// (rank, operation, how long, the timeout) to stderr and ends the job: MPI_Abort on
+/// MPI_COMM_WORLD with watchdog_exit_code, which ends every process of the job (the stopped one
+/// too). Where the thread level forbids this thread to call MPI (FUNNELED, SINGLE) it ends this
+/// process with that code instead (std::_Exit; mpirun then ends the others, as for any process
+/// that exits without MPI_Finalize); where calls are serialized it takes the runtime's lock
+/// first (no thread ever blocks inside MPI holding it).
+///
+/// Cost on the calling thread: begin() reads the clock and makes two atomic stores, end() one.
+/// The watchdog thread wakes every timeout / 8 (10 ms .. 500 ms) to look.
+class BlockingWatchdog {
+ public:
+  BlockingWatchdog(Runtime& runtime, int rank, Timeout timeout)
+      : runtime_(runtime), rank_(rank), timeout_(timeout) {
+    if (timeout_ == Timeout::max()) return;  // forever: nothing to watch for
+    thread_ = std::thread([this] { watch(); });
+  }
+  BlockingWatchdog(const BlockingWatchdog&) = delete;
+  BlockingWatchdog& operator=(const BlockingWatchdog&) = delete;
+  ~BlockingWatchdog() {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+
+  /// A blocking call named `operation` (a string literal) starts on the calling thread.
+  void begin(const char* operation) noexcept {
+    started_.store(now(), std::memory_order_relaxed);
+    operation_.store(operation, std::memory_order_release);
+  }
+  /// It returned.
+  void end() noexcept { operation_.store(nullptr, std::memory_order_release); }
+
+  /// The Error the watchdog prints for `operation`, in flight for `elapsed`.
+  [[nodiscard]] Error error(const char* operation, std::chrono::nanoseconds elapsed) const {
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(elapsed).count();
+    return Error(rank_, operation,
+                 "no progress after " + std::to_string(ms / 1000) + "." +
+                     std::to_string(ms % 1000 / 100) + " s, over the timeout of " +
+                     describe(timeout_) +
+                     ": a rank has stopped, died or not called it. MPI cannot cancel a blocking "
+                     "call, so the watchdog ends the job (exit code " +
+                     std::to_string(watchdog_exit_code) + ")");
+  }
+
+ private:
+  static std::int64_t now() noexcept {
+    return std::chrono::steady_clock::now().time_since_epoch().count();
+  }
+
+  void watch() {
+    const auto period = std::clamp<Timeout>(timeout_ / 8, std::chrono::milliseconds(10),
+                                            std::chrono::milliseconds(500));
+    const auto limit = std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout_);
+    std::unique_lock lock(mutex_);
+    while (!wake_.wait_for(lock, period, [&] { return stopping_; })) {
+      const char* operation = operation_.load(std::memory_order_acquire);
+      const std::int64_t started = started_.load(std::memory_order_relaxed);
+      if (operation == nullptr) continue;
+      const std::chrono::steady_clock::duration elapsed(now() - started);
+      if (elapsed <= limit) continue;
+      // Still the same call (a new one would have a new start)?
+      if (operation_.load(std::memory_order_acquire) != operation ||
+          started_.load(std::memory_order_relaxed) != started) {
+        continue;
+      }
+      end_job(error(operation, elapsed));
+    }
+  }
+
+  [[noreturn]] void end_job(const Error& error) {
+    std::fprintf(stderr, "%s\n", error.what());
+    std::fflush(stderr);
+    if (!runtime_.eager()) {
+      // Where serialized, MPI calls take turns on the runtime's lock; a thread polling a request
+      // holds it only for one MPI_Test.
+      auto lock = runtime_.lock();
+      MPI_Abort(MPI_COMM_WORLD, watchdog_exit_code);
+    }
+    std::_Exit(watchdog_exit_code);
+  }
+
+  Runtime& runtime_;
+  int rank_;
+  Timeout timeout_;
+  std::atomic<std::int64_t> started_{0};
+  std::atomic<const char*> operation_{nullptr};
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  std::thread thread_;  // last: started once everything above is ready
 };
 
 }  // namespace tandem::detail::mpi
