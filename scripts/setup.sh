@@ -8,6 +8,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build git pkg-config
   clang-format
+  clang libclang-rt-14-dev   # tests/fuzz/run.sh: libFuzzer (libclang_rt.fuzzer) with ASan+UBSan
   doctest-dev
   libcli11-dev          # tandemrun's command line
   iproute2 procps       # multi-node launcher tests (network namespaces), process inspection

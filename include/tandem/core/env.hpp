@@ -32,7 +32,10 @@ inline std::optional<std::int64_t> parse_int(std::string_view text) {
   std::int64_t value = 0;
   const char* first = text.data();
   const char* last = text.data() + text.size();
-  if (first != last && *first == '+') ++first;  // "+3" is a number to a person, not to from_chars
+  if (first != last && *first == '+') {
+    ++first;  // "+3" is a number to a person, not to from_chars
+    if (first != last && *first == '-') return std::nullopt;  // but "+-3" is not
+  }
   const auto [end, ec] = std::from_chars(first, last, value);
   if (ec != std::errc() || end != last || first == last) return std::nullopt;
   return value;

@@ -127,13 +127,17 @@ struct world_env {
     return false;
   }
 
-  /// Slurm's compressed per-node task counts: "2(x3),1" means 2, 2, 2, 1.
-  static std::vector<int> expand_tasks_per_node(std::string_view text, std::string_view name) {
+  /// Slurm's compressed per-node task counts ("2(x3),1" means 2, 2, 2, 1): the count of node
+  /// `node`, or nullopt when the list is shorter. The whole list is checked, but never expanded:
+  /// "1(x1000000)" a thousand times over costs its text, not four gigabytes.
+  static std::optional<int> tasks_on_node(std::string_view text, std::string_view name, int node) {
+    const std::string whole(text);
     auto fail = [&] {
-      return Error("environment",
-                   std::string(name) + "='" + std::string(text) + "' is not a Slurm task list");
+      return Error("environment", std::string(name) + "='" + whole + "' is not a Slurm task list");
     };
-    std::vector<int> counts;
+    if (text.empty()) throw fail();
+    std::optional<int> found;
+    std::int64_t first_node = 0;  // of the current item
     while (!text.empty()) {
       const auto comma = text.find(',');
       std::string_view item = text.substr(0, comma);
@@ -148,10 +152,12 @@ struct world_env {
       }
       const auto count = parse_int(item);
       if (!count || *count < 1 || *count > INT32_MAX) throw fail();
-      counts.insert(counts.end(), static_cast<std::size_t>(repeat), static_cast<int>(*count));
+      if (!found && node >= first_node && node < first_node + repeat) {
+        found = static_cast<int>(*count);
+      }
+      first_node += repeat;
     }
-    if (counts.empty()) throw fail();
-    return counts;
+    return found;
   }
 
   static World from_launcher(const EnvLookup& env, const launcher& names) {
@@ -167,7 +173,8 @@ struct world_env {
     world.local_world_size = read(env, names.local_world_size, world.world_size);
     // Zero sizes are left for validation to report by name rather than divided by here.
     const int per_node = world.local_world_size > 0 ? world.local_world_size : 1;
-    const int blocks = (world.world_size + per_node - 1) / per_node;
+    // Rounded up without forming world_size + per_node, which overflows int above 2^30 ranks.
+    const int blocks = world.world_size / per_node + (world.world_size % per_node != 0 ? 1 : 0);
     world.nnodes = names.nnodes.empty() ? blocks : read(env, names.nnodes, blocks);
     const int block_of_rank = world.rank / per_node;
     world.node_rank =
@@ -197,12 +204,12 @@ struct world_env {
       world.local_world_size = read(env, "SLURM_NTASKS_PER_NODE", 1);
     } else if (const auto list = env("SLURM_TASKS_PER_NODE")) {
       local_size_name = "SLURM_TASKS_PER_NODE";
-      const auto counts = expand_tasks_per_node(*list, local_size_name);
-      if (world.node_rank >= static_cast<int>(counts.size())) {
+      const auto count = tasks_on_node(*list, local_size_name, world.node_rank);
+      if (!count) {
         throw Error("environment", "SLURM_NODEID=" + std::to_string(world.node_rank) +
                                        " has no entry in SLURM_TASKS_PER_NODE='" + *list + "'");
       }
-      world.local_world_size = counts[static_cast<std::size_t>(world.node_rank)];
+      world.local_world_size = *count;
     } else {
       world.local_world_size = world.nnodes > 0 ? world.world_size / world.nnodes : 0;
     }

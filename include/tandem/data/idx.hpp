@@ -9,6 +9,7 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -269,16 +270,21 @@ inline std::uint32_t big_endian_u32(const unsigned char* p) noexcept {
   if (rank == 0) source.fail("zero dimensions");
 
   std::vector<std::size_t> shape(static_cast<std::size_t>(rank));
-  std::size_t count = 1;
   for (int d = 0; d < rank; ++d) {
     unsigned char size_bytes[4];
     source.read(size_bytes, 4, "dimension " + std::to_string(d) + "'s size");
-    const std::size_t size = detail::big_endian_u32(size_bytes);
-    shape[static_cast<std::size_t>(d)] = size;
-    if (size != 0 && count > std::numeric_limits<std::size_t>::max() / element_size / size) {
-      source.fail("the dimensions' product overflows");
+    shape[static_cast<std::size_t>(d)] = detail::big_endian_u32(size_bytes);
+  }
+  // One zero extent makes the file empty, however large the others: no product to overflow.
+  std::size_t count = 0;
+  if (std::find(shape.begin(), shape.end(), std::size_t{0}) == shape.end()) {
+    count = 1;
+    for (const std::size_t size : shape) {
+      if (count > std::numeric_limits<std::size_t>::max() / element_size / size) {
+        source.fail("the dimensions' product overflows");
+      }
+      count *= size;
     }
-    count *= size;
   }
   const std::size_t data_bytes = count * element_size;
   if (data_bytes > source.bound()) {

@@ -1,5 +1,6 @@
 #include <doctest/doctest.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 
@@ -20,6 +21,12 @@ TEST_CASE("parse_int accepts whole base-10 integers only") {
   CHECK_FALSE(tandem::parse_int("4 "));
   CHECK_FALSE(tandem::parse_int("0x10"));
   CHECK_FALSE(tandem::parse_int("99999999999999999999"));
+  // Found by tests/fuzz (crashes/init_env/plus-then-minus-sign): one sign, not two.
+  CHECK_FALSE(tandem::parse_int("+-1"));
+  CHECK_FALSE(tandem::parse_int("-+1"));
+  CHECK_FALSE(tandem::parse_int("++1"));
+  CHECK(tandem::parse_int("-9223372036854775808") == INT64_MIN);
+  CHECK_FALSE(tandem::parse_int("9223372036854775808"));
 }
 
 TEST_CASE("env_int is empty when unset and names the variable when malformed") {

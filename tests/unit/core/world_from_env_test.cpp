@@ -98,6 +98,40 @@ TEST_CASE("Slurm task lists that are malformed or too short are errors naming th
                        tandem::Error);
 }
 
+TEST_CASE("a Slurm task list is read without expanding it and named whole in errors") {
+  // "1(x1000000)" two thousand times: two billion nodes, which an expanded list would hold in
+  // eight gigabytes; the node's own count is found by walking the text.
+  std::string huge;
+  for (int i = 0; i < 2000; ++i) huge += (i == 0 ? "" : ",") + std::string("1(x1000000)");
+  huge += ",3";
+  const FakeEnv env{{"SLURM_PROCID", "2"},          {"SLURM_NTASKS", "3"}, {"SLURM_LOCALID", "2"},
+                    {"SLURM_TASKS_PER_NODE", huge}, {"SLURM_NODEID", "0"}, {"SLURM_NNODES", "1"}};
+  CHECK_THROWS_WITH_AS(World::from_env(env.lookup()),
+                       doctest::Contains("SLURM_LOCALID=2 must be less than "
+                                         "SLURM_TASKS_PER_NODE=1"),
+                       tandem::Error);
+  // A bad item after the node's own is still an error, and the message shows the whole list.
+  const FakeEnv bad_tail{
+      {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_TASKS_PER_NODE", "2,1(x3"}};
+  CHECK_THROWS_WITH_AS(World::from_env(bad_tail.lookup()),
+                       "tandem: environment: SLURM_TASKS_PER_NODE='2,1(x3' is not a Slurm task "
+                       "list",
+                       tandem::Error);
+}
+
+TEST_CASE("world sizes up to INT32_MAX derive their node count without overflowing") {
+  // Found by tests/fuzz (crashes/init_env/world-size-above-2-to-the-30): world_size +
+  // local_world_size - 1 overflowed int (undefined behaviour) above 2^30 ranks.
+  const FakeEnv env{{"RANK", "0"}, {"WORLD_SIZE", "1297502770"}};
+  check_world(World::from_env(env.lookup()), 0, 1297502770, 0, 1297502770, 0, 1);
+  const FakeEnv widest{{"RANK", "2147483646"},
+                       {"WORLD_SIZE", "2147483647"},
+                       {"LOCAL_RANK", "0"},
+                       {"LOCAL_WORLD_SIZE", "2"}};
+  check_world(World::from_env(widest.lookup()), 2147483646, 2147483647, 0, 2, 1073741823,
+              1073741824);
+}
+
 TEST_CASE("OpenMPI variables") {
   const FakeEnv env{{"OMPI_COMM_WORLD_RANK", "3"},
                     {"OMPI_COMM_WORLD_SIZE", "4"},

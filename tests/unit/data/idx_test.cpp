@@ -160,3 +160,23 @@ TEST_CASE("lying, corrupt and malformed headers are Errors that say what is wron
   // Every flip is caught: by the inflater, the header checks, or gzip's CRC-32 and length.
   CHECK(caught == static_cast<int>((good.size() - 12 + 12) / 13));
 }
+
+TEST_CASE("a zero extent makes an empty file, however large the other extents") {
+  // Found by tests/fuzz (crashes/idx/zero-extent-beside-huge-extents): the product was checked
+  // for overflow extent by extent, so a file of zero elements was refused as overflowing.
+  for (bool compressed : {false, true}) {
+    CAPTURE(compressed);
+    const Bytes plain = idx_file(0x08, {0x1c00, 0xffff0000, 0x00ffff00, 0, 0x0f0f0f}, {});
+    const auto array = tandem::parse_idx(compressed ? gzip(plain) : plain, "empty.idx");
+    CHECK(array.numel() == 0);
+    CHECK(array.shape() == std::vector<std::size_t>{0x1c00, 0xffff0000, 0x00ffff00, 0, 0x0f0f0f});
+    CHECK(array.values<std::uint8_t>().empty());
+    // The same extents without the zero still overflow, and data after an empty array is extra.
+    CHECK_THROWS_WITH_AS(
+        (void)tandem::parse_idx(idx_file(0x0E, {0x1c00, 0xffff0000, 0x00ffff00, 0x0f0f0f}, {}),
+                                "f.idx"),
+        doctest::Contains("overflows"), tandem::Error);
+  }
+  CHECK_THROWS_WITH_AS((void)tandem::parse_idx(idx_file(0x08, {0, 7}, bytes_of({1})), "f.idx"),
+                       doctest::Contains("1 bytes follow"), tandem::Error);
+}

@@ -1,0 +1,139 @@
+// The checkpoint loader's metadata path on hostile text: a checkpoint whose tensors are those a
+// real training state saved, but whose `tandem.state` metadata (the JSON of the optimizer's
+// param groups, state and step counts, the GradScaler, LR schedule, sampler position, a counter
+// and a random generator) is the fuzz input. TrainingState::load_from must restore it or throw
+// tandem::Error; never anything else, and never touch memory outside what it restores.
+// The model and EMA parts are left out: they read tensors only (the safetensors target covers
+// those), and Parameters::buffers() does not compile with clang 14 over libstdc++ 12
+// (std::ranges::subrange of a deque iterator).
+//
+// fuzz-needs: tandem::io
+// fuzz-max-len: 4096
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fuzz/fuzz_check.hpp"
+#include "tandem/amp/grad_scaler.hpp"
+#include "tandem/data/sampler.hpp"
+#include "tandem/ddp/parameters.hpp"
+#include "tandem/io/checkpoint.hpp"
+#include "tandem/optim/lr_scheduler.hpp"
+#include "tandem/optim/sgd.hpp"
+
+namespace {
+
+using tandem::optim::param_range;
+
+// What a checkpoint restores, as tests/unit/io/resume_suite.hpp trains it (no model, no EMA).
+struct Training {
+  tandem::Parameters<float> params;
+  std::optional<tandem::optim::SGD<float>> opt;
+  tandem::GradScaler<> scaler;
+  std::optional<decltype(tandem::lr::warmup_cosine(std::declval<tandem::optim::SGD<float>&>(), 2,
+                                                   30, 0.1, 0.01))>
+      schedule;
+  tandem::DistributedSampler sampler{45, 1, 0, {.seed = 7}};
+  std::size_t batches_done = 0;
+  std::int64_t step = 0;
+  std::minstd_rand generator{100};  // a small state keeps the JSON under max_len
+  tandem::TrainingState state;
+
+  Training() {
+    params.add("fc.weight", {4, 3});
+    params.add("fc.bias", {4});
+    params.add_buffer("bn.running_mean", {4});
+    params.finalize();
+    const std::vector<tandem::optim::ParamGroup<tandem::optim::SGDOptions>> groups{
+        {param_range(0, 1), {.lr = 0.1, .momentum = 0.9}},
+        {param_range(1, 2), {.lr = 0.2, .momentum = 0.9}}};
+    opt.emplace(params, std::span(groups));
+    schedule.emplace(tandem::lr::warmup_cosine(*opt, 2, 30, 0.1, 0.01));
+    state.optimizer(*opt)
+        .scaler(scaler)
+        .scheduler(*schedule)
+        .sampler(sampler, batches_done)
+        .counter("step", step)
+        .rng("noise", generator);
+  }
+};
+
+tandem::CheckpointRanks one_rank() {
+  return {0, 1, [](const std::string& mine) { return std::vector<std::string>{mine}; }};
+}
+
+// The tensors a trained state saves (momentum included, after one step), written once.
+const tandem::SafetensorsWriter& saved_tensors() {
+  static const tandem::SafetensorsWriter writer = [] {
+    Training t;
+    auto g = t.params.grads();
+    for (std::size_t i = 0; i < g.size(); ++i) g[i] = 0.01f * static_cast<float>(i);
+    t.opt->step();
+    tandem::SafetensorsWriter out;
+    t.state.save_to(out, one_rank());
+    return out;
+  }();
+  return writer;
+}
+
+// A known bug, reported and not yet fixed (include/tandem/io/checkpoint.hpp is not this room's):
+// TrainingState::optimizer() reads state indices with std::stoul, whose std::invalid_argument
+// and std::out_of_range escape load_from instead of becoming a tandem::Error. Inputs that reach
+// it are skipped here so the fuzzer can look for other bugs; tests/fuzz/pending/checkpoint_state/
+// keeps two that show it. Delete this filter when the loader is fixed.
+bool reaches_known_stoul_bug(std::string_view text) {
+  const auto json = nlohmann::json::parse(text, nullptr, false);
+  if (!json.is_object() || !json.contains("optimizer") || !json["optimizer"].is_object()) {
+    return false;
+  }
+  const auto& optimizer = json["optimizer"];
+  if (!optimizer.contains("state") || !optimizer["state"].is_object()) return false;
+  for (const auto& [index, entry] : optimizer["state"].items()) {
+    try {
+      (void)std::stoul(index);
+    } catch (const std::logic_error&) {
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  const std::string_view text(reinterpret_cast<const char*>(data), size);
+  if (reaches_known_stoul_bug(text)) return 0;
+  tandem::SafetensorsWriter file = saved_tensors();
+  file.metadata(tandem::TrainingState::metadata_key, std::string(text));
+  std::vector<std::byte> bytes;
+  try {
+    bytes = file.serialize();
+  } catch (const nlohmann::json::exception&) {
+    return 0;  // not UTF-8: no safetensors file can hold it, so no loader ever sees it
+  }
+  const auto parsed = tandem::SafetensorsFile::parse(bytes, "fuzz.safetensors");
+  Training t;
+  try {
+    t.state.load_from(parsed, one_rank());
+  } catch (const tandem::Error&) {
+    return 0;
+  }
+  // Restored: saving it again gives a checkpoint that loads, and that saves to the same state.
+  tandem::SafetensorsWriter again;
+  t.state.save_to(again, one_rank());
+  const auto again_bytes = again.serialize();
+  const auto reparsed = tandem::SafetensorsFile::parse(again_bytes, "fuzz-again.safetensors");
+  Training u;
+  u.state.load_from(reparsed, one_rank());  // an Error here escapes: the round trip broke
+  tandem::SafetensorsWriter third;
+  u.state.save_to(third, one_rank());
+  const auto third_bytes = third.serialize();
+  FUZZ_CHECK(third_bytes == again_bytes);
+  return 0;
+}
