@@ -114,14 +114,25 @@ memcheck_rows=()
 if [[ $memcheck -eq 1 ]]; then
   sanitizer=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
   if [[ -x "$sanitizer" ]]; then
+    # The flagship's GPU program too, for 30 steps: with the Loader's copies (fp16) and resident
+    # (bf16, two ranks sharing the GPU through LocalComm).
     for test in optim_device amp_ema_cuda cuda_exec cuda_dtype nccl_comm ddp_device \
-      nn_sync_batch_norm_cuda; do
-      exe=$(find "$build/tests" -type f -name "$test" -perm -u+x | head -n 1)
+      nn_sync_batch_norm_cuda fashion_mnist_cuda fashion_mnist_cuda_resident; do
+      args=()
+      case $test in
+        fashion_mnist_cuda*)
+          exe=$build/examples/fashion_mnist/fashion_mnist_cuda
+          [[ -x $exe ]] || exe=""
+          args=(--epochs 1 --max-steps 30)
+          [[ $test == *_resident ]] && args+=(--resident --precision bf16 --backend local --ranks 2)
+          ;;
+        *) exe=$(find "$build/tests" -type f -name "$test" -perm -u+x | head -n 1) ;;
+      esac
       [[ -n "$exe" ]] || { memcheck_rows+=("| $test | not built | - |"); continue; }
       note "memcheck $test"
       t0=$SECONDS
       timeout 240 "$sanitizer" --tool memcheck --report-api-errors no --error-exitcode 99 \
-        "$exe" >"$logs/memcheck-$test.log" 2>&1
+        "$exe" "${args[@]}" >"$logs/memcheck-$test.log" 2>&1
       status=$?
       errors=$(sed -n 's/.*ERROR SUMMARY: \([0-9]*\) error.*/\1/p' "$logs/memcheck-$test.log" | tail -n 1)
       case $status in
