@@ -264,7 +264,10 @@ def run_trial(args, trial, directory):
         ends = [ended[r][0] for r in survivors if r in ended]
         if launcher_end is not None:
             ends.append(launcher_end[0])
-        result["detection_s"] = max(ends) if ends else None
+        everyone = len(ended) == len(survivors) and \
+            (job["launcher"] is None or launcher_end is not None)
+        result["detection_s"] = max(ends) if ends and everyone else None
+        result["watched_s"] = give_up - fault_time
         result["survivors"] = {
             str(r): dict(errors[r], ended_after=ended.get(r, (None, None))[0],
                          exit_code=ended.get(r, (None, None))[1]) for r in survivors}
@@ -288,7 +291,9 @@ def run_trial(args, trial, directory):
         for r in survivors:
             if r not in ended or ended[r][0] > limit:
                 result["hang"] = True
-                failures.append(f"rank {r} still alive {limit:.1f} s after the fault")
+                result["ended_late"] = r in ended and result.get("ended_late", True)
+                late = f" (it ended {ended[r][0]:.1f} s after)" if r in ended else ""
+                failures.append(f"rank {r} still alive {limit:.1f} s after the fault{late}")
                 continue
             info = errors[r]
             has_error = "operation" in info and any(op in info["operation"] for op in OPERATIONS)
@@ -314,6 +319,7 @@ def run_trial(args, trial, directory):
             if launcher_end is None or launcher_end[0] > limit:
                 result["hang"] = True
                 late = "" if launcher_end is None else f" (it ended {launcher_end[0]:.1f} s after)"
+                result["ended_late"] = launcher_end is not None
                 failures.append(f"the launcher still alive {limit:.1f} s after the fault{late}")
             elif launcher_end[1] == 0:
                 failures.append("the launcher exited 0")
@@ -331,11 +337,15 @@ def summarise(rows):
         groups.setdefault((row["backend"], row["mode"], row["signal"], row["world"]),
                           []).append(row)
     lines = ["| backend | mode | fault | ranks | trials | passed | hangs | max s | median s | "
-             "points (before/inside/after) | survivors with their own Error | "
+             "ended late | points (before/inside/after) | survivors with their own Error | "
              "lost rank named | example Error |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---|---|---|---|"]
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|---|"]
     for (backend, mode, sig, world), trials in groups.items():
         times = [t["detection_s"] for t in trials if t.get("detection_s") is not None]
+        never = [t for t in trials if t.get("detection_s") is None and "watched_s" in t]
+        longest = f"{max(times):.2f}" if times else "-"
+        if never:  # something never ended while watched: the maximum is unknown
+            longest = f"> {min(t['watched_s'] for t in never):.0f} ({len(never)} never ended)"
         points = [sum(1 for t in trials if t["point"] == p) for p in ("before", "inside", "after")]
         named = sum(1 for t in trials
                     if any(s.get("names_lost_rank") for s in t.get("survivors", {}).values())
@@ -356,12 +366,12 @@ def summarise(rows):
         lines.append(
             f"| {backend} | {mode} | {sig} | {world} | {len(trials)} | "
             f"{sum(t['passed'] for t in trials)} | {sum(t['hang'] for t in trials)} | "
-            f"{max(times):.2f} | {statistics.median(times):.2f} | "
-            f"{points[0]}/{points[1]}/{points[2]} | {own}/{len(survivors)} | "
+            f"{longest} | {statistics.median(times):.2f} | "
+            f"{sum(bool(t.get('ended_late')) for t in trials)} | {points[0]}/{points[1]}/{points[2]} | {own}/{len(survivors)} | "
             f"{named}/{len(trials)} | `{example}` |"
             if times else
             f"| {backend} | {mode} | {sig} | {world} | {len(trials)} | 0 | - | - | - | - | - | - "
-            "| |")
+            "| - | |")
     return "\n".join(lines)
 
 

@@ -46,8 +46,11 @@ findings=""
 if [[ -f $out ]] && grep -q '^## Findings' "$out"; then
   findings=$(sed -n '/^## Findings/,$p' "$out")
 fi
-commit=$(git -C "$root" rev-parse --short HEAD)
-dirty=$(git -C "$root" status --porcelain --untracked-files=no -- include tools tests/fault | head -1)
+# The commit of the sources the build was made from (a clean clone, say, of this tree).
+source=$(grep -m1 '^CMAKE_HOME_DIRECTORY' "$build/CMakeCache.txt" | cut -d= -f2)
+commit=$(git -C "$source" rev-parse --short HEAD 2>/dev/null || echo unknown)
+dirty=$(git -C "$source" status --porcelain --untracked-files=no -- include tools tests/fault \
+        2>/dev/null | head -1 || true)
 {
   echo "# Faults: a rank killed or stopped in the middle of DDP training"
   echo
@@ -72,7 +75,8 @@ dirty=$(git -C "$root" status --porcelain --untracked-files=no -- include tools 
   echo "which named the lost rank), the launcher (if any) exited non-zero within that time too, and"
   echo "no Error blamed a rank that had not failed. A hang is a survivor or launcher still alive at"
   echo "the limit. *max s* and *median s*: when the last survivor (and the launcher) had ended, after"
-  echo "the fault. *Lost rank named*: trials where a survivor's Error or the launcher named the victim."
+  echo "the fault; *ended late*: hangs that still ended within 10 s more (then the driver kills all)."
+  echo "*Lost rank named*: trials where a survivor's Error or the launcher named the victim."
   echo
   python3 "$root/tests/fault/fault_driver.py" --report "$results"
   echo
