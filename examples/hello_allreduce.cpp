@@ -1,12 +1,14 @@
 // hello_allreduce: every rank contributes rank + 1, an all_reduce sums them, and each rank prints
-// what it got; exits non-zero when a rank got a wrong sum. One program, three ways to run it:
+// what it got; exits non-zero when a rank got a wrong sum (an error ends it through
+// tandem::run_main, which writes torchrun's error file). One program, four ways to run it:
 //   build/dev/examples/hello_allreduce --ranks 4                          threads (LocalComm)
 //   build/dev/tools/tandemrun --nproc-per-node 4 build/dev/examples/hello_allreduce --backend gloo
 //   mpirun -n 3 build/dev/examples/hello_allreduce --backend mpi           (as root: see README)
+//   python3 -m torch.distributed.run --nproc_per_node 2 --no_python --redirects 9:1 --tee 9:1
+//       build/dev/examples/hello_allreduce --backend gloo                   (one line: torchrun)
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
-#include <exception>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -14,6 +16,7 @@
 
 #include "tandem/comm/local.hpp"
 #include "tandem/core/env.hpp"
+#include "tandem/launch/elastic.hpp"
 #if TANDEM_EXAMPLE_WITH_GLOO
 #include "tandem/comm/gloo.hpp"
 #include "tandem/comm/init.hpp"
@@ -69,7 +72,7 @@ int main(int argc, char** argv) {
     }
   }
 
-  try {
+  return tandem::run_main([&]() -> int {
     if (backend == "local") {
       std::atomic<int> wrong{0};  // every rank (thread) may add to it
       tandem::run_local(ranks, [&](tandem::LocalComm& comm) { wrong += !say_hello(comm); });
@@ -96,8 +99,5 @@ int main(int argc, char** argv) {
       return 2;
     }
     return usage();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "hello_allreduce: %s\n", e.what());
-    return 1;
-  }
+  });
 }

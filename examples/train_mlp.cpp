@@ -2,9 +2,15 @@
 // tandem loop: a flat Parameters arena, DistributedDataParallel overlapping its all_reduce with
 // the backward, AdamW with a warm-up + cosine learning rate, and an EMA of the weights evaluated
 // at the end. Each rank trains on its own shard of every global batch (as DistributedSampler
-// gives it); rank 0 prints the loss averaged over the ranks. Exits non-zero unless the loss fell
-// tenfold and every rank ends with bitwise identical weights.
+// gives it); rank 0 prints the loss averaged over the ranks, and every rank prints a fingerprint
+// of its final weights. Exits non-zero unless the loss fell tenfold and every rank ends with
+// bitwise identical weights. An error ends it through tandem::run_main, which writes torchrun's
+// error file. With --checkpoint-dir it saves every --checkpoint-every steps and resumes from the
+// newest checkpoint there (torchrun --max-restarts); --fail-rank R --fail-step S makes rank R
+// throw at step S of the first attempt (TORCHELASTIC_RESTART_COUNT=0), to show a failure.
 //   build/dev/tools/tandemrun --nproc-per-node 4 build/dev/examples/train_mlp     Gloo (default)
+//   python3 -m torch.distributed.run --nproc_per_node 2 --no_python --redirects 9:1 --tee 9:1
+//       build/dev/examples/train_mlp                                  (one line: under torchrun)
 //   build/dev/examples/train_mlp --backend local --ranks 4                         threads
 //   mpirun -n 2 build/dev/examples/train_mlp --backend mpi                         (as root:
 //   README)
@@ -23,8 +29,12 @@
 #include "tandem/ddp/ddp.hpp"
 #include "tandem/ddp/parameters.hpp"
 #include "tandem/ema.hpp"
+#include "tandem/launch/elastic.hpp"
 #include "tandem/optim/adamw.hpp"
 #include "tandem/optim/lr_scheduler.hpp"
+#if TANDEM_EXAMPLE_WITH_IO
+#include "tandem/io/checkpoint.hpp"
+#endif
 #if TANDEM_EXAMPLE_WITH_GLOO
 #include "tandem/comm/gloo.hpp"
 #include "tandem/comm/init.hpp"
@@ -44,6 +54,10 @@ struct Settings {
   std::string backend;
   int ranks = 4;
   int steps = 300;
+  std::string checkpoint_dir;  // empty: no checkpoints
+  int checkpoint_every = 50;
+  int fail_rank = -1;  // -1: no injected failure
+  int fail_step = 0;
 };
 
 /// A deterministic value in [-1, 1) for (sample, feature): every rank sees the same data set.
@@ -180,10 +194,9 @@ template <tandem::Communicator Comm>
 bool train(Comm& comm, const Settings& settings) {
   const auto n = static_cast<std::size_t>(comm.size());
   const auto rank = static_cast<std::size_t>(comm.rank());
-  if (global_batch % n != 0) {
-    throw tandem::Error(comm.rank(), "train_mlp", "world size must divide the global batch of 64");
-  }
-  const std::size_t local_batch = global_batch / n;
+  // 64 samples a step, or the next multiple of the world size (66 on 3 ranks).
+  const std::size_t local_batch = (global_batch + n - 1) / n;
+  const std::size_t batch = local_batch * n;
 
   Mlp model;
   tandem::DistributedDataParallel<Comm, tandem::overlap, tandem::bucket_cap<16 * 1024>> ddp(
@@ -195,11 +208,35 @@ bool train(Comm& comm, const Settings& settings) {
   const std::uint64_t held_out = 1u << 30;  // samples never trained on
   const double initial = model.step(held_out, 256, 1.0, nullptr);
   double last_mean = 0.0;
-  for (int step = 0; step < settings.steps; ++step) {
+  int first_step = 0;
+#if TANDEM_EXAMPLE_WITH_IO
+  tandem::TrainingState state;
+  state.model(model.params()).optimizer(optimizer).scheduler(schedule).ema(ema, model.params());
+  state.counter("step", first_step);
+  if (!settings.checkpoint_dir.empty()) {
+    if (auto last = tandem::latest_checkpoint(settings.checkpoint_dir)) {
+      tandem::load_checkpoint(comm, *last, state);  // every rank reads the same file
+      if (rank == 0) {
+        std::printf("attempt %d resumed from %s at step %d\n", tandem::restart_count(),
+                    last->filename().c_str(), first_step);
+        std::fflush(stdout);
+      }
+    }
+  }
+#else
+  if (!settings.checkpoint_dir.empty()) {
+    throw tandem::Error(comm.rank(), "train_mlp", "this build has no checkpoints (tandem::io)");
+  }
+#endif
+  for (int step = first_step; step < settings.steps; ++step) {
+    if (comm.rank() == settings.fail_rank && step == settings.fail_step &&
+        tandem::restart_count() == 0) {
+      throw tandem::Error(comm.rank(), "train_mlp",
+                          "injected failure at step " + std::to_string(step) + " (--fail-step)");
+    }
     ddp.before_forward();
     optimizer.zero_grad();
-    const std::uint64_t first =
-        static_cast<std::uint64_t>(step) * global_batch + rank * local_batch;
+    const std::uint64_t first = static_cast<std::uint64_t>(step) * batch + rank * local_batch;
     // Each rank's loss is its shard's mean; DDP averages the gradients over the ranks, which
     // gives the gradient of the global batch's mean.
     double loss = model.step(first, local_batch, 1.0 / static_cast<double>(local_batch),
@@ -216,6 +253,12 @@ bool train(Comm& comm, const Settings& settings) {
       std::printf("step %4d  loss %.5f  lr %.2e\n", step, mean[0], optimizer.lr(0));
       std::fflush(stdout);
     }
+#if TANDEM_EXAMPLE_WITH_IO
+    if (!settings.checkpoint_dir.empty() && (step + 1) % settings.checkpoint_every == 0) {
+      first_step = step + 1;  // where a resumed run starts
+      tandem::save_checkpoint(comm, settings.checkpoint_dir, first_step, state);
+    }
+#endif
   }
 
   const double trained = model.step(held_out, 256, 1.0, nullptr);
@@ -225,6 +268,9 @@ bool train(Comm& comm, const Settings& settings) {
     averaged = model.step(held_out, 256, 1.0, nullptr);
   }
   std::vector<std::int64_t> mine{fingerprint(model.params().values())};
+  std::printf("rank %zu weights fingerprint %016llx\n", rank,
+              static_cast<unsigned long long>(mine[0]));
+  std::fflush(stdout);
   std::vector<std::int64_t> all(n);
   comm.all_gather(mine, all);
   bool identical = true;
@@ -241,7 +287,11 @@ int usage() {
   std::fprintf(
       stderr,
       "usage: train_mlp [--backend local|gloo|mpi] [--ranks N] [--steps S]\n"
-      "  default backend: gloo when started by a launcher (WORLD_SIZE is set), else local\n");
+      "                 [--checkpoint-dir DIR [--checkpoint-every K]]\n"
+      "                 [--fail-rank R --fail-step S]\n"
+      "  default backend: gloo when started by a launcher (WORLD_SIZE is set), else local\n"
+      "  --checkpoint-dir: save every K steps (default 50), resume from the newest there\n"
+      "  --fail-rank/--fail-step: rank R throws at step S on the first attempt only\n");
   return 2;
 }
 
@@ -252,17 +302,28 @@ int main(int argc, char** argv) {
   settings.backend = std::getenv("WORLD_SIZE") ? "gloo" : "local";
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
-    if (arg == "--backend" && i + 1 < argc) {
-      settings.backend = argv[++i];
-    } else if ((arg == "--ranks" || arg == "--steps") && i + 1 < argc) {
+    if ((arg == "--backend" || arg == "--checkpoint-dir") && i + 1 < argc) {
+      (arg == "--backend" ? settings.backend : settings.checkpoint_dir) = argv[++i];
+    } else if ((arg == "--ranks" || arg == "--steps" || arg == "--checkpoint-every" ||
+                arg == "--fail-rank" || arg == "--fail-step") &&
+               i + 1 < argc) {
       const auto value = tandem::parse_int(argv[++i]);
-      if (!value || *value < 1 || *value > 100000) return usage();
-      (arg == "--ranks" ? settings.ranks : settings.steps) = static_cast<int>(*value);
+      if (!value || *value < 0 || *value > 100000) return usage();
+      int& slot = arg == "--ranks"              ? settings.ranks
+                  : arg == "--steps"            ? settings.steps
+                  : arg == "--checkpoint-every" ? settings.checkpoint_every
+                  : arg == "--fail-rank"        ? settings.fail_rank
+                                                : settings.fail_step;
+      slot = static_cast<int>(*value);
+      if ((arg == "--ranks" || arg == "--steps" || arg == "--checkpoint-every") && slot < 1) {
+        return usage();
+      }
     } else {
       return usage();
     }
   }
-  try {
+  // run_main prints an exception that ends the program and writes torchrun's error file.
+  return tandem::run_main([&]() -> int {
     if (settings.backend == "local") {
       std::vector<char> ok(static_cast<std::size_t>(settings.ranks), 0);
       tandem::run_local(settings.ranks, [&](tandem::LocalComm& comm) {
@@ -289,8 +350,5 @@ int main(int argc, char** argv) {
 #endif
     std::fprintf(stderr, "train_mlp: backend '%s' is not built in\n", settings.backend.c_str());
     return usage();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "train_mlp: %s\n", e.what());
-    return 1;
-  }
+  });
 }

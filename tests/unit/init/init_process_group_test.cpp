@@ -5,8 +5,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -172,4 +175,91 @@ TEST_CASE("LocalComm ranks in two processes are refused with a clear error") {
   CHECK(WEXITSTATUS(status) == 0);
   // Rank 0 finished its half but rank 1 never did: rank 0 names it instead of hanging.
   CHECK(parent_error.find("rank(s) 1 did not finish the rendezvous at") != std::string::npos);
+}
+
+namespace {
+
+/// Runs fn with stderr (fd 2) going to a file; returns what it wrote there.
+template <class Fn>
+std::string capture_stderr(Fn fn) {
+  tandem::test::TempDir dir;
+  const std::string path = dir.str() + "/stderr";
+  std::fflush(stderr);
+  const int saved = ::dup(2);
+  std::FILE* file = std::fopen(path.c_str(), "w");
+  REQUIRE(file != nullptr);
+  ::dup2(::fileno(file), 2);
+  try {
+    fn();
+  } catch (...) {
+    std::fflush(stderr);
+    ::dup2(saved, 2);
+    ::close(saved);
+    std::fclose(file);
+    throw;
+  }
+  std::fflush(stderr);
+  ::dup2(saved, 2);
+  ::close(saved);
+  std::fclose(file);
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+}  // namespace
+
+TEST_CASE("a rank waiting at the rendezvous says so every TANDEM_WAIT_NOTICE_S seconds") {
+  // Rank 0 of 2, alone: it hosts the store, waits 2.5 s for rank 1 and names it at the end.
+  const tandem::test::FakeEnv env{{"TANDEM_WAIT_NOTICE_S", "1"}};
+  std::string error;
+  const auto said = capture_stderr([&] {
+    try {
+      (void)tandem::init_process_group<LocalComm>(World::single_node(0, 2), tcp_url(),
+                                                  {.timeout = 2500ms}, env.lookup());
+    } catch (const tandem::Error& e) {
+      error = e.what();
+    }
+  });
+  CHECK(said.find("tandem: rank 0 waiting for 1 of 2 ranks (1 s of 2 s)\n") != std::string::npos);
+  std::size_t notices = 0;
+  for (auto at = said.find("tandem: rank 0 waiting for 1 of 2 ranks ("); at != std::string::npos;
+       at = said.find("tandem: rank 0 waiting for 1 of 2 ranks (", at + 1)) {
+    ++notices;
+  }
+  CHECK(notices == 2);  // at 1 s and 2 s; the timeout comes before a third
+  CHECK(error.find("rank(s) 1 did not join") != std::string::npos);
+
+  // The default is every 30 s; 0 silences it; anything else is an Error naming the variable.
+  using tandem::detail::wait_notice_interval;
+  CHECK(wait_notice_interval(tandem::test::FakeEnv{}.lookup()) == 30s);
+  CHECK(wait_notice_interval(tandem::test::FakeEnv{{"TANDEM_WAIT_NOTICE_S", "0"}}.lookup()) ==
+        tandem::Timeout::max());
+  CHECK_THROWS_WITH_AS(
+      wait_notice_interval(tandem::test::FakeEnv{{"TANDEM_WAIT_NOTICE_S", "soon"}}.lookup()),
+      doctest::Contains("TANDEM_WAIT_NOTICE_S"), tandem::Error);
+  CHECK(tandem::detail::waiting_notice(3, 2, 8, 30s, 30min, "") ==
+        "tandem: rank 3 waiting for 2 of 8 ranks (30 s of 1800 s)");
+}
+
+TEST_CASE(
+    "TORCHELASTIC_USE_AGENT_STORE=True needs TORCHELASTIC_RESTART_COUNT, and names tandem's "
+    "keys by attempt") {
+  CHECK(tandem::use_agent_store(
+      tandem::test::FakeEnv{{"TORCHELASTIC_USE_AGENT_STORE", "True"}}.lookup()));
+  CHECK_FALSE(tandem::use_agent_store(
+      tandem::test::FakeEnv{{"TORCHELASTIC_USE_AGENT_STORE", "False"}}.lookup()));
+  CHECK_FALSE(tandem::use_agent_store(tandem::test::FakeEnv{}.lookup()));
+  CHECK(tandem::agent_store_prefix(
+            tandem::test::FakeEnv{{"TORCHELASTIC_RESTART_COUNT", "2"}}.lookup()) ==
+        "tandem/attempt_2");
+  CHECK_THROWS_WITH_AS(tandem::agent_store_prefix(tandem::test::FakeEnv{}.lookup()),
+                       doctest::Contains("TORCHELASTIC_RESTART_COUNT"), tandem::Error);
+  CHECK(tandem::c10d_protocol_from_env(tandem::test::FakeEnv{}.lookup()) ==
+        tandem::C10dProtocol::automatic);
+  CHECK(tandem::c10d_protocol_from_env(
+            tandem::test::FakeEnv{{"TANDEM_C10D_PROTOCOL", "legacy"}}.lookup()) ==
+        tandem::C10dProtocol::legacy);
+  CHECK_THROWS_AS(tandem::c10d_protocol_from_env(
+                      tandem::test::FakeEnv{{"TANDEM_C10D_PROTOCOL", "v3"}}.lookup()),
+                  tandem::Error);
 }
