@@ -41,7 +41,7 @@ run() {  # name, command...
   local name=$1; shift
   echo "--- $name"
   "$@" >"$tmp/$name.log" 2>&1 || { tail -n 30 "$tmp/$name.log"; echo "FAILED: $name" >&2; exit 1; }
-  grep -h "^EPOCH\|epoch [0-9]*: test\|^test accuracy" "$tmp/$name.log" | tail -4
+  grep -h "^EPOCH\|epoch [0-9]*: test\|^test accuracy" "$tmp/$name.log" | tail -4 || true
 }
 torch_variants=(loader loader_amp resident resident_amp)
 for v in "${torch_variants[@]}"; do
