@@ -334,13 +334,13 @@ def summarise(rows):
     """Markdown table rows, one per (backend, mode, signal)."""
     groups = {}
     for row in rows:
-        groups.setdefault((row["backend"], row["mode"], row["signal"], row["world"]),
-                          []).append(row)
-    lines = ["| backend | mode | fault | ranks | trials | passed | hangs | max s | median s | "
+        groups.setdefault((row["backend"], row["mode"], row["signal"], row["world"],
+                           row["timeout_s"]), []).append(row)
+    lines = ["| backend | mode | fault | ranks | timeout s | trials | passed | hangs | max s | median s | "
              "ended late | points (before/inside/after) | survivors with their own Error | "
              "lost rank named | example Error |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|---|"]
-    for (backend, mode, sig, world), trials in groups.items():
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|---|"]
+    for (backend, mode, sig, world, timeout_s), trials in groups.items():
         times = [t["detection_s"] for t in trials if t.get("detection_s") is not None]
         never = [t for t in trials if t.get("detection_s") is None and "watched_s" in t]
         longest = f"{max(times):.2f}" if times else "-"
@@ -352,25 +352,27 @@ def summarise(rows):
                     or t.get("launcher_names_lost_rank"))
         survivors = [s for t in trials for s in t.get("survivors", {}).values()]
         own = sum(1 for s in survivors if s.get("error_line"))
-        example = ""
-        for t in trials:
-            for s in t.get("survivors", {}).values():
-                if s.get("error_line"):
-                    example = s["error_line"]
-                    break
-            if example:
-                break
+        # An Error that names the lost rank if there is one, else any, else the launcher's words.
+        lines_seen = [(s.get("names_lost_rank", False), s["error_line"]) for t in trials
+                      for s in t.get("survivors", {}).values() if s.get("error_line")]
+        lines_seen.sort(key=lambda pair: not pair[0])
+        example = lines_seen[0][1] if lines_seen else ""
+        if not example:
+            said = [line.strip() for t in trials for line in t.get("launcher_lines", [])
+                    if "noticed" in line or "Root Cause" not in line]
+            example = said[0] if said else ""
         example = example.replace("|", "\\|")
         if len(example) > 220:
             example = example[:217] + "..."
         lines.append(
-            f"| {backend} | {mode} | {sig} | {world} | {len(trials)} | "
+            f"| {backend} | {mode} | {sig} | {world} | {timeout_s:g} | {len(trials)} | "
             f"{sum(t['passed'] for t in trials)} | {sum(t['hang'] for t in trials)} | "
             f"{longest} | {statistics.median(times):.2f} | "
             f"{sum(bool(t.get('ended_late')) for t in trials)} | {points[0]}/{points[1]}/{points[2]} | {own}/{len(survivors)} | "
             f"{named}/{len(trials)} | `{example}` |"
             if times else
-            f"| {backend} | {mode} | {sig} | {world} | {len(trials)} | 0 | - | - | - | - | - | - "
+            f"| {backend} | {mode} | {sig} | {world} | {timeout_s:g} | {len(trials)} | 0 | - | - "
+            "| - | - | - "
             "| - | |")
     return "\n".join(lines)
 
