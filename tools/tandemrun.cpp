@@ -10,6 +10,7 @@
 
 int main(int argc, char** argv) {
   const auto parsed = tandem::launch::detail::parse_command_line(argc, argv);
+  tandem::launch::detail::hide_token_arguments(argc, argv, parsed.options.command.size());
   if (parsed.exit_code >= 0) {
     std::fputs(parsed.output.c_str(), parsed.exit_code == 0 ? stdout : stderr);
     return parsed.exit_code;

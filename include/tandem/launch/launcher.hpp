@@ -83,6 +83,10 @@ struct LaunchOptions {
   std::string role = "default";  ///< the workers' ROLE_NAME
   std::string run_id{};          ///< empty: a unique id
   std::string devices{};  ///< "2,3,5": CUDA_VISIBLE_DEVICES of local rank i is the i-th entry
+  /// The job token the workers' TcpStore demands of every client (TANDEM_STORE_TOKEN); empty:
+  /// rdzv_token_file, else TANDEM_STORE_TOKEN as inherited, else (one node) a fresh random one.
+  std::string rdzv_token{};
+  std::string rdzv_token_file{};       ///< a file holding the job token (not shown by `ps`)
   std::vector<std::string> command{};  ///< PROGRAM ARGS...
 };
 
@@ -97,13 +101,15 @@ struct LaunchPlan {
   std::chrono::milliseconds monitor_interval{100};  ///< how often the workers are polled
   /// After a failure (or a forwarded signal), how long workers have to end before SIGKILL.
   std::chrono::milliseconds grace{5000};
-  StdStreams redirects{};              ///< streams that go to log files only
-  StdStreams tee{};                    ///< streams that go to log files and the console
-  std::string log_dir{};               ///< where the log files go (made when the first is written)
-  std::string role = "default";        ///< the workers' ROLE_NAME
-  std::string run_id{};                ///< the job's id, in TORCHELASTIC_RUN_ID
-  std::vector<int> devices{};          ///< empty: CUDA_VISIBLE_DEVICES is passed on as it is
-  bool set_omp_num_threads = false;    ///< OMP_NUM_THREADS=1 for workers (torchrun's default)
+  StdStreams redirects{};            ///< streams that go to log files only
+  StdStreams tee{};                  ///< streams that go to log files and the console
+  std::string log_dir{};             ///< where the log files go (made when the first is written)
+  std::string role = "default";      ///< the workers' ROLE_NAME
+  std::string run_id{};              ///< the job's id, in TORCHELASTIC_RUN_ID
+  std::vector<int> devices{};        ///< empty: CUDA_VISIBLE_DEVICES is passed on as it is
+  bool set_omp_num_threads = false;  ///< OMP_NUM_THREADS=1 for workers (torchrun's default)
+  /// The job token given to the workers as TANDEM_STORE_TOKEN (empty: none is set).
+  std::string store_token{};
   std::vector<std::string> command{};  ///< the program and its arguments
 
   /// Ranks in the job: nnodes * nproc_per_node.
@@ -125,6 +131,10 @@ struct HostFacts {
       detail::free_port;  ///< a free TCP port, for --standalone
   std::function<std::string()> unique_id =
       detail::unique_id;  ///< a unique run id, when none is given
+  /// A fresh random job token, for a single-node job given none.
+  std::function<std::string()> random_token = detail::random_token;
+  /// The token in a --rdzv-token-file.
+  std::function<std::string(const std::string&)> read_token_file = detail::read_token_file;
 };
 
 namespace detail {
@@ -222,6 +232,34 @@ inline std::vector<int> parse_devices(std::string_view text) {
   return devices;
 }
 
+/// The job token: --rdzv-token, --rdzv-token-file, TANDEM_STORE_TOKEN, or for a single node a
+/// fresh random one (every worker is this launcher's, so no one else needs it); several nodes
+/// share only a token they are given.
+inline std::string job_token(const LaunchOptions& options, const LaunchPlan& plan,
+                             const HostFacts& host) {
+  if (!options.rdzv_token.empty() && !options.rdzv_token_file.empty()) {
+    bad_flag("--rdzv-token", "give --rdzv-token or --rdzv-token-file, not both");
+  }
+  std::string token;
+  std::string_view source = "--rdzv-token";
+  if (!options.rdzv_token.empty()) {
+    token = options.rdzv_token;
+  } else if (!options.rdzv_token_file.empty()) {
+    token = host.read_token_file(options.rdzv_token_file);
+    source = "--rdzv-token-file";
+  } else if (auto inherited = host.env("TANDEM_STORE_TOKEN"); inherited && !inherited->empty()) {
+    token = *inherited;
+    source = "TANDEM_STORE_TOKEN";
+  } else if (plan.nnodes == 1) {
+    token = host.random_token();
+  }
+  if (token.size() > max_token_bytes) {
+    bad_flag(source, "the token has " + std::to_string(token.size()) + " bytes; at most " +
+                         std::to_string(max_token_bytes) + " are allowed");
+  }
+  return token;
+}
+
 }  // namespace detail
 
 /// Parses a --redirects / --tee value ("3" or "0:1,1:2"); a bad one is a tandem::Error naming
@@ -289,6 +327,7 @@ inline LaunchPlan resolve(const LaunchOptions& options, const HostFacts& host = 
     plan.master_port = host.free_port();
   }
   plan.run_id = options.run_id.empty() ? host.unique_id() : options.run_id;
+  plan.store_token = detail::job_token(options, plan, host);
   plan.log_dir = options.log_dir;
   plan.set_omp_num_threads = !host.env("OMP_NUM_THREADS") && plan.nproc_per_node > 1;
   plan.command = options.command;
@@ -301,7 +340,8 @@ inline LaunchPlan resolve(const LaunchOptions& options, const HostFacts& host = 
 // --- the environment -----------------------------------------------------------------------------
 
 /// The variables the launcher sets for one worker, exactly torchrun's (plus CUDA_VISIBLE_DEVICES
-/// with --devices, OMP_NUM_THREADS when the plan says so). Everything else is inherited.
+/// with --devices, OMP_NUM_THREADS when the plan says so, TANDEM_STORE_TOKEN when the plan has a
+/// job token). Everything else is inherited.
 inline std::map<std::string, std::string> worker_variables(const LaunchPlan& plan, int local_rank,
                                                            int restart_count) {
   const auto text = [](auto value) { return std::to_string(value); };
@@ -323,6 +363,7 @@ inline std::map<std::string, std::string> worker_variables(const LaunchPlan& pla
       {"TORCHELASTIC_RUN_ID", plan.run_id},
   };
   if (plan.set_omp_num_threads) vars["OMP_NUM_THREADS"] = "1";
+  if (!plan.store_token.empty()) vars["TANDEM_STORE_TOKEN"] = plan.store_token;
   if (!plan.devices.empty()) {
     vars["CUDA_VISIBLE_DEVICES"] = text(plan.devices.at(static_cast<std::size_t>(local_rank)));
   }

@@ -64,7 +64,8 @@ int run_rank(Fn& fn, const World& world) {
 
 /// Runs fn(World) or fn(int rank) in `nprocs` forked child processes, rank r in the r-th, each
 /// with tandemrun's variables set (RANK, LOCAL_RANK, WORLD_SIZE, ..., MASTER_ADDR, a free
-/// MASTER_PORT, TORCHELASTIC_*), so World::from_env() and init_process_group(world, "env://")
+/// MASTER_PORT, TORCHELASTIC_*, and a TANDEM_STORE_TOKEN: the inherited one, or a fresh random
+/// one), so World::from_env() and init_process_group(world, "env://")
 /// work in fn. Waits for all. When one fails (fn throws: the message is printed to stderr behind
 /// "[rank r] " and the child exits 1; or it exits non-zero; or a signal kills it), the others get
 /// SIGTERM, then SIGKILL after the grace period, and spawn throws tandem::Error naming the first
@@ -92,6 +93,10 @@ void spawn(int nprocs, Fn fn, const SpawnOptions& options = {}) {
   plan.master_addr = options.master_addr;
   plan.master_port = options.master_port != 0 ? options.master_port : launch::detail::free_port();
   plan.run_id = launch::detail::unique_id();
+  // The job token its store demands: the inherited one, or a fresh one only these ranks know.
+  const char* inherited = std::getenv("TANDEM_STORE_TOKEN");
+  plan.store_token = inherited != nullptr && *inherited != '\0' ? std::string(inherited)
+                                                                : launch::detail::random_token();
   plan.set_omp_num_threads = std::getenv("OMP_NUM_THREADS") == nullptr && nprocs > 1;
 
   // What the parent has buffered must not be written once more by every child.

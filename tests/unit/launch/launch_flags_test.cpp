@@ -3,11 +3,13 @@
 #include <doctest/doctest.h>
 #include <signal.h>
 
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "support/fake_env.hpp"
+#include "support/temp_dir.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/core/world.hpp"
 #include "tandem/launch/detail/command_line.hpp"
@@ -32,6 +34,8 @@ launch::HostFacts host(int gpus = 0) {
   facts.env = [](std::string_view) -> std::optional<std::string> { return std::nullopt; };
   facts.free_port = [] { return std::uint16_t{40000}; };
   facts.unique_id = [] { return std::string("rid"); };
+  facts.random_token = [] { return std::string("random-token"); };
+  facts.read_token_file = [](const std::string& path) { return "token-in-" + path; };
   return facts;
 }
 
@@ -380,4 +384,91 @@ TEST_CASE("signal names and exit descriptions") {
   CHECK(ExitStatus{0, SIGKILL}.describe() == "signal SIGKILL (9)");
   CHECK(ExitStatus{0, SIGKILL}.torch_exitcode() == -9);
   CHECK_FALSE(ExitStatus{0, 0}.failed());
+}
+
+TEST_CASE("the job token: flags, file, inherited, random on one node, none across nodes") {
+  for (const auto* flag : {"--rdzv-token", "--rdzv_token"}) {
+    const auto parsed = parse({flag, "s3cret", "prog"});
+    REQUIRE(parsed.exit_code == -1);
+    CHECK(parsed.options.rdzv_token == "s3cret");
+  }
+  for (const auto* flag : {"--rdzv-token-file", "--rdzv_token_file"}) {
+    const auto parsed = parse({flag, "/run/token", "prog"});
+    REQUIRE(parsed.exit_code == -1);
+    CHECK(parsed.options.rdzv_token_file == "/run/token");
+  }
+  CHECK(parse({"--help"}).output.find("--rdzv-token-file") != std::string::npos);
+
+  auto options = with_command({});
+  CHECK(launch::resolve(options, host()).store_token == "random-token");  // one node
+  options.nnodes = "2";
+  CHECK(launch::resolve(options, host()).store_token.empty());  // every node must share it
+  options.rdzv_token = "s3cret";
+  const auto given = launch::resolve(options, host());
+  CHECK(given.store_token == "s3cret");
+  CHECK(launch::worker_variables(given, 0, 0).at("TANDEM_STORE_TOKEN") == "s3cret");
+  options.rdzv_token_file = "f";
+  CHECK(resolve_error(options, host()) ==
+        "--rdzv-token: give --rdzv-token or --rdzv-token-file, not both");
+  options.rdzv_token.clear();
+  CHECK(launch::resolve(options, host()).store_token == "token-in-f");
+  options.rdzv_token_file.clear();
+
+  auto inherited = host();
+  inherited.env = [](std::string_view name) -> std::optional<std::string> {
+    if (name == "TANDEM_STORE_TOKEN") return "from-env";
+    return std::nullopt;
+  };
+  CHECK(launch::resolve(options, inherited).store_token == "from-env");
+  options.nnodes = "1";
+  CHECK(launch::resolve(options, inherited).store_token == "from-env");
+
+  options.rdzv_token = std::string(1025, 't');
+  CHECK(resolve_error(options, host()).starts_with("--rdzv-token: the token has 1025 bytes"));
+  options.rdzv_token.clear();
+  auto no_token = launch::resolve(options, host());
+  no_token.store_token.clear();
+  CHECK_FALSE(launch::worker_variables(no_token, 0, 0).contains("TANDEM_STORE_TOKEN"));
+}
+
+TEST_CASE("random tokens and token files") {
+  const auto a = launch::detail::random_token();
+  const auto b = launch::detail::random_token();
+  CHECK(a.size() == 64);
+  CHECK(a.find_first_not_of("0123456789abcdef") == std::string::npos);
+  CHECK(a != b);
+
+  tandem::test::TempDir dir;
+  const auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir.path() / name) << text;
+    return (dir.path() / name).string();
+  };
+  const auto error = [](const std::string& path) {
+    try {
+      launch::detail::read_token_file(path);
+    } catch (const tandem::Error& e) {
+      return e.operation() + ": " + e.cause();
+    }
+    return std::string("no error");
+  };
+  CHECK(launch::detail::read_token_file(write("t1", "s3cret\n")) == "s3cret");
+  CHECK(launch::detail::read_token_file(write("t2", "s3cret\r\n")) == "s3cret");
+  CHECK(launch::detail::read_token_file(write("t3", "no newline")) == "no newline");
+  CHECK(error(write("empty", "\n")).ends_with("is empty"));
+  CHECK(error(write("long", std::string(1025, 'x'))).ends_with("holds more than 1024 bytes"));
+  CHECK(error(dir.path().string()).ends_with("is not a regular file"));
+  CHECK(error((dir.path() / "missing").string()).starts_with("--rdzv-token-file: cannot open"));
+}
+
+TEST_CASE("a token given on the command line is blanked in the launcher's argv") {
+  std::vector<std::string> args{
+      "tandemrun", "--rdzv-token", "s3cret", "--rdzv_token=abc", "--nnodes", "1",
+      "prog",      "--rdzv-token", "kept"};
+  std::vector<char*> argv;
+  for (auto& arg : args) argv.push_back(arg.data());
+  launch::detail::hide_token_arguments(static_cast<int>(argv.size()), argv.data(), 3);
+  CHECK(std::string(argv[2]) == "******");
+  CHECK(std::string(argv[3]) == "--rdzv_token=***");
+  CHECK(std::string(argv[5]) == "1");
+  CHECK(std::string(argv[8]) == "kept");  // the program's own argument
 }

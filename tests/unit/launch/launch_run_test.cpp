@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -246,4 +247,36 @@ TEST_CASE("SIGTERM to the launcher reaches every worker; the launcher exits 128+
   CHECK(fs::exists(dir / "term_0"));
   CHECK(fs::exists(dir / "term_1"));
   CHECK(contains(read_file(dir / "err"), "received SIGTERM"));
+}
+
+TEST_CASE("the job token reaches every worker, and workers meet through the locked store") {
+  TempDir dir;
+  ::unsetenv("TANDEM_STORE_TOKEN");
+  {
+    std::ofstream(dir / "token") << "file-token\n";
+    const auto result = tandemrun({"--nproc-per-node", "2", "--rdzv-token-file", dir / "token",
+                                   LAUNCH_WORKER, "env", dir.str()});
+    REQUIRE_MESSAGE(result.exit_code == 0, result.err);
+    for (int rank = 0; rank < 2; ++rank) {
+      const auto seen = read_key_values(dir / ("env_" + std::to_string(rank) + ".txt"));
+      CHECK(seen.at("TANDEM_STORE_TOKEN") == "file-token");
+    }
+  }
+  {
+    // No token given on one node: a random one, the same for every worker of the launch.
+    const auto result = tandemrun({"--nproc-per-node", "2", LAUNCH_WORKER, "env", dir.str()});
+    REQUIRE_MESSAGE(result.exit_code == 0, result.err);
+    const auto first = read_key_values(dir / "env_0.txt").at("TANDEM_STORE_TOKEN");
+    CHECK(first.size() == 64);
+    CHECK(read_key_values(dir / "env_1.txt").at("TANDEM_STORE_TOKEN") == first);
+  }
+  // The workers host and join a TcpStore that demands the token: they meet.
+  const auto port = std::to_string(tandem::launch::detail::free_port());
+  const auto met = tandemrun({"--nproc-per-node", "3", "--master-port", port, "--rdzv-token",
+                              "cli-token", LAUNCH_WORKER, "store"});
+  REQUIRE_MESSAGE(met.exit_code == 0, met.err);
+  for (int rank = 0; rank < 3; ++rank) {
+    CHECK(contains(met.out, "[rank " + std::to_string(rank) + "] rank " + std::to_string(rank) +
+                                " of 3 on node 0 met all ranks"));
+  }
 }

@@ -31,7 +31,9 @@ ip -n "$ns0" link set tandem_mn_a up || exit 1
 ip -n "$ns1" link set tandem_mn_b up || exit 1
 
 out=$(mktemp -d)
+echo "multinode-token" >"$out/token"  # every node shares it: the store refuses others
 common=(--nnodes 2 --nproc-per-node 2 --master-addr 10.77.0.1 --master-port 29611
+        --rdzv-token-file "$out/token"
         --rdzv-id multinode)
 timeout 60 ip netns exec "$ns0" "$tandemrun" "${common[@]}" --node-rank 0 "$worker" store \
   >"$out/node0.out" 2>"$out/node0.err" &

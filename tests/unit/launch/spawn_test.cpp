@@ -62,7 +62,11 @@ TEST_CASE("spawn gives fn(World) tandemrun's environment") {
         << " WORLD_SIZE=" << env("WORLD_SIZE") << " GROUP_RANK=" << env("GROUP_RANK")
         << " MASTER_ADDR=" << env("MASTER_ADDR") << " MASTER_PORT=" << env("MASTER_PORT")
         << " RESTARTS=" << env("TORCHELASTIC_RESTART_COUNT") << "\n";
+    std::ofstream(dir / ("token_" + std::to_string(world.rank))) << env("TANDEM_STORE_TOKEN");
   });
+  // A job token only these ranks know, the same for all.
+  CHECK(read_file(dir / "token_0").size() == 64);
+  CHECK(read_file(dir / "token_0") == read_file(dir / "token_1"));
   const auto rank0 = read_file(dir / "env_0");
   const auto rank1 = read_file(dir / "env_1");
   CHECK(

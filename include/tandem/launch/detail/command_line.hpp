@@ -4,8 +4,10 @@
 // Needs: CLI11 (header-only; CMake target CLI11::CLI11).
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -41,7 +43,12 @@ summary, unless restarts are left. SIGINT/SIGTERM/SIGHUP/SIGQUIT are forwarded t
 the launcher then exits 128+signal.
 
 Multi-node: run on every node with the same --nnodes, --nproc-per-node, --master-addr (node 0's
-address), --master-port and --rdzv-id, and that node's --node-rank.)";
+address), --master-port and --rdzv-id, and that node's --node-rank.
+
+Job token: rank 0's store (tandem's TcpStore) serves only clients that present the job's token,
+given to workers as TANDEM_STORE_TOKEN. A single node gets a fresh random token per launch;
+several nodes need the same --rdzv-token-file (or TANDEM_STORE_TOKEN) on every node, else the
+store takes any client that can reach MASTER_ADDR:MASTER_PORT.)";
 
 /// "Usage: tandemrun [OPTIONS] PROGRAM [ARGS...]": CLI11 does not know about PROGRAM.
 class TandemrunFormatter : public CLI::Formatter {
@@ -114,6 +121,14 @@ inline ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
   app.add_option("--devices", o.devices,
                  "GPUs of this node, e.g. 2,3,5: local rank i gets CUDA_VISIBLE_DEVICES=<i-th>")
       ->type_name("LIST");
+  app.add_option("--rdzv-token,--rdzv_token", o.rdzv_token,
+                 "Job token: rank 0's store refuses clients without it (TANDEM_STORE_TOKEN). "
+                 "Default: TANDEM_STORE_TOKEN if set, else a random one on a single node, else "
+                 "none; `ps` shows a token given here: prefer the file or the variable")
+      ->type_name("TOKEN");
+  app.add_option("--rdzv-token-file,--rdzv_token_file", o.rdzv_token_file,
+                 "File holding the job token (its first line, at most 1024 bytes)")
+      ->type_name("FILE");
   app.add_flag("--no-python,--no_python", no_python,
                "Accepted for torchrun compatibility: tandemrun always runs PROGRAM directly");
 
@@ -146,6 +161,25 @@ inline ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
   }
   o.command = std::move(rest);
   return parsed;
+}
+
+/// Overwrites the values of --rdzv-token in the launcher's own argv (`ps` and /proc/PID/cmdline
+/// read them there) once they are parsed; the program's arguments (the last `program_args`) are
+/// left alone. The token shows until this runs: a file or TANDEM_STORE_TOKEN never shows.
+inline void hide_token_arguments(int argc, char** argv, std::size_t program_args) {
+  const auto flags = static_cast<int>(static_cast<std::size_t>(argc) - program_args);
+  const auto blank = [](char* text) {
+    for (; *text != '\0'; ++text) *text = '*';
+  };
+  for (int i = 1; i < flags; ++i) {
+    const std::string_view arg(argv[i]);
+    if (arg == "--") break;
+    if ((arg == "--rdzv-token" || arg == "--rdzv_token") && i + 1 < flags) {
+      blank(argv[++i]);
+    } else if (arg.starts_with("--rdzv-token=") || arg.starts_with("--rdzv_token=")) {
+      blank(argv[i] + std::string_view("--rdzv-token=").size());
+    }
+  }
 }
 
 }  // namespace tandem::launch::detail

@@ -10,6 +10,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -290,6 +291,57 @@ inline std::uint16_t free_port() {
     throw Error("free_port", errno_text(errno));
   }
   return ntohs(address.sin_port);
+}
+
+/// The longest job token tandemrun passes on (TcpStore's limit).
+inline constexpr std::size_t max_token_bytes = 1024;
+
+/// 32 bytes from the kernel's random source (getrandom), as 64 hex digits: a job token.
+inline std::string random_token() {
+  std::array<std::uint8_t, 32> bytes{};
+  std::size_t got = 0;
+  while (got < bytes.size()) {
+    const ssize_t n = ::getrandom(bytes.data() + got, bytes.size() - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw Error("rdzv-token", "getrandom: " + errno_text(errno));
+    got += static_cast<std::size_t>(n);
+  }
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string text;
+  for (const auto byte : bytes) {
+    text += digits[byte >> 4];
+    text += digits[byte & 0x0f];
+  }
+  return text;
+}
+
+/// The job token in a file (--rdzv-token-file): its bytes less one final newline. The file must
+/// be a regular file holding 1 to max_token_bytes bytes; it is never waited on.
+inline std::string read_token_file(const std::string& path) {
+  const std::string flag = "--rdzv-token-file";
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
+  if (!fd) throw Error(flag, "cannot open " + path + ": " + errno_text(errno));
+  struct stat info {};
+  if (::fstat(fd.get(), &info) < 0 || !S_ISREG(info.st_mode)) {
+    throw Error(flag, path + " is not a regular file");
+  }
+  std::string token(max_token_bytes + 3, '\0');
+  std::size_t got = 0;
+  while (got < token.size()) {
+    const ssize_t n = ::read(fd.get(), token.data() + got, token.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw Error(flag, "cannot read " + path + ": " + errno_text(errno));
+    if (n == 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  token.resize(got);
+  if (token.ends_with('\n')) token.pop_back();
+  if (token.ends_with('\r')) token.pop_back();
+  if (token.empty()) throw Error(flag, path + " is empty");
+  if (token.size() > max_token_bytes) {
+    throw Error(flag, path + " holds more than " + std::to_string(max_token_bytes) + " bytes");
+  }
+  return token;
 }
 
 /// A random version-4 UUID in its usual text form, as torchrun's --standalone run id.
