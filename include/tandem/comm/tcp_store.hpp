@@ -263,6 +263,7 @@ inline Parsed parse_request(std::string_view body, const TcpStoreLimits& limits)
   request.op = static_cast<Op>(opcode);
   std::string too_long;    // the first field over its limit: refused once the body is known good
   bool bad_count = false;  // a key count the body cannot hold
+  bool count_refused = false;  // a key count over max_keys_per_request
   const auto field = [&](std::string& out, std::size_t limit, const char* what) {
     const auto bytes = in.view();
     if (!in.good()) return;
@@ -281,6 +282,7 @@ inline Parsed parse_request(std::string_view body, const TcpStoreLimits& limits)
     if (count > limits.max_keys_per_request) {
       too_long = std::to_string(count) + " keys in one request exceed the store's limit of " +
                  std::to_string(limits.max_keys_per_request);
+      count_refused = true;  // the keys are not read: refused from the count alone
       return;
     }
     if (count > in.left() / 4) {  // each key takes at least its 4-byte length
@@ -314,12 +316,12 @@ inline Parsed parse_request(std::string_view body, const TcpStoreLimits& limits)
       break;
     case Op::wait:
       key_list();
-      if (!too_long.empty() && request.keys.empty()) return refused(too_long);
+      if (count_refused) return refused(too_long);
       request.number = in.u64();
       break;
     case Op::check:
       key_list();
-      if (!too_long.empty() && request.keys.empty()) return refused(too_long);
+      if (count_refused) return refused(too_long);
       break;
     case Op::delete_key:
       field(request.key, limits.max_key_bytes, "a key");
@@ -346,9 +348,9 @@ inline bool same_token(std::string_view expected, std::string_view given) noexce
     const auto a = static_cast<unsigned char>(expected[i]);
     const auto b = i < given.size() ? static_cast<unsigned char>(given[i]) : 0u;
     difference |= a ^ b;
+    // Keep the compiler from turning the loop into an early exit.
+    asm volatile("" : "+r"(difference));
   }
-  // Keep the compiler from turning the loop into an early exit.
-  asm volatile("" : "+r"(difference));
   return difference == 0;
 }
 

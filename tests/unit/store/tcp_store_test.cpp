@@ -611,3 +611,24 @@ TEST_CASE("a client waiting for its server says so on stderr") {
   });
   CHECK(quiet.empty());
 }
+
+TEST_CASE("a client that does not read its replies is held back, not buffered without bound") {
+  TcpStore server({.port = 0, .is_server = true, .timeout = generous, .max_message_bytes = 65536});
+  server.set("big", std::string(32768, 'b'));
+  auto fd = raw_connect(server.port());
+  std::string get(1, '\x02');
+  tandem::detail::tcp_store::put_string(get, "big");
+  tandem::detail::append_u64(get, 0);
+  std::string pipeline;
+  for (int i = 0; i < 2000; ++i) pipeline += frame(get);  // 64 MB of replies, never read
+  pipeline += frame(set_body("marker", "reached"));
+  raw_send(fd.get(), pipeline);
+  std::this_thread::sleep_for(300ms);
+  // The server stopped taking its requests once about max_message_bytes of replies waited
+  // (beyond what the sockets hold), so the set at the end of the pipeline has not run.
+  const std::vector<std::string> marker{"marker"};
+  CHECK_FALSE(server.check(marker));
+  fd.reset();
+  TcpStore other({.port = server.port(), .timeout = generous});
+  CHECK(other.get("big").size() == 32768);
+}
