@@ -23,6 +23,7 @@
 // fails to allocate it and closes the connection: no key is touched on either.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -455,8 +456,12 @@ class C10dStore {
     if (auto r = detail::send_all(probe.get(), bytes.data(), bytes.size(), deadline); !r.ok()) {
       throw Error("C10dStore", "cannot probe " + endpoint() + ": " + r.describe());
     }
+    // Both kinds of server answer at once (four int64s, or a closed connection); one that says
+    // nothing for a minute speaks something else.
     char reply[32];
-    const auto r = detail::recv_all(probe.get(), reply, sizeof reply, deadline);
+    const auto r = detail::recv_all(
+        probe.get(), reply, sizeof reply,
+        Deadline(std::min<Timeout>(deadline.remaining(), std::chrono::minutes(1))));
     if (r.ok()) return C10dProtocol::validated;
     if (r.status == detail::IoStatus::closed) return C10dProtocol::legacy;
     throw Error("C10dStore",

@@ -119,7 +119,7 @@ inline bool write_error_file(std::string_view type, std::string_view what,
   }
 }
 
-/// Runs a program's body, the C++ analogue of torch's @record: returns what the body returns (0
+/// Runs a program's body, the C++ analogue of torch's `@record`: returns what the body returns (0
 /// for a body returning void); when an exception escapes, prints it on stderr, writes the
 /// error file torchrun asked for (TORCHELASTIC_ERROR_FILE) and returns 1.
 template <class Body>
