@@ -33,7 +33,9 @@ constexpr auto collective_timeout = 2s;
 /// One rank of the job: rank 1 misbehaves as `mode` says, rank 0 calls a sync all_reduce.
 int worker(const std::string& mode) {
   int provided = 0;
-  const int level = mode == "funneled" ? MPI_THREAD_FUNNELED : MPI_THREAD_MULTIPLE;
+  const int level = mode == "funneled"     ? MPI_THREAD_FUNNELED
+                    : mode == "serialized" ? MPI_THREAD_SERIALIZED
+                                           : MPI_THREAD_MULTIPLE;
   MPI_Init_thread(nullptr, nullptr, level, &provided);
   {
     auto comm = tandem::MpiComm::world({.timeout = collective_timeout});
@@ -102,6 +104,10 @@ TEST_CASE("MpiComm watchdog: a rank asleep in its code ends the job after the ti
 
 TEST_CASE("MpiComm watchdog: a stopped rank (SIGSTOP) ends the job after the timeout") {
   check_watchdog_ended(run_job("stopped"));
+}
+
+TEST_CASE("MpiComm watchdog: at MPI_THREAD_SERIALIZED it aborts holding MPI's lock") {
+  check_watchdog_ended(run_job("serialized"));
 }
 
 TEST_CASE("MpiComm watchdog: at MPI_THREAD_FUNNELED it ends its own process, and mpirun the job") {
