@@ -67,9 +67,13 @@ std::string read_reply(int fd) {
 /// A plain blocking socket connected to the server at `address`, for sending it whatever we
 /// like; with `say_hello`, the hello (and its reply) are done.
 tandem::detail::Fd raw_connect(std::uint16_t port, bool say_hello = true,
-                               const char* address = "127.0.0.1") {
+                               const char* address = "127.0.0.1", int receive_buffer = 0) {
   tandem::detail::Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   REQUIRE(fd.valid());
+  if (receive_buffer > 0) {  // fixed, not grown by the kernel's autotuning
+    REQUIRE(::setsockopt(fd.get(), SOL_SOCKET, SO_RCVBUF, &receive_buffer, sizeof receive_buffer) ==
+            0);
+  }
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(port);
@@ -615,7 +619,7 @@ TEST_CASE("a client waiting for its server says so on stderr") {
 TEST_CASE("a client that does not read its replies is held back, not buffered without bound") {
   TcpStore server({.port = 0, .is_server = true, .timeout = generous, .max_message_bytes = 65536});
   server.set("big", std::string(32768, 'b'));
-  auto fd = raw_connect(server.port());
+  auto fd = raw_connect(server.port(), true, "127.0.0.1", 65536);
   std::string get(1, '\x02');
   tandem::detail::tcp_store::put_string(get, "big");
   tandem::detail::append_u64(get, 0);
