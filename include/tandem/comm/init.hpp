@@ -46,6 +46,19 @@ concept ProcessGroupBackend = Communicator<B> &&
   { B::rendezvous(world, store, options) } -> std::same_as<B>;
 };
 
+namespace detail {
+
+/// How often a waiting rank (or a client connecting to the TcpStore) says so: TANDEM_WAIT_NOTICE_S
+/// seconds (default 30; 0: never).
+inline Timeout wait_notice_interval(const EnvLookup& env = process_env) {
+  const auto seconds = env_int_in(env, "TANDEM_WAIT_NOTICE_S", 0, 24 * 3600);
+  if (!seconds) return std::chrono::seconds(30);
+  if (*seconds == 0) return Timeout::max();
+  return std::chrono::seconds(*seconds);
+}
+
+}  // namespace detail
+
 /// True when torchrun's agent hosts the job's store on MASTER_ADDR:MASTER_PORT
 /// (TORCHELASTIC_USE_AGENT_STORE=True): the ranks are then its clients, and none hosts one.
 inline bool use_agent_store(const EnvLookup& env = process_env) {
@@ -99,6 +112,7 @@ inline AnyStore open_store(const InitMethod& method, const World& world, Timeout
   options.port = method.port;
   options.is_server = world.rank == 0;
   options.timeout = timeout;
+  options.notice_interval = detail::wait_notice_interval(env);
   return AnyStore(TcpStore(options));
 }
 
@@ -119,14 +133,6 @@ inline std::string join_ranks(const std::vector<int>& ranks) {
     text += (i ? ", " : "") + std::to_string(ranks[i]);
   }
   return text;
-}
-
-/// How often a waiting rank says so: TANDEM_WAIT_NOTICE_S seconds (default 30; 0: never).
-inline Timeout wait_notice_interval(const EnvLookup& env = process_env) {
-  const auto seconds = env_int_in(env, "TANDEM_WAIT_NOTICE_S", 0, 24 * 3600);
-  if (!seconds) return std::chrono::seconds(30);
-  if (*seconds == 0) return Timeout::max();
-  return std::chrono::seconds(*seconds);
 }
 
 /// "tandem: rank 0 waiting for 1 of 2 ranks (30 s of 1800 s)": what a rank waiting at the
@@ -187,6 +193,7 @@ inline void wait_for_ranks(AnyStore& store, const World& world, const std::strin
       if (deadline.expired()) break;
       continue;
     }
+    if (slice < notice) continue;  // cut short by the deadline: no notice, the error comes next
     const auto waited = std::chrono::duration_cast<Timeout>(Deadline::clock::now() - started);
     std::fprintf(
         stderr, "%s\n",
