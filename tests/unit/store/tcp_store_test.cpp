@@ -610,7 +610,7 @@ TEST_CASE("a client waiting for its server says so on stderr") {
   CHECK(contains(said, "(2 s of 2 s)\n"));
 
   const auto quiet = capture_stderr([&] {
-    CHECK_THROWS_AS(TcpStore({.port = port, .timeout = 1500ms, .notice_interval = 0ms}),
+    CHECK_THROWS_AS(TcpStore({.port = port, .timeout = 300ms, .notice_interval = 0ms}),
                     tandem::Error);
   });
   CHECK(quiet.empty());

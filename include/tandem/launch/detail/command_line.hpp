@@ -122,12 +122,12 @@ inline ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
                  "GPUs of this node, e.g. 2,3,5: local rank i gets CUDA_VISIBLE_DEVICES=<i-th>")
       ->type_name("LIST");
   app.add_option("--rdzv-token,--rdzv_token", o.rdzv_token,
-                 "Job token: rank 0's store refuses clients without it (TANDEM_STORE_TOKEN). "
-                 "Default: TANDEM_STORE_TOKEN if set, else a random one on a single node, else "
-                 "none; `ps` shows a token given here: prefer the file or the variable")
+                 "Job token rank 0's store demands, given to workers as TANDEM_STORE_TOKEN "
+                 "(default: TANDEM_STORE_TOKEN, else a random one on a single node); `ps` shows "
+                 "it: prefer --rdzv-token-file")
       ->type_name("TOKEN");
   app.add_option("--rdzv-token-file,--rdzv_token_file", o.rdzv_token_file,
-                 "File holding the job token (its first line, at most 1024 bytes)")
+                 "File holding the job token (less a final newline; at most 1024 bytes)")
       ->type_name("FILE");
   app.add_flag("--no-python,--no_python", no_python,
                "Accepted for torchrun compatibility: tandemrun always runs PROGRAM directly");
