@@ -220,7 +220,7 @@ def checkpoint_state():
     changed("rng-two-ranks", lambda s: s.update({"noise": ["1", "2"]}))
     changed("rng-garbage", lambda s: s.update({"noise": ["not a state"]}))
     changed("rng-not-array", lambda s: s.update({"noise": 5}))
-    changed("step-float", lambda s: s.update({"step": 1.5}))
+    changed("step-float", lambda s: s.update({"step": 1.5}), "pending")
     changed("step-huge", lambda s: s.update({"step": 18446744073709551615}))
     w("not-json", "{\"step\":")
     w("array", "[]")
