@@ -65,7 +65,7 @@ template <Communicator Comm>
 void agree_on_failure(Comm& comm, const std::string& failure, const std::string& operation,
                       const std::string& verb) {
   std::vector<std::int32_t> failed{failure.empty() ? 0 : 1};
-  comm.all_reduce(failed, ReduceOp::max);
+  host_all_reduce(comm, std::span<std::int32_t>(failed), ReduceOp::max);
   if (failed[0] != 0) {
     throw Error(comm.rank(), operation,
                 failure.empty() ? "another rank failed to " + verb : failure);
@@ -506,13 +506,13 @@ void load_checkpoint(Comm& comm, const std::filesystem::path& path, const Traini
         failure = error.what();
       }
     }
-    comm.broadcast(length, 0);
+    detail::host_broadcast(comm, std::span<std::int64_t>(length), 0);
     if (length[0] < 0) {
       throw Error(comm.rank(), "load_checkpoint " + path.string(),
                   failure.empty() ? "rank 0 could not read the checkpoint" : failure);
     }
     bytes.resize(static_cast<std::size_t>(length[0]));
-    comm.broadcast(bytes, 0);
+    detail::host_broadcast(comm, std::span<std::uint8_t>(bytes), 0);
   }
   try {
     file = options.broadcast

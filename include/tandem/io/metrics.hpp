@@ -5,7 +5,8 @@
 //   float loss = tandem::reduce_mean(comm, local_loss);            // the same on every rank
 //   auto [correct, seen] = tandem::reduce_sum(comm, std::array{hits, count});
 //   std::vector<std::int64_t> all = tandem::all_gather_unequal(comm, my_predictions);
-// Needs: a Communicator (any backend).
+// Needs: a Communicator (any backend; on a device communicator such as NcclComm the host values
+// travel through a small device buffer).
 #pragma once
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 
 #include "tandem/comm/communicator.hpp"
 #include "tandem/core/error.hpp"
+#include "tandem/io/detail/host_values.hpp"
 
 namespace tandem {
 
@@ -28,7 +30,7 @@ template <Communicator Comm, class T>
 requires std::is_arithmetic_v<T>
 [[nodiscard]] T reduce_sum(Comm& comm, T value) {
   std::array<T, 1> buffer{value};
-  comm.all_reduce(buffer, ReduceOp::sum);
+  detail::host_all_reduce(comm, std::span<T>(buffer), ReduceOp::sum);
   return buffer[0];
 }
 
@@ -37,7 +39,7 @@ requires std::is_arithmetic_v<T>
 template <Communicator Comm, class T, std::size_t N>
 requires std::is_arithmetic_v<T>
 [[nodiscard]] std::array<T, N> reduce_sum(Comm& comm, std::array<T, N> values) {
-  comm.all_reduce(values, ReduceOp::sum);
+  detail::host_all_reduce(comm, std::span<T>(values), ReduceOp::sum);
   return values;
 }
 
@@ -69,12 +71,15 @@ template <Communicator Comm, class T>
   const auto ranks = static_cast<std::size_t>(comm.size());
   std::vector<std::int64_t> my_count{static_cast<std::int64_t>(local.size())};
   std::vector<std::int64_t> counts(ranks);
-  comm.all_gather(my_count, counts);
+  detail::host_all_gather(comm, std::span<const std::int64_t>(my_count),
+                          std::span<std::int64_t>(counts));
   const auto largest = static_cast<std::size_t>(*std::max_element(counts.begin(), counts.end()));
   std::vector<T> padded(largest, T{});
   std::copy(local.begin(), local.end(), padded.begin());
   std::vector<T> everything(largest * ranks);
-  if (largest != 0) comm.all_gather(padded, everything);
+  if (largest != 0) {
+    detail::host_all_gather(comm, std::span<const T>(padded), std::span<T>(everything));
+  }
   std::vector<std::vector<T>> out(ranks);
   for (std::size_t r = 0; r < ranks; ++r) {
     const auto begin = everything.begin() + static_cast<std::ptrdiff_t>(r * largest);

@@ -25,7 +25,12 @@
 #include "support/temp_dir.hpp"
 #include "tandem/comm/init.hpp"
 #include "tandem/comm/nccl.hpp"
+#include "tandem/cuda/memory.hpp"
 #include "tandem/cuda/runtime.hpp"
+#include "tandem/io/metrics.hpp"
+#if TANDEM_TEST_IO
+#include "tandem/io/checkpoint.hpp"
+#endif
 
 using namespace std::chrono_literals;
 using tandem::NcclComm;
@@ -610,6 +615,34 @@ TEST_CASE("collective checks: ranks that disagree raise one Error naming both ca
     CHECK(text.find("rank 0 called all_reduce(7 x float32, sum)") != std::string::npos);
     CHECK(text.find("rank 1 called all_reduce(8 x float32, sum)") != std::string::npos);
   }
+}
+
+// The io room's collectives over host values (metrics, checkpoints) on a device communicator:
+// the values travel through a device buffer (io/detail/host_values.hpp).
+TEST_CASE("metrics and checkpoints over NcclComm: host values staged through the device") {
+  NcclComm comm = single();
+  CHECK(tandem::reduce_sum(comm, 21) == 21);
+  CHECK(tandem::reduce_mean(comm, 2.5f) == 2.5f);
+  const std::vector<std::int64_t> mine{4, 5, 6};
+  CHECK(tandem::all_gather_unequal(comm, mine) == mine);
+  std::vector<std::int32_t> values{1, -2, 3};
+  tandem::detail::host_broadcast(comm, std::span<std::int32_t>(values), 0);
+  CHECK(values == std::vector<std::int32_t>{1, -2, 3});
+#if TANDEM_TEST_IO
+  tandem::test::TempDir dir;
+  std::int64_t step = 77;
+  tandem::TrainingState saved;
+  saved.counter("step", step);
+  const auto path = dir.path() / "ckpt.safetensors";
+  tandem::save_checkpoint(comm, path, saved);
+  for (const bool broadcast : {false, true}) {
+    std::int64_t loaded_step = 0;
+    tandem::TrainingState loaded;
+    loaded.counter("step", loaded_step);
+    tandem::load_checkpoint(comm, path, loaded, {.broadcast = broadcast});
+    CHECK(loaded_step == 77);
+  }
+#endif
 }
 
 int main(int argc, char** argv) {
