@@ -3,8 +3,10 @@
 // resolved into a plan (resolve) on a made-up machine, and each worker's environment is built.
 // Bad input must end as an exit code with a message or a tandem::Error: never a crash, an abort,
 // an exit, another exception, or a file read.
-//   clang++ -std=c++20 -fsanitize=fuzzer,address,undefined -Iinclude -Itests/fuzz \
-//     tests/fuzz/command_line_fuzz.cpp -o command_line_fuzz
+// Build and run by hand (tests/fuzz/run.sh does it for every target):
+//   clang++ -std=c++20 -fsanitize=fuzzer,address,undefined -Iinclude -Itests/fuzz
+//     tests/fuzz/command_line_fuzz.cpp -o /tmp/command_line_fuzz && /tmp/command_line_fuzz
+//     tests/fuzz/corpus/command_line
 // fuzz-needs: CLI11::CLI11
 #include <cstddef>
 #include <cstdint>

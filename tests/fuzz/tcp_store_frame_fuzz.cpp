@@ -3,8 +3,10 @@
 // hello with the token "fuzz", the rest are parsed (parse_request) and run on a table
 // (execute), exactly as the server does. Checked: no crash, no read past the input, limits held,
 // the table's byte count exact, and every request that parses re-encodes to its own bytes.
-//   clang++ -std=c++20 -fsanitize=fuzzer,address,undefined -Iinclude \
-//     tests/fuzz/tcp_store_frame_fuzz.cpp -o tcp_store_frame_fuzz
+// Build and run by hand (tests/fuzz/run.sh does it for every target):
+//   clang++ -std=c++20 -fsanitize=fuzzer,address,undefined -Iinclude -Itests/fuzz
+//     tests/fuzz/tcp_store_frame_fuzz.cpp -o /tmp/tcp_store_frame_fuzz && /tmp/tcp_store_frame_fuzz
+//     tests/fuzz/corpus/tcp_store_frame
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
