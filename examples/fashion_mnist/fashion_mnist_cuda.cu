@@ -21,8 +21,7 @@
 //   GPU
 // Flags: those of fashion_mnist, plus --precision fp16|bf16|fp32 (default fp16), --resident and
 // --min-accuracy PCT (the test: exit 1 unless the run trained; see check_run). Without a GPU it
-// prints why and exits 77. Checkpoints (--checkpoint-dir, --resume) need a host communicator
-// (gloo or local): tandem's checkpoint code exchanges host values, which NcclComm does not move.
+// prints why and exits 77. Checkpoints (--checkpoint-dir, --resume) work on every backend.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <signal.h>
@@ -640,25 +639,18 @@ RunSummary train(Comm& comm, const Settings& settings, cudaStream_t stream) {
   std::int64_t step = 0;
   std::size_t batches_done = 0;
   tandem::TrainingState state;
-  if constexpr (host_communicator<Comm>) {
-    state.model(model.params())
-        .optimizer(optimizer)
-        .ema(ema, model.params())
-        .scheduler(schedule)
-        .sampler(sampler, batches_done)
-        .counter("step", step);
-    if (settings.resume && !settings.checkpoint_dir.empty()) {
-      if (auto last = tandem::latest_checkpoint(settings.checkpoint_dir)) {
-        tandem::load_checkpoint(comm, *last, state);
-        loader.resume_at(batches_done);
-        tandem::log0(comm) << "resumed from " << last->string() << " at step " << step;
-      }
+  state.model(model.params())
+      .optimizer(optimizer)
+      .ema(ema, model.params())
+      .scheduler(schedule)
+      .sampler(sampler, batches_done)
+      .counter("step", step);
+  if (settings.resume && !settings.checkpoint_dir.empty()) {
+    if (auto last = tandem::latest_checkpoint(settings.checkpoint_dir)) {
+      tandem::load_checkpoint(comm, *last, state);
+      loader.resume_at(batches_done);
+      tandem::log0(comm) << "resumed from " << last->string() << " at step " << step;
     }
-  } else if (!settings.checkpoint_dir.empty() || settings.resume) {
-    throw tandem::Error("fashion_mnist_cuda",
-                        "--checkpoint-dir and --resume need a host communicator (--backend gloo "
-                        "or local): the checkpoint code exchanges host values, NcclComm moves "
-                        "device memory only");
   }
   tandem::TensorBoardWriter board(settings.tensorboard.empty() ? "." : settings.tensorboard,
                                   comm.rank() == 0 && !settings.tensorboard.empty());
@@ -746,10 +738,8 @@ RunSummary train(Comm& comm, const Settings& settings, cudaStream_t stream) {
       sampler.set_epoch(static_cast<std::uint64_t>(epoch + 1));
       batches_done = 0;
     }
-    if constexpr (host_communicator<Comm>) {
-      if (!settings.checkpoint_dir.empty()) {
-        tandem::save_checkpoint(comm, settings.checkpoint_dir, step, state);
-      }
+    if (!settings.checkpoint_dir.empty()) {
+      tandem::save_checkpoint(comm, settings.checkpoint_dir, step, state);
     }
     if (stop()) break;
   }
