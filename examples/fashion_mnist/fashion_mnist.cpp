@@ -45,6 +45,7 @@
 #include "tandem/io/metrics.hpp"
 #include "tandem/io/progress.hpp"
 #include "tandem/io/tensorboard.hpp"
+#include "tandem/launch/elastic.hpp"
 #include "tandem/nn/sync_batch_norm.hpp"
 #include "tandem/optim/lr_scheduler.hpp"
 #include "tandem/optim/sgd.hpp"
@@ -308,7 +309,8 @@ int main(int argc, char** argv) {
   if (!settings) return fashion_mnist::usage(fashion_mnist::program::cpu);
   openblas_set_num_threads(1);  // one core per rank: the ranks are the parallelism
   const auto timeout = std::chrono::seconds(settings->timeout_seconds);
-  try {
+  // run_main prints an exception that ends the run and writes torchrun's error file.
+  return tandem::run_main([&]() -> int {
     double accuracy = 0;
     if (settings->backend == "local") {
       tandem::run_local(
@@ -337,8 +339,5 @@ int main(int argc, char** argv) {
       return fashion_mnist::usage(fashion_mnist::program::cpu);
     }
     return std::isfinite(accuracy) ? 0 : 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
-    return 1;
-  }
+  });
 }
