@@ -10,26 +10,17 @@ Variants (--variant):
 Prints one line per epoch (training time only, the GPU synchronised before the clock is read):
     EPOCH <epoch> <seconds of training so far> <test accuracy>"""
 import argparse
-import gzip
 import os
 import sys
 import time
 
-import numpy as np
 import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-MEAN, STD = 0.2860406, 0.3530242
-
-
-def load(directory, split):
-    with gzip.open(os.path.join(directory, f"{split}-images-idx3-ubyte.gz")) as f:
-        images = np.frombuffer(f.read()[16:], dtype=np.uint8).reshape(-1, 784)
-    with gzip.open(os.path.join(directory, f"{split}-labels-idx1-ubyte.gz")) as f:
-        labels = np.frombuffer(f.read()[8:], dtype=np.uint8).astype(np.int64)
-    x = torch.from_numpy(images.astype(np.float32)).div_(255).sub_(MEAN).div_(STD)
-    return x, torch.from_numpy(labels)
+# The data set is read and normalised exactly as the CPU peer does (this script's folder is on
+# sys.path when it runs).
+from fashion_mnist_torch import load
 
 
 def main():
