@@ -99,7 +99,9 @@ bool reaches_known_bug(std::string_view text) {
   };
   if (json.contains("optimizer") && json["optimizer"].is_object()) {
     const auto& optimizer = json["optimizer"];
-    if (optimizer.contains("state") && optimizer["state"].is_object()) {
+    // A string, number or bool iterates as one item whose key is "", which stoul refuses too.
+    if (optimizer.contains("state") && !optimizer["state"].is_null() &&
+        !optimizer["state"].is_array()) {
       for (const auto& [index, entry] : optimizer["state"].items()) {
         try {
           (void)std::stoul(index);

@@ -64,10 +64,11 @@ for name in "${names[@]}"; do
   echo "run.sh: ${name}: ${runs} inputs, max_len ${max_len}"
   start=$(date +%s)
   status=0
+  rm -f "${build}"/logs/fuzz-*.log
   (cd "${build}/logs" && "${build}/tests/fuzz/${name}_fuzzer" "${options[@]}" "${work}" \
     "${seeds[@]}") >"${log}" 2>&1 || status=$?
   seconds=$(($(date +%s) - start))
-  [ "${jobs}" -gt 1 ] && cat "${build}"/logs/fuzz-*.log >>"${log}" 2>/dev/null || true
+  # (With workers, libFuzzer copies each worker's log into its own output as the worker ends.)
   executed=$(grep -h '^stat::number_of_executed_units' "${log}" | awk '{s += $2} END {print s + 0}')
   speed=$(grep -h '^stat::average_exec_per_sec' "${log}" | awk '{s += $2} END {print s + 0}')
   rss=$(grep -h '^stat::peak_rss_mb' "${log}" | awk '{if ($2 > m) m = $2} END {print m + 0}')
