@@ -95,7 +95,7 @@ for name in "${names[@]}"; do
     failed=1
   fi
   # One row per target, kept between runs of this build: a rerun of one target keeps the others.
-  echo "| ${name} | ${executed} | ${seconds} s | ${speed} | ${cov:-?} | ${features:-?} | ${corpus:-?} | ${max_len} | ${rss} MB | ${crashes} | $(date -u '+%Y-%m-%d %H:%M') | ${commit} |" \
+  echo "| ${name} | ${executed} | ${seconds} s | ${jobs} | ${speed} | ${cov:-?} | ${features:-?} | ${corpus:-?} | ${max_len} | ${rss} MB | ${crashes} | $(date -u '+%Y-%m-%d %H:%M') | ${commit} |" \
     >"${build}/rows/${name}.md"
   echo "run.sh: ${name}: ${executed} inputs in ${seconds} s, cov ${cov:-?}, crashes: ${crashes}"
 done
@@ -106,24 +106,25 @@ done
   echo "Written by \`tests/fuzz/run.sh\` on $(date -u '+%Y-%m-%d %H:%M UTC'); each row says when and at"
   echo "which commit its target ran (\`+\`: with uncommitted changes to include/ or tests/fuzz/)."
   echo "Compiler: $("${cxx}" --version | head -1), \`-fsanitize=fuzzer,address,undefined\`, -O1."
-  echo "Machine: $(nproc) CPUs shared with other work, one target at a time, ${jobs} worker(s) each."
+  echo "Machine: $(nproc) CPUs shared with other work; one target at a time, with the workers shown."
   echo "Seeds: tests/fuzz/corpus/<target>/ and tests/fuzz/crashes/<target>/ (replayed in CI by"
   echo "the \`fuzz_replay_<target>\` tests, label \`fuzz\`)."
   echo
-  echo "| target | inputs run | time | exec/s | coverage (edges) | features | corpus | max_len | peak RSS | crashes | run (UTC) | commit |"
-  echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|"
+  echo "| target | inputs run | time | workers | exec/s | coverage (edges) | features | corpus | max_len | peak RSS | crashes | run (UTC) | commit |"
+  echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|"
   for source in "${here}"/*_fuzz.cpp; do
     name=$(basename "${source}" _fuzz.cpp)
     if [ -f "${build}/rows/${name}.md" ]; then
       cat "${build}/rows/${name}.md"
     else
-      echo "| ${name} | not run yet | | | | | | | | | | |"
+      echo "| ${name} | not run yet | | | | | | | | | | | |"
     fi
   done
   echo
   echo "Coverage is libFuzzer's count of instrumented edges reached (\`cov:\`) over the whole"
   echo "binary (tandem's headers, nlohmann-json and the standard library included); features adds"
-  echo "edge counts and value profiles. exec/s is libFuzzer's average over the run."
+  echo "edge counts and value profiles. exec/s is libFuzzer's average over the run, summed over"
+  echo "the workers."
   if [ -f "${here}/crashes/README.md" ]; then
     echo
     sed -n '/^## /,$p' "${here}/crashes/README.md"
