@@ -632,16 +632,26 @@ class Rank : public IssueOrder {
     } else {
       cause = "gloo: " + what;
     }
+    const bool timed_out = what.find("imed out") != std::string::npos;
+    // A stopped peer (alive, not running) is the likely cause of a timeout, and of a closed
+    // connection from a peer that gave up on it first; a peer gone by then may only have given
+    // up itself, so it is called dead only when nothing else explains the failure.
+    const std::vector<int> stopped = stopped_peers(peers_, rank_);
+    const bool other_cause = timed_out || !stopped.empty();
     // A killed process closes its sockets before it is gone: give it a moment to finish dying.
     std::vector<int> dead = dead_peers(peers_, rank_);
-    for (int tries = 0; dead.empty() && tries < 50 && what.find("imed out") == std::string::npos;
-         ++tries) {
+    for (int tries = 0; dead.empty() && tries < 50 && !other_cause; ++tries) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
       dead = dead_peers(peers_, rank_);
     }
+    if (!stopped.empty()) {
+      cause += "; " + rank_list(stopped) + (stopped.size() == 1 ? " is" : " are") +
+               " stopped (SIGSTOP or a debugger: the process is alive but does not run)";
+    }
     if (!dead.empty()) {
-      cause += "; " + rank_list(dead) + (dead.size() == 1 ? " has" : " have") +
-               " died (the process is gone)";
+      cause +=
+          "; " + rank_list(dead) + (dead.size() == 1 ? " has" : " have") +
+          (other_cause ? " already ended (the process is gone)" : " died (the process is gone)");
     }
     mark_broken(std::string(op) + ": " + cause);
     return Error(rank_, op, cause);

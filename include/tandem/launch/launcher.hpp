@@ -572,6 +572,8 @@ inline GroupOutcome supervise(std::vector<Worker>& workers, const SuperviseOptio
   bool killed = false;
   const auto stop_all = [&](int signal) {
     signal_all(workers, signal);
+    // A stopped worker (SIGSTOP, a debugger) acts on nothing but SIGKILL until it is continued.
+    if (signal != SIGKILL) signal_all(workers, SIGCONT);
     kill_at = clock::now() + options.grace;
   };
   const std::string host = host_name();

@@ -201,16 +201,39 @@ inline Peer parse_peer(const std::string& text) {
   return peer;
 }
 
-/// Whether process `pid` of this host has ended (a zombie not yet reaped counts as ended).
-inline bool process_gone(long pid) {
-  if (::kill(static_cast<pid_t>(pid), 0) != 0) return errno == ESRCH;
+/// The state letter of process `pid` of this host in /proc/PID/stat ('R', 'S', 'T', 'Z', ...);
+/// 'X' when it no longer exists, '?' when that cannot be read.
+inline char process_state(long pid) {
+  if (::kill(static_cast<pid_t>(pid), 0) != 0) return errno == ESRCH ? 'X' : '?';
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
   std::string line;
-  if (!std::getline(stat, line)) return false;
+  if (!std::getline(stat, line)) return '?';
   const auto close = line.rfind(')');  // the command name may hold spaces and parentheses
-  if (close == std::string::npos || close + 2 >= line.size()) return false;
-  const char state = line[close + 2];
+  if (close == std::string::npos || close + 2 >= line.size()) return '?';
+  return line[close + 2];
+}
+
+/// Whether process `pid` of this host has ended (a zombie not yet reaped counts as ended).
+inline bool process_gone(long pid) {
+  const char state = process_state(pid);
   return state == 'Z' || state == 'X';
+}
+
+/// Whether process `pid` of this host is stopped (SIGSTOP, a debugger): alive but not running.
+inline bool process_stopped(long pid) {
+  const char state = process_state(pid);
+  return state == 'T' || state == 't';
+}
+
+/// The ranks of `peers` that ran on this host and whose process is stopped.
+inline std::vector<int> stopped_peers(const std::vector<Peer>& peers, int me) {
+  std::vector<int> stopped;
+  const std::string host = this_host();
+  for (std::size_t r = 0; r < peers.size(); ++r) {
+    if (static_cast<int>(r) == me || peers[r].host != host || peers[r].pid <= 0) continue;
+    if (process_stopped(peers[r].pid)) stopped.push_back(static_cast<int>(r));
+  }
+  return stopped;
 }
 
 /// The ranks of `peers` that ran on this host and whose process is gone.

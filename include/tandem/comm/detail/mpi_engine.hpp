@@ -342,10 +342,17 @@ class Worker {
       std::unique_lock lock(shared_->mutex);
       shared_->stopping = true;
       shared_->changed.notify_all();
-      if (!shared_->changed.wait_until(lock, deadline.at(),
-                                       [&] { return shared_->queue.empty(); })) {
-        failed = break_queue("the communicator was destroyed, and waited " +
-                             describe(shared_->timeout) + " for it");
+      // A queue that broke on a timeout holds a collective blocked in MPI for good: waiting
+      // another timeout for it would only delay the end of the job.
+      shared_->changed.wait_until(lock, deadline.at(), [&] {
+        return shared_->queue.empty() || shared_->broken.has_value();
+      });
+      if (!shared_->queue.empty()) {
+        failed = break_queue(shared_->broken
+                                 ? "the communicator was destroyed after an operation had timed "
+                                   "out (it stays blocked in MPI)"
+                                 : "the communicator was destroyed, and waited " +
+                                       describe(shared_->timeout) + " for it");
         detached_ = true;
         shared_->release_comm = true;
       }
