@@ -12,6 +12,7 @@
 #pragma once
 
 #include <algorithm>
+#include <charconv>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -22,6 +23,8 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
+#include <system_error>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -57,6 +60,50 @@ CheckpointRanks checkpoint_ranks(Comm& comm) {
         }
         return out;
       }};
+}
+
+// An integer field of the metadata, as type I: a JSON integer in I's range, else an Error naming
+// the field (nlohmann's get<I> would cast a float, with undefined behaviour out of range, and
+// wrap a negative number into an unsigned type).
+template <class I>
+requires std::is_integral_v<I> I json_integer(const nlohmann::json& value, std::string_view what) {
+  if (value.is_number_unsigned()) {
+    const auto v = value.template get<std::uint64_t>();
+    if (std::in_range<I>(v)) return static_cast<I>(v);
+  } else if (value.is_number_integer()) {
+    const auto v = value.template get<std::int64_t>();
+    if (std::in_range<I>(v)) return static_cast<I>(v);
+  } else {
+    throw Error("load_checkpoint",
+                "'" + std::string(what) + "' is " + value.dump() + ", not an integer");
+  }
+  throw Error("load_checkpoint",
+              "'" + std::string(what) + "' is " + value.dump() + ", out of range for its type");
+}
+
+// A list of integers of the metadata (see json_integer).
+template <class I>
+std::vector<I> json_integers(const nlohmann::json& value, std::string_view what) {
+  if (!value.is_array()) {
+    throw Error("load_checkpoint", "'" + std::string(what) + "' is not a list of integers");
+  }
+  std::vector<I> out;
+  out.reserve(value.size());
+  for (const auto& item : value) out.push_back(json_integer<I>(item, what));
+  return out;
+}
+
+// A whole decimal number of the text `digits` (no sign, no spaces, nothing after it) that fits
+// I; nullopt otherwise.
+template <class I>
+std::optional<I> whole_number(std::string_view digits) {
+  I value{};
+  const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
+  if (digits.empty() || digits.front() == '-' || error != std::errc() ||
+      end != digits.data() + digits.size()) {
+    return std::nullopt;
+  }
+  return value;
 }
 
 // Every rank's `failure` (empty: none) decides together: an Error on every rank when any rank
@@ -147,7 +194,13 @@ class TrainingState {
            const auto& saved = required(meta, key);
            Dict dict;
            for (const auto& [index, entry] : saved.at("state").items()) {
-             auto& param = dict.state[std::stoul(index)];
+             const auto slot = detail::whole_number<std::size_t>(index);
+             if (!slot) {
+               throw Error("load_checkpoint " + in.name(), "'" + key + ".state' has an entry '" +
+                                                               index +
+                                                               "', which is not a parameter index");
+             }
+             auto& param = dict.state[*slot];
              param.scalars = entry.at("scalars").template get<std::map<std::string, double>>();
              for (const auto& name : entry.at("tensors")) {
                const std::string tensor =
@@ -160,8 +213,10 @@ class TrainingState {
            for (const auto& group : saved.at("param_groups")) {
              typename Dict::GroupState g;
              g.options = group.at("options").template get<std::map<std::string, double>>();
-             g.params = group.at("params").template get<std::vector<std::size_t>>();
-             g.step = group.at("step").template get<std::int64_t>();
+             g.params = detail::json_integers<std::size_t>(group.at("params"),
+                                                           key + ".param_groups.params");
+             g.step =
+                 detail::json_integer<std::int64_t>(group.at("step"), key + ".param_groups.step");
              dict.param_groups.push_back(std::move(g));
            }
            opt.load_state_dict(dict);
@@ -196,7 +251,8 @@ class TrainingState {
          },
          [&ema, &params, key](const SafetensorsFile& in, const nlohmann::json& meta,
                               const CheckpointRanks&) {
-           const auto updates = required(meta, key).at("updates").template get<std::size_t>();
+           const auto updates = detail::json_integer<std::size_t>(required(meta, key).at("updates"),
+                                                                  key + ".updates");
            for_each_shadow(ema, params, key, [&](const std::string& name, auto view, auto) {
              in.read_into(name, view);
            });
@@ -220,8 +276,10 @@ class TrainingState {
                           const CheckpointRanks&) {
            const auto& saved = required(meta, key);
            auto s = schedule.state_dict();
-           s.last_epoch = saved.at("last_epoch").template get<std::int64_t>();
-           s.step_count = saved.at("_step_count").template get<std::int64_t>();
+           s.last_epoch =
+               detail::json_integer<std::int64_t>(saved.at("last_epoch"), key + ".last_epoch");
+           s.step_count =
+               detail::json_integer<std::int64_t>(saved.at("_step_count"), key + "._step_count");
            s.base_lrs = saved.at("base_lrs").template get<std::vector<double>>();
            s.last_lr = saved.at("_last_lr").template get<std::vector<double>>();
            schedule.load_state_dict(s);
@@ -247,10 +305,13 @@ class TrainingState {
          [&sampler, &batches_done, key](const SafetensorsFile& in, const nlohmann::json& meta,
                                         const CheckpointRanks&) {
            const auto& saved = required(meta, key);
-           const auto size = saved.at("dataset_size").template get<std::size_t>();
-           const auto replicas = saved.at("num_replicas").template get<int>();
+           const auto size =
+               detail::json_integer<std::size_t>(saved.at("dataset_size"), key + ".dataset_size");
+           const auto replicas =
+               detail::json_integer<int>(saved.at("num_replicas"), key + ".num_replicas");
            if (size != sampler.dataset_size() || replicas != sampler.num_replicas() ||
-               saved.at("seed").template get<std::uint64_t>() != sampler.options().seed) {
+               detail::json_integer<std::uint64_t>(saved.at("seed"), key + ".seed") !=
+                   sampler.options().seed) {
              throw Error(sampler.rank(), "load_checkpoint " + in.name(),
                          "the sampler was saved for " + std::to_string(size) + " samples, " +
                              std::to_string(replicas) + " ranks and seed " +
@@ -259,8 +320,10 @@ class TrainingState {
                              std::to_string(sampler.num_replicas()) + " and " +
                              std::to_string(sampler.options().seed));
            }
-           sampler.set_epoch(saved.at("epoch").template get<std::uint64_t>());
-           batches_done = saved.at("batches_done").template get<std::size_t>();
+           sampler.set_epoch(
+               detail::json_integer<std::uint64_t>(saved.at("epoch"), key + ".epoch"));
+           batches_done =
+               detail::json_integer<std::size_t>(saved.at("batches_done"), key + ".batches_done");
          }});
     return *this;
   }
@@ -273,7 +336,7 @@ class TrainingState {
            meta[key] = value;
          },
          [&value, key](const SafetensorsFile&, const nlohmann::json& meta, const CheckpointRanks&) {
-           value = required(meta, key).template get<Integer>();
+           value = detail::json_integer<Integer>(required(meta, key), key);
          }});
     return *this;
   }
@@ -406,8 +469,9 @@ struct CheckpointOptions {
     if (!name.starts_with(options.prefix) || !name.ends_with(suffix)) continue;
     const std::string digits =
         name.substr(options.prefix.size(), name.size() - options.prefix.size() - suffix.size());
-    if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) continue;
-    found.emplace_back(std::stoll(digits), entry.path());
+    const auto step = detail::whole_number<std::int64_t>(digits);
+    if (!step) continue;  // not a step (or one too large to be ours)
+    found.emplace_back(*step, entry.path());
   }
   std::sort(found.begin(), found.end(),
             [](const auto& a, const auto& b) { return a.first > b.first; });

@@ -89,3 +89,64 @@ TEST_CASE("keep the last K; a damaged newest checkpoint is reported and skipped"
     CHECK(run.step == 3);
   });
 }
+
+// Found by fuzzing: integer fields were read with nlohmann's get<I>, which casts a float (undefined
+// behaviour out of range) and wraps a negative number into an unsigned type.
+TEST_CASE("an integer field that is a float, negative for its type or too large is an Error") {
+  tandem::test::TempDir dir;
+  const auto path = dir / "counter.safetensors";
+  tandem::run_local(1, [&](tandem::LocalComm& comm) {
+    std::uint64_t step = 1234567;
+    tandem::TrainingState state;
+    state.counter("step", step);
+    tandem::save_checkpoint(comm, path, state);
+  });
+  std::string original;
+  {
+    std::ifstream in(path, std::ios::binary);
+    original.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const auto at = original.find("1234567");
+  REQUIRE(at != std::string::npos);
+  // Same length, so the header's length prefix stays right; the data checksum is unaffected.
+  for (const auto& [replacement, expected] : std::vector<std::pair<std::string, std::string>>{
+           {"1.2e+99", "'step' is 1.2e+99, not an integer"},
+           {"-123456", "'step' is -123456, out of range for its type"},
+           {"1234567", ""}}) {
+    CAPTURE(replacement);
+    std::string changed = original;
+    changed.replace(at, replacement.size(), replacement);
+    {
+      std::ofstream out(path, std::ios::binary | std::ios::trunc);
+      out << changed;
+    }
+    tandem::run_local(1, [&](tandem::LocalComm& comm) {
+      std::uint64_t step = 0;
+      tandem::TrainingState state;
+      state.counter("step", step);
+      if (expected.empty()) {
+        tandem::load_checkpoint(comm, path, state);
+        CHECK(step == 1234567);
+        return;
+      }
+      try {
+        tandem::load_checkpoint(comm, path, state);
+        FAIL("loaded " << step);
+      } catch (const tandem::Error& e) {
+        CHECK(std::string(e.what()).find(expected) != std::string::npos);
+      }
+    });
+  }
+}
+
+TEST_CASE("list_checkpoints passes over names whose step is not a number that fits") {
+  tandem::test::TempDir dir;
+  for (const char* name :
+       {"checkpoint-000000000007.safetensors", "checkpoint-99999999999999999999999.safetensors",
+        "checkpoint-12abc.safetensors", "checkpoint--5.safetensors", "checkpoint-.safetensors"}) {
+    std::ofstream(dir / name) << "x";
+  }
+  const auto all = tandem::list_checkpoints(dir.path());
+  REQUIRE(all.size() == 1);
+  CHECK(all[0].first == 7);
+}
