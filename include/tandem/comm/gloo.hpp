@@ -646,7 +646,7 @@ class Rank : public IssueOrder {
     }
     if (!stopped.empty()) {
       cause += "; " + rank_list(stopped) + (stopped.size() == 1 ? " is" : " are") +
-               " stopped (SIGSTOP or a debugger: the process is alive but does not run)";
+               " stopped (SIGSTOP: the process is alive but does not run)";
     }
     if (!dead.empty()) {
       cause +=

@@ -219,10 +219,11 @@ inline bool process_gone(long pid) {
   return state == 'Z' || state == 'X';
 }
 
-/// Whether process `pid` of this host is stopped (SIGSTOP, a debugger): alive but not running.
+/// Whether process `pid` of this host is stopped by a signal (SIGSTOP): alive but not running.
+/// A tracing stop ('t') is left out: a sanitizer's leak check ptrace-stops its own process as it
+/// exits, which is a peer ending, not one stopped.
 inline bool process_stopped(long pid) {
-  const char state = process_state(pid);
-  return state == 'T' || state == 't';
+  return process_state(pid) == 'T';
 }
 
 /// The ranks of `peers` that ran on this host and whose process is stopped.
