@@ -88,7 +88,14 @@ Ended run_job(const std::string& mode) {
 
 void check_watchdog_ended(const Ended& ended) {
   INFO("stderr: " << ended.errors);
-  CHECK(ended.code == tandem::detail::mpi::watchdog_exit_code);
+  // Open MPI's mpirun sometimes crashes in its own teardown after MPI_Abort (a segfault in
+  // PMIx_server_finalize under orte_finalize, seen once under TSan's load) and then exits by a
+  // signal instead of 124. The job still ended, which is what is tested; say so, never hide it.
+  const bool mpirun_crashed =
+      ended.code > 128 && ended.errors.find("orte_finalize") != std::string::npos;
+  if (mpirun_crashed)
+    MESSAGE("mpirun itself crashed while ending the job (exit " << ended.code << ")");
+  CHECK((ended.code == tandem::detail::mpi::watchdog_exit_code || mpirun_crashed));
   CHECK(tandem::test::mentions(ended.errors, "tandem: rank 0: all_reduce: no progress after",
                                "over the timeout of 2 s", "ends the job (exit code 124)"));
   // It waited the timeout, and not much longer (mpirun's start and end included).
