@@ -275,31 +275,6 @@ tandem::Buffer<std::int64_t, device> device_indices(const std::vector<std::int64
   return out;
 }
 
-template <class Comm>
-inline constexpr bool host_communicator = !std::same_as<typename Comm::memory_space, device>;
-
-/// Element-wise sums of a few host values over the ranks (metrics, accuracy counts). A device
-/// communicator (NCCL) gets them through device memory.
-template <class Comm, std::size_t N>
-std::array<double, N> sum_over_ranks(Comm& comm, std::array<double, N> values,
-                                     cudaStream_t stream) {
-  if constexpr (host_communicator<Comm>) {
-    return tandem::reduce_sum(comm, values);
-  } else {
-    if (comm.size() == 1) return values;
-    tandem::Buffer<double, device> staged(N);
-    tandem::cuda::check(cudaMemcpyAsync(staged.data(), values.data(), sizeof values,
-                                        cudaMemcpyHostToDevice, stream),
-                        "sum_over_ranks (cudaMemcpyAsync)");
-    comm.all_reduce(staged.view(), tandem::ReduceOp::sum);  // ordered on `stream`
-    tandem::cuda::check(cudaMemcpyAsync(values.data(), staged.data(), sizeof values,
-                                        cudaMemcpyDeviceToHost, stream),
-                        "sum_over_ranks (cudaMemcpyAsync)");
-    tandem::cuda::check(cudaStreamSynchronize(stream), "sum_over_ranks (cudaStreamSynchronize)");
-    return values;
-  }
-}
-
 /// The model: fc1 -> SyncBatchNorm -> ReLU -> fc2 on one GPU, the names of fashion_mnist.cpp's
 /// (PyTorch's). Every kernel and cuBLAS call runs on one stream, in order; nothing waits on the
 /// host except where a value is read back.
@@ -564,8 +539,7 @@ double evaluate(Comm& comm, Mlp<Comm>& model, const ResidentData& test,
   }
   const std::int64_t hits = model.hits();
   model.batch_norm().train();
-  const auto totals =
-      sum_over_ranks(comm, std::array<double, 2>{double(hits), double(count)}, model.exec().stream);
+  const auto totals = tandem::reduce_sum(comm, std::array<double, 2>{double(hits), double(count)});
   return totals[0] / totals[1];
 }
 
@@ -681,8 +655,7 @@ RunSummary train(Comm& comm, const Settings& settings, cudaStream_t stream) {
     ++batches_done;
     ++step;
     if (step % 50 == 0 || batches_done == batches.size()) {
-      mean_loss = sum_over_ranks(comm, std::array<double, 1>{model.mean_loss(count)}, stream)[0] /
-                  comm.size();
+      mean_loss = tandem::reduce_mean(comm, model.mean_loss(count));
       board.add_scalar("train/loss", mean_loss, step);
     }
   };
