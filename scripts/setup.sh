@@ -15,6 +15,7 @@ packages=(
   libgloo-dev           # the Gloo backend
   libopenmpi-dev openmpi-bin   # the MPI backend
   python3 python3-torch # benchmark peer (torch.distributed) and golden data; Debian's torch 1.13
+  libtorch-dev          # the libtorch bridge (tandem::torch, CMake component torch): libtorch 1.13.1
   python3-venv          # a private environment for Conan where python3's own is not writable
   zlib1g-dev            # gzip'd IDX files (data/)
   dataset-fashion-mnist # the examples' real data set, under /usr/share/datasets/fashion-mnist
