@@ -152,51 +152,23 @@ template <class F>
   for (std::size_t i = begin; i < end; ++i) f(i);
 }
 
-/// adamw_ema_cast<float> eight elements at a time: the IEEE operations of adamw_avx2_fma,
+/// adamw_ema_cast<float> eight elements at a time: AdamW's own vector lane
+/// (optim::detail::adamw_avx2_lane) on the unscaled gradients, then the IEEE operations of
 /// lerp_float_avx2_fma and float_to_half_f16c in their order, so the same bits as the unfused
 /// passes on this CPU.
 template <bool Amsgrad, class Low>
 [[gnu::target("avx2,fma,f16c")]] void adamw_ema_cast_avx2(
     const adamw_ema_cast<float, Amsgrad, Low, true>& f, std::size_t begin, std::size_t end) {
-  const auto& u = f.update;
-  const __m256 sign = _mm256_set1_ps(u.maximize ? -0.0f : 0.0f);
+  const optim::detail::adamw_avx2_lane<Amsgrad> adamw(f.update);
   const __m256 inv_scale = _mm256_set1_ps(f.inv_scale);
-  const __m256 decay = _mm256_set1_ps(u.decay);
-  const __m256 beta1 = _mm256_set1_ps(u.beta1);
-  const __m256 one_minus_beta1 = _mm256_set1_ps(u.one_minus_beta1);
-  const __m256 beta2 = _mm256_set1_ps(u.beta2);
-  const __m256 one_minus_beta2 = _mm256_set1_ps(u.one_minus_beta2);
-  const __m256 bias_correction2_sqrt = _mm256_set1_ps(u.bias_correction2_sqrt);
-  const __m256 eps = _mm256_set1_ps(u.eps);
-  const __m256 neg_step_size = _mm256_set1_ps(u.neg_step_size);
   const bool near_start = (f.weight < 0.0f ? -f.weight : f.weight) < 0.5f;
   const __m256 weight = _mm256_set1_ps(near_start ? f.weight : f.weight - 1.0f);
   const bool unscale = f.unscale;
   std::size_t i = begin;
   for (; i + 8 <= end; i += 8) {
-    __m256 g = _mm256_loadu_ps(u.grad + i);
+    __m256 g = _mm256_loadu_ps(f.update.grad + i);
     if (unscale) g = _mm256_mul_ps(g, inv_scale);
-    g = _mm256_xor_ps(g, sign);
-    __m256 p = _mm256_mul_ps(_mm256_loadu_ps(u.param + i), decay);
-    __asm__("" : "+x"(p));  // rounded on its own, never fused into the final addition
-    const __m256 m =
-        _mm256_fmadd_ps(one_minus_beta1, g, _mm256_mul_ps(_mm256_loadu_ps(u.exp_avg + i), beta1));
-    const __m256 v = _mm256_fmadd_ps(_mm256_mul_ps(one_minus_beta2, g), g,
-                                     _mm256_mul_ps(_mm256_loadu_ps(u.exp_avg_sq + i), beta2));
-    _mm256_storeu_ps(u.exp_avg + i, m);
-    _mm256_storeu_ps(u.exp_avg_sq + i, v);
-    __m256 second = v;
-    if constexpr (Amsgrad) {
-      const __m256 previous = _mm256_loadu_ps(u.max_exp_avg_sq + i);
-      const __m256 take_v =
-          _mm256_or_ps(_mm256_cmp_ps(v, previous, _CMP_GT_OQ), _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-      second = _mm256_blendv_ps(previous, v, take_v);
-      _mm256_storeu_ps(u.max_exp_avg_sq + i, second);
-    }
-    const __m256 denom =
-        _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(second), bias_correction2_sqrt), eps);
-    const __m256 value = _mm256_add_ps(p, _mm256_div_ps(_mm256_mul_ps(neg_step_size, m), denom));
-    _mm256_storeu_ps(u.param + i, value);
+    const __m256 value = adamw(i, g);
     const __m256 start = _mm256_loadu_ps(f.shadow + i);
     _mm256_storeu_ps(f.shadow + i, _mm256_fmadd_ps(weight, _mm256_sub_ps(value, start),
                                                    near_start ? start : value));

@@ -120,48 +120,79 @@ template <bool Amsgrad>
   for (; i < n; ++i) f(i);
 }
 
-/// adamw_update<float> eight elements at a time with AVX2 and FMA (run-time dispatched; the
-/// build needs no flags). The scalar loop does not vectorise without -fno-math-errno (its square
-/// root may set errno), which no function attribute turns off in GCC 12. The same IEEE operations
-/// in the same order as adamw_update, each correctly rounded, so the same bits.
+/// adamw_update<float>'s arithmetic on eight elements with AVX2 and FMA: the one vector lane of
+/// AdamW, used by adamw_avx2_fma and by the fused step (amp/fused_step.hpp), which feeds it
+/// unscaled gradients. The scalar loop does not vectorise without -fno-math-errno (its square
+/// root may set errno), which no function attribute turns off in GCC 12. The same IEEE
+/// operations in the same order as adamw_update::apply, each correctly rounded, so the same bits.
+/// Made once per pass (the scalars are broadcast here); inlined into its AVX2 callers.
 template <bool Amsgrad>
-[[gnu::target("avx2,fma")]] void adamw_avx2_fma(const adamw_update<float, Amsgrad>& f,
-                                                std::size_t n) {
-  const __m256 sign = _mm256_set1_ps(f.maximize ? -0.0f : 0.0f);
-  const __m256 decay = _mm256_set1_ps(f.decay);
-  const __m256 beta1 = _mm256_set1_ps(f.beta1);
-  const __m256 one_minus_beta1 = _mm256_set1_ps(f.one_minus_beta1);
-  const __m256 beta2 = _mm256_set1_ps(f.beta2);
-  const __m256 one_minus_beta2 = _mm256_set1_ps(f.one_minus_beta2);
-  const __m256 bias_correction2_sqrt = _mm256_set1_ps(f.bias_correction2_sqrt);
-  const __m256 eps = _mm256_set1_ps(f.eps);
-  const __m256 neg_step_size = _mm256_set1_ps(f.neg_step_size);
-  std::size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 g = _mm256_xor_ps(_mm256_loadu_ps(f.grad + i), sign);  // -g flips the sign
-    __m256 p = _mm256_mul_ps(_mm256_loadu_ps(f.param + i), decay);
+class adamw_avx2_lane {
+ public:
+  [[gnu::target("avx2,fma"),
+    gnu::always_inline]] explicit adamw_avx2_lane(const adamw_update<float, Amsgrad>& f)
+      : f_(f),
+        sign_(_mm256_set1_ps(f.maximize ? -0.0f : 0.0f)),
+        decay_(_mm256_set1_ps(f.decay)),
+        beta1_(_mm256_set1_ps(f.beta1)),
+        one_minus_beta1_(_mm256_set1_ps(f.one_minus_beta1)),
+        beta2_(_mm256_set1_ps(f.beta2)),
+        one_minus_beta2_(_mm256_set1_ps(f.one_minus_beta2)),
+        bias_correction2_sqrt_(_mm256_set1_ps(f.bias_correction2_sqrt)),
+        eps_(_mm256_set1_ps(f.eps)),
+        neg_step_size_(_mm256_set1_ps(f.neg_step_size)) {}
+
+  /// Elements [i, i + 8) given their gradients: writes the parameters and the moments, returns
+  /// the new parameters as stored.
+  [[gnu::target("avx2,fma"), gnu::always_inline]] __m256 operator()(std::size_t i,
+                                                                    __m256 gradient) const {
+    const __m256 g = _mm256_xor_ps(gradient, sign_);  // -g flips the sign
+    __m256 p = _mm256_mul_ps(_mm256_loadu_ps(f_.param + i), decay_);
     // Opaque to the optimiser: GCC (-ffp-contract=fast, its default in gnu++ modes) would fuse
     // this product into the final addition, which PyTorch rounds separately.
     __asm__("" : "+x"(p));
-    const __m256 m =
-        _mm256_fmadd_ps(one_minus_beta1, g, _mm256_mul_ps(_mm256_loadu_ps(f.exp_avg + i), beta1));
-    const __m256 v = _mm256_fmadd_ps(_mm256_mul_ps(one_minus_beta2, g), g,
-                                     _mm256_mul_ps(_mm256_loadu_ps(f.exp_avg_sq + i), beta2));
-    _mm256_storeu_ps(f.exp_avg + i, m);
-    _mm256_storeu_ps(f.exp_avg_sq + i, v);
+    const __m256 m = _mm256_fmadd_ps(one_minus_beta1_, g,
+                                     _mm256_mul_ps(_mm256_loadu_ps(f_.exp_avg + i), beta1_));
+    const __m256 v = _mm256_fmadd_ps(_mm256_mul_ps(one_minus_beta2_, g), g,
+                                     _mm256_mul_ps(_mm256_loadu_ps(f_.exp_avg_sq + i), beta2_));
+    _mm256_storeu_ps(f_.exp_avg + i, m);
+    _mm256_storeu_ps(f_.exp_avg_sq + i, v);
     __m256 second = v;
     if constexpr (Amsgrad) {
-      const __m256 previous = _mm256_loadu_ps(f.max_exp_avg_sq + i);
+      const __m256 previous = _mm256_loadu_ps(f_.max_exp_avg_sq + i);
       const __m256 take_v =
           _mm256_or_ps(_mm256_cmp_ps(v, previous, _CMP_GT_OQ), _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
       second = _mm256_blendv_ps(previous, v, take_v);
-      _mm256_storeu_ps(f.max_exp_avg_sq + i, second);
+      _mm256_storeu_ps(f_.max_exp_avg_sq + i, second);
     }
     const __m256 denom =
-        _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(second), bias_correction2_sqrt), eps);
-    _mm256_storeu_ps(f.param + i,
-                     _mm256_add_ps(p, _mm256_div_ps(_mm256_mul_ps(neg_step_size, m), denom)));
+        _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(second), bias_correction2_sqrt_), eps_);
+    const __m256 value = _mm256_add_ps(p, _mm256_div_ps(_mm256_mul_ps(neg_step_size_, m), denom));
+    _mm256_storeu_ps(f_.param + i, value);
+    return value;
   }
+
+ private:
+  const adamw_update<float, Amsgrad>& f_;
+  __m256 sign_;
+  __m256 decay_;
+  __m256 beta1_;
+  __m256 one_minus_beta1_;
+  __m256 beta2_;
+  __m256 one_minus_beta2_;
+  __m256 bias_correction2_sqrt_;
+  __m256 eps_;
+  __m256 neg_step_size_;
+};
+
+/// adamw_update<float> over n elements, eight at a time through adamw_avx2_lane (run-time
+/// dispatched; the build needs no flags).
+template <bool Amsgrad>
+[[gnu::target("avx2,fma")]] void adamw_avx2_fma(const adamw_update<float, Amsgrad>& f,
+                                                std::size_t n) {
+  const adamw_avx2_lane<Amsgrad> lane(f);
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) lane(i, _mm256_loadu_ps(f.grad + i));
   adamw_scalar_tail(f, i, n);
 }
 #endif
