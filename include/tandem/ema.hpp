@@ -91,9 +91,6 @@ TANDEM_HD inline Opmath lerp(Opmath start, Opmath end, Opmath weight) noexcept {
              : fused_multiply_add<Hardware>(weight - Opmath(1), difference, end);
 }
 
-template <class T>
-using opmath_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
-
 /// shadow[i] = lerp(shadow[i], live[i], weight), in opmath (float for half and bfloat16).
 template <class T, bool Hardware = false>
 struct lerp_into {
@@ -259,7 +256,7 @@ class EMA {
   /// Blends with decay_at(step) and makes `step` the update count. Does not wait on devices. An
   /// Error while the shadow is applied (the live weights are not the active ones then).
   void update(std::size_t step) {
-    update_with(step, [this](T* shadow, detail::ema::opmath_t<T> weight) {
+    update_with(step, [this](T* shadow, opmath_t<T> weight) {
       View<T, Space> live = params_->values();
       detail::ema::run_lerp<detail::ema::lerp_into, T>(exec_, live.size(), shadow, live.data(),
                                                        weight);
@@ -267,8 +264,8 @@ class EMA {
   }
 
   /// The lerp weight (1 - decay) that update() would blend with now, as the elements' opmath.
-  [[nodiscard]] detail::ema::opmath_t<T> next_weight() const noexcept {
-    return static_cast<detail::ema::opmath_t<T>>(1.0 - decay_at(updates_ + 1));
+  [[nodiscard]] opmath_t<T> next_weight() const noexcept {
+    return static_cast<opmath_t<T>>(1.0 - decay_at(updates_ + 1));
   }
 
   /// For fused steps (tandem/amp/fused_step.hpp): update() with the blend of the trained values
@@ -286,7 +283,7 @@ class EMA {
     require_not_applied("update");
     const double decay = decay_at(step);
     // timm passes weight=1-decay as a Python float; torch rounds it to the element type.
-    const auto weight = static_cast<detail::ema::opmath_t<T>>(1.0 - decay);
+    const auto weight = static_cast<opmath_t<T>>(1.0 - decay);
     blend(shadow_values_.data(), weight);
     View<T, Space> live_buffers = params_->buffer_values();
     if (!live_buffers.empty()) {

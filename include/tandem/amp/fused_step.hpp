@@ -111,22 +111,20 @@ void parallel_ranges(int threads, std::size_t min_per_thread, std::size_t n, con
 /// as detail::ema::lerp.
 template <class T, bool Amsgrad, class Low, bool Hardware>
 struct adamw_ema_cast {
-  using ema_math = ::tandem::detail::ema::opmath_t<T>;
-  using scale_math = ::tandem::detail::amp::opmath_t<T>;
+  using math = opmath_t<T>;  ///< GradScaler's, AdamW's and the EMA's arithmetic alike
 
   optim::detail::adamw_update<T, Amsgrad> update;  ///< pointers at the group's first element
   T* shadow;                                       ///< likewise
   Low* low;                                        ///< likewise; null: no compute copy
-  scale_math inv_scale;
+  math inv_scale;
   bool unscale;  ///< inv_scale != 1 (GradScaler then leaves the gradients as they are)
-  ema_math weight;
+  math weight;
 
   TANDEM_HD void operator()(std::size_t i) const {
-    const T gradient =
-        unscale ? T(static_cast<scale_math>(update.grad[i]) * inv_scale) : update.grad[i];
-    const T value = update.apply(i, static_cast<optim::detail::math_t<T>>(gradient));
-    shadow[i] = T(::tandem::detail::ema::lerp<Hardware>(static_cast<ema_math>(shadow[i]),
-                                                        static_cast<ema_math>(value), weight));
+    const T gradient = unscale ? T(static_cast<math>(update.grad[i]) * inv_scale) : update.grad[i];
+    const T value = update.apply(i, static_cast<math>(gradient));
+    shadow[i] = T(::tandem::detail::ema::lerp<Hardware>(static_cast<math>(shadow[i]),
+                                                        static_cast<math>(value), weight));
     if (low != nullptr) cast_element<T, Low>{&value, low + i}(0);
   }
 };
@@ -254,7 +252,7 @@ class FusedStep {
     return scaler.fused_step(
         adamw, [&](::tandem::detail::amp::inf_flag* flag) { check(exec, grads, n, flag); },
         [&](float inv_scale) {
-          ema.update_with([&](T* shadow, ::tandem::detail::ema::opmath_t<T> weight) {
+          ema.update_with([&](T* shadow, opmath_t<T> weight) {
             adamw.step_with([&](std::size_t offset, std::size_t size, const auto& update) {
               update_pass(exec, update, size, shadow + offset, low ? low + offset : nullptr,
                           inv_scale, weight);
@@ -303,12 +301,11 @@ class FusedStep {
   template <class E, class T, bool Amsgrad, class Low>
   void update_pass(const E& exec, const optim::detail::adamw_update<T, Amsgrad>& update,
                    std::size_t size, T* shadow, Low* low, float inv_scale,
-                   ::tandem::detail::ema::opmath_t<T> weight) const {
-    using scale_math = ::tandem::detail::amp::opmath_t<T>;
+                   opmath_t<T> weight) const {
     const bool unscale = inv_scale != 1.0f;
     const auto make = [&]<bool Hardware>() {
       return detail::fused::adamw_ema_cast<T, Amsgrad, Low, Hardware>{
-          update, shadow, low, static_cast<scale_math>(inv_scale), unscale, weight};
+          update, shadow, low, static_cast<opmath_t<T>>(inv_scale), unscale, weight};
     };
     if constexpr (std::is_same_v<E, host_exec>) {
 #if defined(TANDEM_OPTIM_X86_DISPATCH)

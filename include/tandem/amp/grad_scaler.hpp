@@ -51,10 +51,6 @@ TANDEM_HD constexpr bool is_finite(double x) noexcept {
   return (__builtin_bit_cast(std::uint64_t, x) & 0x7ff0000000000000ull) != 0x7ff0000000000000ull;
 }
 
-/// The type PyTorch does element arithmetic in ("opmath"): float for half and bfloat16.
-template <class T>
-using opmath_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
-
 /// The inf flag: an int so that the host loop's OR-reduction vectorises (a float max would not
 /// without -ffast-math); all-reduced with max, which is OR for 0 and 1.
 using inf_flag = std::int32_t;
@@ -140,11 +136,9 @@ class GradScaler {
   /// when disabled. The first call starts the scale at init_scale.
   template <class T>
   requires(element_type<T>&& dtype_traits<T>::is_floating) [[nodiscard]] auto scale(T loss) {
-    using result = std::conditional_t<std::is_same_v<T, double>, double, float>;
-    if (!options_.enabled) return static_cast<result>(static_cast<detail::amp::opmath_t<T>>(loss));
+    if (!options_.enabled) return static_cast<opmath_t<T>>(loss);
     started_ = true;
-    return static_cast<result>(static_cast<detail::amp::opmath_t<T>>(loss) *
-                               static_cast<result>(scale_));
+    return static_cast<opmath_t<T>>(loss) * static_cast<opmath_t<T>>(scale_);
   }
 
   /// Divides the optimizer's gradients by the scale in place and records whether any was inf or

@@ -59,17 +59,13 @@ namespace tandem {
 
 namespace detail::ddp {
 
-/// The type 16-bit and single-precision gradients are divided in.
-template <class T>
-using compute_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
-
-/// g[i] /= divisor, computed in compute_t<T> (how pre-division keeps 16-bit sums in range).
+/// g[i] /= divisor, computed in opmath_t<T> (how pre-division keeps 16-bit sums in range).
 template <class T>
 struct divide {
   T* g;
-  compute_t<T> divisor;
+  opmath_t<T> divisor;
   TANDEM_HD void operator()(std::size_t i) const {
-    g[i] = static_cast<T>(static_cast<compute_t<T>>(g[i]) / divisor);
+    g[i] = static_cast<T>(static_cast<opmath_t<T>>(g[i]) / divisor);
   }
 };
 
@@ -200,7 +196,7 @@ class ArenaAccessFor final : public ArenaAccess<Comm> {
       return comm.all_reduce_async(View<wire_type, Space>(wire, bucket.count), ReduceOp::sum);
     } else {
       if (Config::averaged && n > 1) {
-        for_each_index(exec_, bucket.count, divide<T>{g, static_cast<compute_t<T>>(n)});
+        for_each_index(exec_, bucket.count, divide<T>{g, static_cast<opmath_t<T>>(n)});
       }
       exec_.synchronize();
       return comm.all_reduce_async(View<T, Space>(g, bucket.count), ReduceOp::sum);

@@ -70,7 +70,7 @@ namespace detail {
 ///   vmax = max(vmax, v) (amsgrad);  p += (-step_size * m) / (sqrt(v or vmax) / sqrt(bc2) + eps)
 template <class T, bool Amsgrad>
 struct adamw_update {
-  using M = math_t<T>;
+  using M = opmath_t<T>;
   T* param;
   const T* grad;
   M* exp_avg;

@@ -227,11 +227,6 @@ struct fill_zeros {
   TANDEM_HD void operator()(std::size_t i) const { data[i] = T{}; }
 };
 
-/// The arithmetic type of an optimizer's update and state: double for double parameters, float
-/// otherwise (half and bfloat16 parameters are read into float, updated, rounded back).
-template <class T>
-using math_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
-
 /// a * b + c rounded once (fused multiply-add). PyTorch's CPU kernels compute
 /// `add(x, alpha=a)` and `addcmul` with it, so matching them bitwise needs it too. The device has
 /// it natively; on the host it is an instruction where the code is compiled for one (-mfma,
@@ -338,7 +333,7 @@ class GroupedOptimizer {
   using memory_space = Space;
   using executor_type = E;
   using options_type = Options;
-  using state_type = math_t<T>;  // element type of the optimizer's state
+  using state_type = opmath_t<T>;  // element type of the optimizer's state
   using state_dict_type = StateDict<state_type, Space>;
 
   /// The executor every pass runs on.

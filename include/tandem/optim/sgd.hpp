@@ -68,7 +68,7 @@ enum class momentum_mode { none, first_step, running };
 ///   d = nesterov ? d + momentum * buf : buf;  p -= lr * d
 template <class T, momentum_mode Mode>
 struct sgd_update {
-  using M = math_t<T>;
+  using M = opmath_t<T>;
   T* param;
   const T* grad;
   M* momentum_buffer;  // unused without momentum

@@ -224,6 +224,12 @@ concept element_type = is_element_type_v<T>;
 template <element_type T>
 inline constexpr dtype dtype_of = dtype_traits<std::remove_cv_t<T>>::id;
 
+/// The type element arithmetic runs in (PyTorch's "opmath"): double for double, float for the
+/// other floating types; half and bfloat16 values are read into float, computed on, and rounded
+/// back once. GradScaler, EMA, the optimizers, DDP's division and the fused step all use it.
+template <class T>
+using opmath_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
 /// The dtype's name as PyTorch spells it without "torch." ("float32", "bfloat16", ...).
 constexpr const char* name(dtype type) noexcept {
   switch (type) {
