@@ -157,31 +157,22 @@ class GradScaler {
     }
     if (state.where == stage::stepped) fail("unscale_", "unscale_() is being called after step()");
 
-    // PyTorch takes the reciprocal in double: float division can be imprecise under some flags.
-    const auto inv_scale = static_cast<float>(1.0 / static_cast<double>(scale_));
+    const float inv_scale = inverse_scale();
     auto exec = opt.executor();
     View<typename O::value_type, Space> grads = opt.grads();
     using detail::amp::inf_flag;
     using T = typename O::value_type;
-    if (state.found_inf.empty()) state.found_inf = Buffer<inf_flag, Space>(1);
-    inf_flag* flag = state.found_inf.data();
-    if (inv_scale != 1.0f) {
-      transform_reduce_into(exec, flag, grads.size(), inf_flag{0},
-                            detail::amp::unscale_and_check<T>{grads.data(), inv_scale},
-                            detail::amp::or_combine{});
-    } else {
-      transform_reduce_into(exec, flag, grads.size(), inf_flag{0},
-                            detail::amp::check_finite<T>{grads.data()}, detail::amp::or_combine{});
-    }
-    if (all_reduce_found_inf_) {
-      exec.synchronize();  // the communicator may work on another stream or thread
-      all_reduce_found_inf_(View<inf_flag, Space>(flag, 1));
-    }
-    state.read_found_inf = [exec, flag] {
-      return transform_reduce(exec, 1, inf_flag{0}, detail::amp::load_flag{flag},
+    record_inf_check(state, exec, [&](inf_flag* flag) {
+      if (inv_scale != 1.0f) {
+        transform_reduce_into(exec, flag, grads.size(), inf_flag{0},
+                              detail::amp::unscale_and_check<T>{grads.data(), inv_scale},
                               detail::amp::or_combine{});
-    };
-    state.found_inf_value.reset();
+      } else {
+        transform_reduce_into(exec, flag, grads.size(), inf_flag{0},
+                              detail::amp::check_finite<T>{grads.data()},
+                              detail::amp::or_combine{});
+      }
+    });
     state.where = stage::unscaled;
   }
 
@@ -227,21 +218,8 @@ class GradScaler {
     }
     float inv_scale = 1.0f;
     if (state.where == stage::ready) {
-      inv_scale = static_cast<float>(1.0 / static_cast<double>(scale_));  // as unscale_()
-      auto exec = opt.executor();
-      using detail::amp::inf_flag;
-      if (state.found_inf.empty()) state.found_inf = Buffer<inf_flag, Space>(1);
-      inf_flag* flag = state.found_inf.data();
-      check(flag);
-      if (all_reduce_found_inf_) {
-        exec.synchronize();
-        all_reduce_found_inf_(View<inf_flag, Space>(flag, 1));
-      }
-      state.read_found_inf = [exec, flag] {
-        return transform_reduce(exec, 1, inf_flag{0}, detail::amp::load_flag{flag},
-                                detail::amp::or_combine{});
-      };
-      state.found_inf_value.reset();
+      inv_scale = inverse_scale();
+      record_inf_check(state, opt.executor(), check);
     }
     const bool skip = found_inf_of(state) != 0;
     if (!skip) apply(inv_scale);
@@ -378,6 +356,32 @@ class GradScaler {
     states_.push_back(std::make_unique<Entry>());
     states_.back()->optimizer = optimizer;
     return *states_.back();
+  }
+
+  /// 1/scale as unscale_() multiplies by it. PyTorch takes the reciprocal in double: float
+  /// division can be imprecise under some flags.
+  [[nodiscard]] float inverse_scale() const {
+    return static_cast<float>(1.0 / static_cast<double>(scale_));
+  }
+
+  /// The inf check of one optimizer's gradients, shared by unscale_() and fused_step():
+  /// `check(flag)` writes 0 or 1 into the optimizer's flag (one inf_flag in Space, on `exec`);
+  /// with a communicator the flag is all-reduced (max); step() reads it later, once.
+  template <class Exec, class Check>
+  void record_inf_check(Entry& state, const Exec& exec, Check&& check) {
+    using detail::amp::inf_flag;
+    if (state.found_inf.empty()) state.found_inf = Buffer<inf_flag, Space>(1);
+    inf_flag* flag = state.found_inf.data();
+    check(flag);
+    if (all_reduce_found_inf_) {
+      exec.synchronize();  // the communicator may work on another stream or thread
+      all_reduce_found_inf_(View<inf_flag, Space>(flag, 1));
+    }
+    state.read_found_inf = [exec, flag] {
+      return transform_reduce(exec, 1, inf_flag{0}, detail::amp::load_flag{flag},
+                              detail::amp::or_combine{});
+    };
+    state.found_inf_value.reset();
   }
 
   detail::amp::inf_flag found_inf_of(Entry& state) {
