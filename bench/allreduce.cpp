@@ -21,7 +21,7 @@
 #include <string_view>
 #include <vector>
 
-#include "tandem/comm/local.hpp"
+#include "tandem/comm/local/local.hpp"
 
 namespace {
 

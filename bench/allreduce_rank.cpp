@@ -40,11 +40,11 @@
 #endif
 
 #if TANDEM_BENCH_GLOO
-#include "tandem/comm/gloo.hpp"
+#include "tandem/comm/gloo/gloo.hpp"
 #include "tandem/comm/init.hpp"
 #endif
 #if TANDEM_BENCH_MPI
-#include "tandem/comm/mpi.hpp"
+#include "tandem/comm/mpi/mpi.hpp"
 #endif
 #include "tandem/core/world.hpp"
 
@@ -264,7 +264,7 @@ int run_mpi(const Settings& settings) {
                    [&](float* p, std::size_t n) {
                      MPI_Allreduce(MPI_IN_PLACE, p, static_cast<int>(n), MPI_FLOAT, MPI_SUM, raw);
                    }});
-    // Under MPI_THREAD_SINGLE MpiComm polls (see tandem/comm/mpi.hpp): only raw-mpi by default.
+    // Under MPI_THREAD_SINGLE MpiComm polls (see tandem/comm/mpi/mpi.hpp): only raw-mpi by default.
     std::vector<std::string> wanted;
     for (const auto& name : settings.impls) wanted.push_back(name + suffix);
     if (own_init && wanted.empty()) wanted.push_back("raw-mpi" + suffix);

@@ -14,15 +14,15 @@
 #include <string_view>
 #include <vector>
 
-#include "tandem/comm/local.hpp"
+#include "tandem/comm/local/local.hpp"
 #include "tandem/core/env.hpp"
 #include "tandem/launch/elastic.hpp"
 #if TANDEM_EXAMPLE_WITH_GLOO
-#include "tandem/comm/gloo.hpp"
+#include "tandem/comm/gloo/gloo.hpp"
 #include "tandem/comm/init.hpp"
 #endif
 #if TANDEM_EXAMPLE_WITH_MPI
-#include "tandem/comm/mpi.hpp"
+#include "tandem/comm/mpi/mpi.hpp"
 #endif
 
 namespace {

@@ -24,10 +24,10 @@
 #include <string_view>
 #include <vector>
 
-#include "tandem/comm/local.hpp"
+#include "tandem/arena/parameters.hpp"
+#include "tandem/comm/local/local.hpp"
 #include "tandem/core/env.hpp"
 #include "tandem/ddp/ddp.hpp"
-#include "tandem/ddp/parameters.hpp"
 #include "tandem/ema.hpp"
 #include "tandem/launch/elastic.hpp"
 #include "tandem/optim/adamw.hpp"
@@ -36,11 +36,11 @@
 #include "tandem/io/checkpoint.hpp"
 #endif
 #if TANDEM_EXAMPLE_WITH_GLOO
-#include "tandem/comm/gloo.hpp"
+#include "tandem/comm/gloo/gloo.hpp"
 #include "tandem/comm/init.hpp"
 #endif
 #if TANDEM_EXAMPLE_WITH_MPI
-#include "tandem/comm/mpi.hpp"
+#include "tandem/comm/mpi/mpi.hpp"
 #endif
 
 namespace {

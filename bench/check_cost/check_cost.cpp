@@ -18,7 +18,7 @@
 #include <mpi.h>
 
 #include "tandem/comm/checked.hpp"
-#include "tandem/comm/mpi.hpp"
+#include "tandem/comm/mpi/mpi.hpp"
 
 namespace {
 

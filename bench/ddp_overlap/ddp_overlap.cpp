@@ -28,14 +28,14 @@
 #include <thread>
 #include <vector>
 
-#include "tandem/comm/local.hpp"
+#include "tandem/comm/local/local.hpp"
 #include "tandem/ddp/ddp.hpp"
 #if TANDEM_BENCH_GLOO
-#include "tandem/comm/gloo.hpp"
+#include "tandem/comm/gloo/gloo.hpp"
 #include "tandem/comm/init.hpp"
 #endif
 #if TANDEM_BENCH_MPI
-#include "tandem/comm/mpi.hpp"
+#include "tandem/comm/mpi/mpi.hpp"
 #endif
 
 namespace {

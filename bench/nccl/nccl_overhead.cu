@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "tandem/comm/nccl.hpp"
+#include "tandem/comm/nccl/nccl.hpp"
 #include "tandem/cuda/runtime.hpp"
 #include "tandem/cuda/stream.hpp"
 

@@ -31,14 +31,14 @@
 #include <vector>
 
 #include "recipe.hpp"
-#include "tandem/comm/local.hpp"
+#include "tandem/arena/parameters.hpp"
+#include "tandem/comm/local/local.hpp"
 #include "tandem/core/env.hpp"
 #include "tandem/data/batches.hpp"
 #include "tandem/data/loader.hpp"
 #include "tandem/data/mnist.hpp"
 #include "tandem/data/sampler.hpp"
 #include "tandem/ddp/ddp.hpp"
-#include "tandem/ddp/parameters.hpp"
 #include "tandem/ema.hpp"
 #include "tandem/io/checkpoint.hpp"
 #include "tandem/io/log.hpp"
@@ -50,11 +50,11 @@
 #include "tandem/optim/lr_scheduler.hpp"
 #include "tandem/optim/sgd.hpp"
 #if TANDEM_EXAMPLE_WITH_GLOO
-#include "tandem/comm/gloo.hpp"
+#include "tandem/comm/gloo/gloo.hpp"
 #include "tandem/comm/init.hpp"
 #endif
 #if TANDEM_EXAMPLE_WITH_MPI
-#include "tandem/comm/mpi.hpp"
+#include "tandem/comm/mpi/mpi.hpp"
 #endif
 
 namespace {

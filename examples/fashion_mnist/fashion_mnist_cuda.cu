@@ -44,7 +44,8 @@
 #include "recipe.hpp"
 #include "tandem/amp/grad_scaler.hpp"
 #include "tandem/amp/precision.hpp"
-#include "tandem/comm/local.hpp"
+#include "tandem/arena/parameters.hpp"
+#include "tandem/comm/local/local.hpp"
 #include "tandem/core/env.hpp"
 #include "tandem/core/world.hpp"
 #include "tandem/cuda.hpp"
@@ -54,7 +55,6 @@
 #include "tandem/data/mnist.hpp"
 #include "tandem/data/sampler.hpp"
 #include "tandem/ddp/ddp.hpp"
-#include "tandem/ddp/parameters.hpp"
 #include "tandem/ema.hpp"
 #include "tandem/io/checkpoint.hpp"
 #include "tandem/io/log.hpp"
@@ -68,10 +68,10 @@
 #include "tandem/comm/init.hpp"
 #endif
 #if TANDEM_EXAMPLE_WITH_GLOO
-#include "tandem/comm/gloo.hpp"
+#include "tandem/comm/gloo/gloo.hpp"
 #endif
 #if TANDEM_EXAMPLE_WITH_NCCL
-#include "tandem/comm/nccl.hpp"
+#include "tandem/comm/nccl/nccl.hpp"
 #endif
 
 namespace {

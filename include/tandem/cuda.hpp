@@ -1,7 +1,7 @@
 // tandem/cuda.hpp - tandem's CUDA parts: runtime errors, streams and events, pinned and device
 // memory with copies, the cuda_exec execution space, and device selection from the local rank.
 //   #include <tandem/cuda.hpp>   // in a .cu file; link tandem::cuda
-// Needs: the CUDA toolkit (nvcc, cudart, CUB). NcclComm is separate: <tandem/comm/nccl.hpp>,
+// Needs: the CUDA toolkit (nvcc, cudart, CUB). NcclComm is separate: <tandem/comm/nccl/nccl.hpp>,
 // linking tandem::nccl, so that CUDA users who do not communicate need no NCCL.
 #pragma once
 

@@ -1,7 +1,8 @@
 // tandem/ema.hpp - tandem::EMA, an exponential moving average of a Parameters arena (timm's
 // ModelEmaV3 warm-up, torch.lerp's arithmetic) with O(1) apply_shadow()/restore().
 //   tandem::EMA ema(params, {.decay = 0.999}); ema.update(); auto guard = ema.applied();
-// Needs: the standard library, tandem/tensor, tandem/ddp/parameters.hpp (device: tandem/cuda.hpp).
+// Needs: the standard library, tandem/tensor, tandem/arena/parameters.hpp (device:
+// tandem/cuda.hpp).
 #pragma once
 
 #include <algorithm>
@@ -16,9 +17,9 @@
 #include <immintrin.h>
 #endif
 
+#include "tandem/arena/parameters.hpp"
 #include "tandem/core/config.hpp"
 #include "tandem/core/error.hpp"
-#include "tandem/ddp/parameters.hpp"
 #include "tandem/tensor/dtype.hpp"
 #include "tandem/tensor/exec.hpp"
 #include "tandem/tensor/memory.hpp"

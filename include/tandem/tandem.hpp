@@ -1,10 +1,11 @@
 // tandem/tandem.hpp - everything tandem offers that needs no engine beyond the C++ standard
-// library and POSIX: World, tensors and execution, the threads backend, stores and
-// init_process_group, DDP, optimizers and LR schedules, GradScaler, EMA and SyncBatchNorm.
+// library and POSIX: World, tensors and execution, the threads backend, stores (rendezvous/) and
+// init_process_group, the flat arena, DDP, optimizers and LR schedules, GradScaler, EMA and
+// SyncBatchNorm.
 //   #include <tandem/tandem.hpp>
 //   tandem::run_local(4, [](tandem::LocalComm& comm) { /* comm.all_reduce(...) */ });
 // Needs: Linux. Engines with libraries of their own have headers of their own:
-// tandem/comm/gloo.hpp (tandem::gloo), tandem/comm/mpi.hpp (tandem::mpi), tandem/cuda.hpp.
+// tandem/comm/gloo/gloo.hpp (tandem::gloo), tandem/comm/mpi/mpi.hpp (tandem::mpi), tandem/cuda.hpp.
 #pragma once
 
 #include "tandem/core/config.hpp"
@@ -19,13 +20,20 @@
 #include "tandem/tensor/memory.hpp"
 #include "tandem/tensor/tensor.hpp"
 
+#include "tandem/rendezvous/c10d_store.hpp"
+#include "tandem/rendezvous/file_store.hpp"
+#include "tandem/rendezvous/init_method.hpp"
+#include "tandem/rendezvous/join.hpp"
+#include "tandem/rendezvous/store.hpp"
+#include "tandem/rendezvous/tcp_store.hpp"
+
 #include "tandem/comm/communicator.hpp"
-#include "tandem/comm/file_store.hpp"
 #include "tandem/comm/init.hpp"
-#include "tandem/comm/init_method.hpp"
-#include "tandem/comm/local.hpp"
-#include "tandem/comm/store.hpp"
-#include "tandem/comm/tcp_store.hpp"
+#include "tandem/comm/local/local.hpp"
+#include "tandem/comm/local/options.hpp"
+#include "tandem/comm/work.hpp"
+
+#include "tandem/arena/parameters.hpp"
 
 #include "tandem/data/batches.hpp"
 #include "tandem/data/dataset.hpp"
@@ -33,7 +41,6 @@
 #include "tandem/data/sampler.hpp"
 
 #include "tandem/ddp/ddp.hpp"
-#include "tandem/ddp/parameters.hpp"
 #include "tandem/ddp/policies.hpp"
 
 #include "tandem/amp/grad_scaler.hpp"

@@ -16,11 +16,11 @@
 #include "support/collective_suite.hpp"
 #include "tandem/cuda.hpp"
 #if TANDEM_TEST_GLOO
-#include "tandem/comm/gloo.hpp"
+#include "tandem/comm/gloo/gloo.hpp"
 #include "tandem/comm/init.hpp"
 #endif
 #if TANDEM_TEST_MPI
-#include "tandem/comm/mpi.hpp"
+#include "tandem/comm/mpi/mpi.hpp"
 #endif
 
 using namespace std::chrono_literals;

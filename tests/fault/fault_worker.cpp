@@ -44,16 +44,16 @@
 #include <vector>
 
 #include "support/mlp.hpp"
-#include "tandem/comm/local.hpp"
+#include "tandem/comm/local/local.hpp"
 #include "tandem/core/env.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/ddp/ddp.hpp"
 #if TANDEM_FAULT_WITH_GLOO
-#include "tandem/comm/gloo.hpp"
+#include "tandem/comm/gloo/gloo.hpp"
 #include "tandem/comm/init.hpp"
 #endif
 #if TANDEM_FAULT_WITH_MPI
-#include "tandem/comm/mpi.hpp"
+#include "tandem/comm/mpi/mpi.hpp"
 #endif
 
 namespace {

@@ -21,8 +21,8 @@
 
 #include "fuzz/fuzz_check.hpp"
 #include "tandem/amp/grad_scaler.hpp"
+#include "tandem/arena/parameters.hpp"
 #include "tandem/data/sampler.hpp"
-#include "tandem/ddp/parameters.hpp"
 #include "tandem/io/checkpoint.hpp"
 #include "tandem/optim/lr_scheduler.hpp"
 #include "tandem/optim/sgd.hpp"

@@ -14,9 +14,9 @@
 #include <string_view>
 
 #include "fuzz/fuzz_check.hpp"
-#include "tandem/comm/init_method.hpp"
 #include "tandem/core/env.hpp"
 #include "tandem/core/world.hpp"
+#include "tandem/rendezvous/init_method.hpp"
 
 namespace {
 

@@ -16,7 +16,7 @@
 #include <string_view>
 
 #include "fuzz_check.hpp"
-#include "tandem/comm/tcp_store.hpp"
+#include "tandem/rendezvous/tcp_store.hpp"
 
 namespace {
 

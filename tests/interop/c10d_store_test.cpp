@@ -19,9 +19,9 @@
 
 #include "support/fake_env.hpp"
 #include "support/free_port.hpp"
-#include "tandem/comm/c10d_store.hpp"
 #include "tandem/comm/init.hpp"
-#include "tandem/comm/local.hpp"
+#include "tandem/comm/local/local.hpp"
+#include "tandem/rendezvous/c10d_store.hpp"
 
 using namespace std::chrono_literals;
 using tandem::C10dProtocol;

@@ -20,7 +20,7 @@
 #include <thread>
 #include <vector>
 
-#include "tandem/comm/c10d_store.hpp"
+#include "tandem/rendezvous/c10d_store.hpp"
 
 using namespace std::chrono_literals;
 

@@ -3,7 +3,7 @@
 // by hand over a tandem::Parameters arena, plus deterministic data.
 //   tandem::test::Mlp<float> model({6, 12, 3}, /*seed=*/1);
 //   model.forward_backward(x, y, batch, 1.0 / batch, [&](auto& p) { ddp.grad_ready(p); });
-// Needs: tandem/ddp/parameters.hpp.
+// Needs: tandem/arena/parameters.hpp.
 #pragma once
 
 #include <cmath>
@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "tandem/arena/parameters.hpp"
 #include "tandem/core/error.hpp"
-#include "tandem/ddp/parameters.hpp"
 
 namespace tandem::test {
 

@@ -44,11 +44,11 @@
 #include <utility>
 #include <vector>
 
+#include "tandem/arena/parameters.hpp"
 #include "tandem/comm/communicator.hpp"
 #include "tandem/core/config.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/ddp/buckets.hpp"
-#include "tandem/ddp/parameters.hpp"
 #include "tandem/ddp/policies.hpp"
 #include "tandem/tensor/dtype.hpp"
 #include "tandem/tensor/exec.hpp"

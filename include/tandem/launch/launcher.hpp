@@ -406,6 +406,14 @@ struct WorkerFailure {
   std::chrono::system_clock::time_point time;  ///< when its failure was seen
 };
 
+/// How one attempt of a worker group ended (what run_attempt returns).
+struct GroupOutcome {
+  /// Every worker exited 0; one failed; a signal stopped the group; or the deadline passed.
+  enum class Kind { succeeded, failed, interrupted, timed_out } kind = Kind::succeeded;
+  std::vector<WorkerFailure> failures;  ///< root cause first
+  int signal = 0;                       ///< the one forwarded, for interrupted
+};
+
 namespace detail {
 inline std::string format_time(std::chrono::system_clock::time_point when) {
   const std::time_t seconds = std::chrono::system_clock::to_time_t(when);
@@ -551,12 +559,6 @@ struct SuperviseOptions {
   std::optional<std::chrono::steady_clock::time_point> deadline;  ///< then: stop them all
 };
 
-struct GroupOutcome {
-  enum class Kind { succeeded, failed, interrupted, timed_out } kind = Kind::succeeded;
-  std::vector<WorkerFailure> failures;  ///< root cause first
-  int signal = 0;                       ///< the one forwarded, for interrupted
-};
-
 inline void signal_all(std::vector<Worker>& workers, int signal) {
   for (auto& worker : workers) worker.child.signal(signal);
 }
@@ -691,9 +693,9 @@ inline std::string attempt_log_dir(const std::string& log_dir, const std::string
 }
 
 /// Starts one attempt's workers and supervises them until all have ended.
-inline detail::GroupOutcome run_attempt(const LaunchPlan& plan, int restart_count,
-                                        const std::string& log_dir, detail::SignalCatcher* signals,
-                                        const RunOptions& options) {
+inline GroupOutcome run_attempt(const LaunchPlan& plan, int restart_count,
+                                const std::string& log_dir, detail::SignalCatcher* signals,
+                                const RunOptions& options) {
   std::vector<detail::Worker> workers;
   workers.reserve(static_cast<std::size_t>(plan.nproc_per_node));
   for (int local_rank = 0; local_rank < plan.nproc_per_node; ++local_rank) {
@@ -753,7 +755,7 @@ inline int run(const LaunchPlan& plan, const RunOptions& options = {}) {
   if (options.forward_signals) signals.emplace();
   for (int restart = 0;; ++restart) {
     auto outcome = run_attempt(plan, restart, log_dir, signals ? &*signals : nullptr, options);
-    using Kind = detail::GroupOutcome::Kind;
+    using Kind = GroupOutcome::Kind;
     if (outcome.kind == Kind::succeeded) return 0;
     if (outcome.kind == Kind::interrupted) {
       say("received " + detail::signal_name(outcome.signal) +

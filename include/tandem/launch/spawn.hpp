@@ -123,7 +123,7 @@ void spawn(int nprocs, Fn fn, const SpawnOptions& options = {}) {
     supervise.deadline = Deadline(options.timeout).at();
   }
   const auto outcome = launch::detail::supervise(workers, supervise);
-  using Kind = launch::detail::GroupOutcome::Kind;
+  using Kind = launch::GroupOutcome::Kind;
   if (outcome.kind == Kind::failed) {
     const auto& root = outcome.failures.front();
     throw Error(root.rank, "spawn",

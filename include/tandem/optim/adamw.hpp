@@ -1,7 +1,7 @@
 // tandem/optim/adamw.hpp - tandem::optim::AdamW: PyTorch's AdamW (decoupled weight decay,
 // optional amsgrad) over a Parameters arena, one fused pass per param group.
 //   tandem::optim::AdamW adamw(params, {.lr = 3e-4, .weight_decay = 0.1});  adamw.step();
-// Needs: the standard library, tandem/ddp/parameters.hpp; device parameters need tandem/cuda.hpp.
+// Needs: the standard library, tandem/arena/parameters.hpp; device parameters need tandem/cuda.hpp.
 #pragma once
 
 #include <array>
@@ -19,9 +19,9 @@
 #include <immintrin.h>
 #endif
 
+#include "tandem/arena/parameters.hpp"
 #include "tandem/core/config.hpp"
 #include "tandem/core/error.hpp"
-#include "tandem/ddp/parameters.hpp"
 #include "tandem/optim/param_groups.hpp"
 #include "tandem/tensor/exec.hpp"
 #include "tandem/tensor/memory.hpp"

@@ -2,7 +2,7 @@
 // its own hyperparameters) and the PyTorch-shaped state_dict that SGD and AdamW save and load.
 //   tandem::optim::SGD sgd(params, {{optim::params_with_prefix("layer2."), {.lr = 0.1}},
 //                                   {optim::params_with_prefix("layer3."), {.lr = 0.2}}});
-// Needs: the standard library, tandem/ddp/parameters.hpp (the arena the groups slice).
+// Needs: the standard library, tandem/arena/parameters.hpp (the arena the groups slice).
 #pragma once
 
 #include <algorithm>
@@ -17,9 +17,9 @@
 #include <utility>
 #include <vector>
 
+#include "tandem/arena/parameters.hpp"
 #include "tandem/core/config.hpp"
 #include "tandem/core/error.hpp"
-#include "tandem/ddp/parameters.hpp"
 #include "tandem/tensor/exec.hpp"
 #include "tandem/tensor/memory.hpp"
 #include "tandem/tensor/tensor.hpp"

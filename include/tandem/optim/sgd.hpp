@@ -1,7 +1,7 @@
 // tandem/optim/sgd.hpp - tandem::optim::SGD: PyTorch's SGD (momentum, dampening, nesterov,
 // weight decay, maximize) over a Parameters arena, one fused pass per param group.
 //   tandem::optim::SGD sgd(params, {.lr = 0.1, .momentum = 0.9});  sgd.step();  sgd.zero_grad();
-// Needs: the standard library, tandem/ddp/parameters.hpp; device parameters need tandem/cuda.hpp.
+// Needs: the standard library, tandem/arena/parameters.hpp; device parameters need tandem/cuda.hpp.
 #pragma once
 
 #include <cstddef>
@@ -11,9 +11,9 @@
 #include <utility>
 #include <vector>
 
+#include "tandem/arena/parameters.hpp"
 #include "tandem/core/config.hpp"
 #include "tandem/core/error.hpp"
-#include "tandem/ddp/parameters.hpp"
 #include "tandem/optim/param_groups.hpp"
 #include "tandem/tensor/exec.hpp"
 #include "tandem/tensor/memory.hpp"

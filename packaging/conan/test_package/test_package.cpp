@@ -3,8 +3,8 @@
 // and read back in memory. Exits non-zero when a result is wrong.
 #include <tandem/tandem.hpp>
 #if defined(TEST_GLOO)
-#include <tandem/comm/gloo.hpp>
-#include <tandem/comm/store.hpp>
+#include <tandem/comm/gloo/gloo.hpp>
+#include <tandem/rendezvous/store.hpp>
 #endif
 #if defined(TEST_IO)
 #include <tandem/io/safetensors.hpp>

@@ -1,8 +1,8 @@
 // Built against the installed tandem::gloo and tandem::mpi components: a one-rank Gloo group
 // averages a vector; the MPI communicator type is only compiled and linked (running MPI needs a
 // launcher, which the backend's own tests provide).
-#include <tandem/comm/gloo.hpp>
-#include <tandem/comm/mpi.hpp>
+#include <tandem/comm/gloo/gloo.hpp>
+#include <tandem/comm/mpi/mpi.hpp>
 #include <tandem/tandem.hpp>
 
 #include <arpa/inet.h>

@@ -1,6 +1,6 @@
 // Compiles tandem's CUDA parts the way a user's .cu file does; on a machine without a GPU it
 // says so and exits 77 (skipped).
-#include <tandem/comm/nccl.hpp>
+#include <tandem/comm/nccl/nccl.hpp>
 #include <tandem/cuda.hpp>
 
 #include <cstdio>

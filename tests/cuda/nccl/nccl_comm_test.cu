@@ -24,7 +24,7 @@
 #include "support/free_port.hpp"
 #include "support/temp_dir.hpp"
 #include "tandem/comm/init.hpp"
-#include "tandem/comm/nccl.hpp"
+#include "tandem/comm/nccl/nccl.hpp"
 #include "tandem/cuda/memory.hpp"
 #include "tandem/cuda/runtime.hpp"
 #include "tandem/io/metrics.hpp"

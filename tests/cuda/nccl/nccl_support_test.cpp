@@ -1,4 +1,4 @@
-// The host-only part of NcclComm (tandem/comm/detail/nccl_support.hpp), built by the plain C++
+// The host-only part of NcclComm (tandem/comm/nccl/detail/nccl_support.hpp), built by the plain C++
 // compiler and run without a GPU: element types and reduce ops as NCCL's enums, the unique id's
 // text form for the store, NCCL's error texts and version numbers.
 #include <doctest/doctest.h>
@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "tandem/comm/detail/nccl_support.hpp"
+#include "tandem/comm/nccl/detail/nccl_support.hpp"
 
 namespace nccl = tandem::detail::nccl;
 

@@ -18,7 +18,7 @@
 #include "tandem/amp/fused_step.hpp"
 #include "tandem/amp/grad_scaler.hpp"
 #include "tandem/amp/precision.hpp"
-#include "tandem/ddp/parameters.hpp"
+#include "tandem/arena/parameters.hpp"
 #include "tandem/ema.hpp"
 #include "tandem/optim/adamw.hpp"
 

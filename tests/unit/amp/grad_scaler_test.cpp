@@ -12,7 +12,7 @@
 
 #include "support/golden.hpp"
 #include "tandem/amp/grad_scaler.hpp"
-#include "tandem/comm/local.hpp"
+#include "tandem/comm/local/local.hpp"
 #include "unit/amp/fake_optimizer.hpp"
 
 namespace {

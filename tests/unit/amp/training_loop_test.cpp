@@ -11,7 +11,7 @@
 
 #include "tandem/amp/grad_scaler.hpp"
 #include "tandem/amp/precision.hpp"
-#include "tandem/ddp/parameters.hpp"
+#include "tandem/arena/parameters.hpp"
 #include "tandem/ema.hpp"
 #include "tandem/optim/sgd.hpp"
 

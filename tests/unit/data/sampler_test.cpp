@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "support/golden.hpp"
-#include "tandem/comm/local.hpp"
+#include "tandem/comm/local/local.hpp"
 #include "tandem/data/batches.hpp"
 #include "tandem/data/sampler.hpp"
 

@@ -18,16 +18,16 @@
 #include <thread>
 #include <vector>
 
-#include "tandem/comm/local.hpp"
+#include "tandem/comm/local/local.hpp"
 #include "tandem/cuda.hpp"
 #include "tandem/ddp/ddp.hpp"
 #if defined(TANDEM_TEST_NCCL)
-#include "tandem/comm/nccl.hpp"
+#include "tandem/comm/nccl/nccl.hpp"
 #endif
 #if defined(TANDEM_TEST_GLOO)
-#include "tandem/comm/gloo.hpp"
-#include "tandem/comm/store.hpp"
+#include "tandem/comm/gloo/gloo.hpp"
 #include "tandem/core/world.hpp"
+#include "tandem/rendezvous/store.hpp"
 #endif
 
 namespace {

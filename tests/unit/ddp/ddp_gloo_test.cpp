@@ -16,11 +16,11 @@
 
 #include "ddp_suite.hpp"
 #include "runners.hpp"
-#include "tandem/comm/gloo.hpp"
+#include "tandem/comm/gloo/gloo.hpp"
 #include "tandem/comm/init.hpp"
-#include "tandem/comm/store.hpp"
 #include "tandem/core/env.hpp"
 #include "tandem/core/world.hpp"
+#include "tandem/rendezvous/store.hpp"
 
 namespace {
 

@@ -5,7 +5,7 @@
 
 #include "ddp_suite.hpp"
 #include "runners.hpp"
-#include "tandem/comm/local.hpp"
+#include "tandem/comm/local/local.hpp"
 
 namespace {
 

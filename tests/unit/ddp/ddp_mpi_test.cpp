@@ -8,7 +8,7 @@
 #include <mpi.h>
 
 #include "ddp_suite.hpp"
-#include "tandem/comm/mpi.hpp"
+#include "tandem/comm/mpi/mpi.hpp"
 
 namespace {
 

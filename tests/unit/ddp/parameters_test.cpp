@@ -5,7 +5,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "tandem/ddp/parameters.hpp"
+#include "tandem/arena/parameters.hpp"
 
 namespace {
 

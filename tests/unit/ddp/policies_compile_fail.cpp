@@ -5,9 +5,9 @@
 #if defined(TANDEM_DDP_CASE_device_comm_host_arena)
 #include <optional>
 
+#include "tandem/arena/parameters.hpp"
 #include "tandem/comm/communicator.hpp"
 #include "tandem/ddp/ddp.hpp"
-#include "tandem/ddp/parameters.hpp"
 
 /// A communicator of device tensors only, as NcclComm is (which needs nvcc): every operation a
 /// stub, since only the constructor's static_assert is under test.

@@ -9,11 +9,11 @@
 #include <thread>
 #include <vector>
 
-#include "tandem/comm/local.hpp"
+#include "tandem/comm/local/local.hpp"
 #if defined(TANDEM_TEST_GLOO)
-#include "tandem/comm/gloo.hpp"
-#include "tandem/comm/store.hpp"
+#include "tandem/comm/gloo/gloo.hpp"
 #include "tandem/core/world.hpp"
+#include "tandem/rendezvous/store.hpp"
 #endif
 
 namespace tandem::test::ddp {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "support/golden.hpp"
-#include "tandem/ddp/parameters.hpp"
+#include "tandem/arena/parameters.hpp"
 #include "tandem/ema.hpp"
 
 namespace {

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "support/collective_suite.hpp"
-#include "tandem/comm/gloo.hpp"
+#include "tandem/comm/gloo/gloo.hpp"
 #include "tandem/comm/init.hpp"
 
 namespace {

@@ -11,7 +11,7 @@
 #include <string>
 
 #include "support/staging_checks.hpp"
-#include "tandem/comm/gloo.hpp"
+#include "tandem/comm/gloo/gloo.hpp"
 #include "tandem/comm/init.hpp"
 
 namespace {

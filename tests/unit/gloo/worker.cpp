@@ -14,7 +14,7 @@
 #include <string_view>
 #include <vector>
 
-#include "tandem/comm/gloo.hpp"
+#include "tandem/comm/gloo/gloo.hpp"
 #include "tandem/comm/init.hpp"
 
 namespace {

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "support/fake_env.hpp"
-#include "tandem/comm/init_method.hpp"
+#include "tandem/rendezvous/init_method.hpp"
 
 using tandem::InitMethod;
 using tandem::parse_init_method;

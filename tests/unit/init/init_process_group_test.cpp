@@ -19,7 +19,7 @@
 #include "support/free_port.hpp"
 #include "support/temp_dir.hpp"
 #include "tandem/comm/init.hpp"
-#include "tandem/comm/local.hpp"
+#include "tandem/comm/local/local.hpp"
 
 using namespace std::chrono_literals;
 using tandem::LocalComm;

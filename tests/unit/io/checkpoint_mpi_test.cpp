@@ -12,7 +12,7 @@
 
 #include "resume_suite.hpp"
 #include "support/temp_dir.hpp"
-#include "tandem/comm/mpi.hpp"
+#include "tandem/comm/mpi/mpi.hpp"
 
 namespace {
 // run(n, fn): fn on this process's rank of the job; a rank that throws ends the job.

@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "support/temp_dir.hpp"
-#include "tandem/comm/local.hpp"
-#include "tandem/ddp/parameters.hpp"
+#include "tandem/arena/parameters.hpp"
+#include "tandem/comm/local/local.hpp"
 #include "tandem/io/checkpoint.hpp"
 
 namespace {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "support/temp_dir.hpp"
-#include "tandem/comm/local.hpp"
+#include "tandem/comm/local/local.hpp"
 #include "tandem/data/sampler.hpp"
 #include "tandem/io/log.hpp"
 #include "tandem/io/metrics.hpp"

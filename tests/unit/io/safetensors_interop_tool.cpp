@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "tandem/comm/local.hpp"
-#include "tandem/ddp/parameters.hpp"
+#include "tandem/arena/parameters.hpp"
+#include "tandem/comm/local/local.hpp"
 #include "tandem/io/checkpoint.hpp"
 #include "tandem/io/safetensors.hpp"
 

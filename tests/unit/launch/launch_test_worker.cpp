@@ -26,7 +26,7 @@
 #include <thread>
 #include <vector>
 
-#include "tandem/comm/tcp_store.hpp"
+#include "tandem/rendezvous/tcp_store.hpp"
 
 namespace {
 

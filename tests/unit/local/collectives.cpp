@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "support/collective_suite.hpp"
-#include "tandem/comm/local.hpp"
+#include "tandem/comm/local/local.hpp"
 
 namespace {
 

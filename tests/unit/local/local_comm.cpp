@@ -17,7 +17,7 @@
 #include "support/collective_suite.hpp"
 #include "support/fake_env.hpp"
 #include "tandem/comm/checked.hpp"
-#include "tandem/comm/local.hpp"
+#include "tandem/comm/local/local.hpp"
 
 using namespace std::chrono_literals;
 using tandem::LocalComm;

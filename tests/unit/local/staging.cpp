@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "support/staging_checks.hpp"
-#include "tandem/comm/local.hpp"
+#include "tandem/comm/local/local.hpp"
 
 TEST_CASE("LocalComm stages device tensors through pinned memory") {
   for (int ranks : {1, 3}) {

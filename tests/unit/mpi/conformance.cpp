@@ -7,7 +7,7 @@
 
 #include "mpi_support.hpp"
 #include "support/collective_suite.hpp"
-#include "tandem/comm/mpi.hpp"
+#include "tandem/comm/mpi/mpi.hpp"
 
 namespace {
 

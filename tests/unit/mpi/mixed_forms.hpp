@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "tandem/comm/communicator.hpp"
-#include "tandem/comm/mpi.hpp"
+#include "tandem/comm/mpi/mpi.hpp"
 
 namespace tandem::test {
 

@@ -24,7 +24,7 @@
 #include "mpi_support.hpp"
 #include "support/collective_suite.hpp"
 #include "tandem/comm/init.hpp"
-#include "tandem/comm/mpi.hpp"
+#include "tandem/comm/mpi/mpi.hpp"
 #include "tandem/core/world.hpp"
 
 namespace {

@@ -12,7 +12,7 @@
 
 #include <mpi.h>
 
-#include "tandem/comm/mpi.hpp"
+#include "tandem/comm/mpi/mpi.hpp"
 #include "tandem/core/timeout.hpp"
 
 namespace tandem::test {

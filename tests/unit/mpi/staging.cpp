@@ -4,7 +4,7 @@
 
 #include "mpi_support.hpp"
 #include "support/staging_checks.hpp"
-#include "tandem/comm/mpi.hpp"
+#include "tandem/comm/mpi/mpi.hpp"
 
 TEST_CASE("MpiComm stages device tensors through pinned memory") {
   tandem::test::on_every_rank([](tandem::MpiComm& comm) {

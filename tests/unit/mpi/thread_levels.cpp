@@ -16,7 +16,7 @@
 #include "mixed_forms.hpp"
 #include "mpi_support.hpp"
 #include "support/collective_suite.hpp"
-#include "tandem/comm/mpi.hpp"
+#include "tandem/comm/mpi/mpi.hpp"
 
 namespace {
 

@@ -22,7 +22,7 @@
 #include "support/child_process.hpp"
 #include "support/collective_suite.hpp"
 #include "support/temp_dir.hpp"
-#include "tandem/comm/mpi.hpp"
+#include "tandem/comm/mpi/mpi.hpp"
 
 namespace {
 

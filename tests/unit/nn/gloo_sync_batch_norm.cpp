@@ -13,7 +13,7 @@
 
 #include "fake_device_space.hpp"  // first: it specialises templates the headers below use
 #include "syncbn_golden.hpp"
-#include "tandem/comm/gloo.hpp"
+#include "tandem/comm/gloo/gloo.hpp"
 #include "tandem/comm/init.hpp"
 
 namespace {

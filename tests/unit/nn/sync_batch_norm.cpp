@@ -14,8 +14,8 @@
 
 #include "support/collective_suite.hpp"
 #include "syncbn_golden.hpp"
-#include "tandem/comm/local.hpp"
-#include "tandem/ddp/parameters.hpp"
+#include "tandem/arena/parameters.hpp"
+#include "tandem/comm/local/local.hpp"
 #include "tandem/nn/sync_batch_norm.hpp"
 
 using namespace std::chrono_literals;

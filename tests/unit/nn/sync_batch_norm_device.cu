@@ -18,14 +18,14 @@
 
 #include "tandem/cuda.hpp"
 #if TANDEM_TEST_NCCL
-#include "tandem/comm/nccl.hpp"
+#include "tandem/comm/nccl/nccl.hpp"
 #endif
 #if TANDEM_TEST_GLOO
-#include "tandem/comm/gloo.hpp"
+#include "tandem/comm/gloo/gloo.hpp"
 #endif
 #include "syncbn_golden.hpp"
-#include "tandem/comm/local.hpp"
-#include "tandem/ddp/parameters.hpp"
+#include "tandem/arena/parameters.hpp"
+#include "tandem/comm/local/local.hpp"
 #include "tandem/nn/sync_batch_norm.hpp"
 
 // Every member compiled for device memory, whether or not a test below calls it.

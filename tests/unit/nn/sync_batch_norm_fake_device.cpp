@@ -22,8 +22,8 @@
 #include "fake_device_space.hpp"  // first: it specialises templates the headers below use
 #include "support/collective_suite.hpp"
 #include "syncbn_golden.hpp"
-#include "tandem/comm/local.hpp"
-#include "tandem/ddp/parameters.hpp"
+#include "tandem/arena/parameters.hpp"
+#include "tandem/comm/local/local.hpp"
 #include "tandem/nn/sync_batch_norm.hpp"
 
 using namespace std::chrono_literals;

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "support/golden.hpp"
-#include "tandem/ddp/parameters.hpp"
+#include "tandem/arena/parameters.hpp"
 #include "tandem/optim/param_groups.hpp"
 
 namespace tandem::test {

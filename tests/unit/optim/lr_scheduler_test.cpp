@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "support/golden.hpp"
-#include "tandem/ddp/parameters.hpp"
+#include "tandem/arena/parameters.hpp"
 #include "tandem/optim/lr_scheduler.hpp"
 #include "tandem/optim/sgd.hpp"
 

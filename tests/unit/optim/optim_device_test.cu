@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "support/golden.hpp"
+#include "tandem/arena/parameters.hpp"
 #include "tandem/cuda.hpp"
-#include "tandem/ddp/parameters.hpp"
 #include "tandem/optim/adamw.hpp"
 #include "tandem/optim/optimizer.hpp"
 #include "tandem/optim/sgd.hpp"

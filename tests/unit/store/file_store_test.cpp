@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "store_test_support.hpp"
-#include "tandem/comm/file_store.hpp"
+#include "tandem/rendezvous/file_store.hpp"
 
 using namespace std::chrono_literals;
 using namespace tandem::test;

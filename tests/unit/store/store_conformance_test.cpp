@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "store_test_support.hpp"
-#include "tandem/comm/file_store.hpp"
-#include "tandem/comm/store.hpp"
-#include "tandem/comm/tcp_store.hpp"
+#include "tandem/rendezvous/file_store.hpp"
+#include "tandem/rendezvous/store.hpp"
+#include "tandem/rendezvous/tcp_store.hpp"
 
 using namespace std::chrono_literals;
 using namespace tandem::test;

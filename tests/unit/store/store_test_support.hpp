@@ -11,9 +11,9 @@
 #include <string>
 #include <system_error>
 
-#include "tandem/comm/file_store.hpp"
-#include "tandem/comm/store.hpp"
-#include "tandem/comm/tcp_store.hpp"
+#include "tandem/rendezvous/file_store.hpp"
+#include "tandem/rendezvous/store.hpp"
+#include "tandem/rendezvous/tcp_store.hpp"
 
 #include "support/temp_dir.hpp"
 

@@ -21,8 +21,8 @@
 #include <vector>
 
 #include "store_test_support.hpp"
-#include "tandem/comm/detail/socket.hpp"
-#include "tandem/comm/tcp_store.hpp"
+#include "tandem/rendezvous/detail/socket.hpp"
+#include "tandem/rendezvous/tcp_store.hpp"
 
 using namespace std::chrono_literals;
 using namespace tandem::test;

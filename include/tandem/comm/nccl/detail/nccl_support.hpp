@@ -1,4 +1,4 @@
-// tandem/comm/detail/nccl_support.hpp - what NcclComm needs from NCCL that runs on the host
+// tandem/comm/nccl/detail/nccl_support.hpp - what NcclComm needs from NCCL that runs on the host
 // alone: element types and reduce ops as NCCL's enums, ncclUniqueId as text for a Store, NCCL's
 // errors as readable text, and the version checks. No kernels and no tandem/cuda headers, so a
 // plain C++ compiler builds it (and its unit test needs no GPU).

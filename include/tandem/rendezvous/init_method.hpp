@@ -1,4 +1,4 @@
-// tandem/comm/init_method.hpp - parses the init_method URL of init_process_group (env://,
+// tandem/rendezvous/init_method.hpp - parses the init_method URL of init_process_group (env://,
 // tcp://HOST:PORT, file:///PATH, each with optional ?rank=R&world_size=N) and settles the World.
 //   auto method = tandem::parse_init_method("tcp://10.0.0.1:29500?world_size=8");
 //   tandem::World world = tandem::resolve_world(method, std::nullopt);

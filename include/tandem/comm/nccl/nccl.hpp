@@ -1,5 +1,5 @@
-// tandem/comm/nccl.hpp - tandem::NcclComm, the Communicator whose ranks are GPUs (one per rank)
-// talking through NVIDIA's NCCL, and run_local_nccl: one thread per GPU of this process.
+// tandem/comm/nccl/nccl.hpp - tandem::NcclComm, the Communicator whose ranks are GPUs (one per
+// rank) talking through NVIDIA's NCCL, and run_local_nccl: one thread per GPU of this process.
 //   tandem::cuda::select_device(world);   // this rank's GPU becomes current
 //   auto comm = tandem::init_process_group<tandem::NcclComm>(world, "env://");
 //   comm.all_reduce(grads_on_device, tandem::ReduceOp::avg);   // a View<float, tandem::device>
@@ -78,14 +78,14 @@
 #include "tandem/comm/checked.hpp"
 #include "tandem/comm/communicator.hpp"
 #include "tandem/comm/detail/frontend.hpp"
-#include "tandem/comm/detail/nccl_support.hpp"
 #include "tandem/comm/detail/rank_threads.hpp"
-#include "tandem/comm/store.hpp"
+#include "tandem/comm/nccl/detail/nccl_support.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/core/timeout.hpp"
 #include "tandem/core/world.hpp"
 #include "tandem/cuda/runtime.hpp"
 #include "tandem/cuda/stream.hpp"
+#include "tandem/rendezvous/store.hpp"
 #include "tandem/tensor/dtype.hpp"
 #include "tandem/tensor/memory.hpp"
 

@@ -1,4 +1,4 @@
-// tandem/comm/store.hpp - the key-value stores ranks meet through (rendezvous), as in
+// tandem/rendezvous/store.hpp - the key-value stores ranks meet through (rendezvous), as in
 // torch.distributed: the Store concept, HashStore (one process), PrefixStore (a namespace inside
 // another store) and AnyStore (any store behind one type). FileStore and TcpStore have their own
 // headers.

@@ -1,5 +1,5 @@
-// tandem/comm/nccl_mpi.hpp - an NcclComm bootstrapped through MPI when the job runs under mpirun:
-// rank 0 of an MPI communicator makes the ncclUniqueId and broadcasts it (no store needed).
+// tandem/comm/nccl/nccl_mpi.hpp - an NcclComm bootstrapped through MPI when the job runs under
+// mpirun: rank 0 of an MPI communicator makes the ncclUniqueId and broadcasts it (no store needed).
 //   MPI_Init(&argc, &argv);  cudaSetDevice(local_rank);
 //   tandem::NcclComm comm = tandem::nccl_from_mpi(MPI_COMM_WORLD);
 // Needs: MPI (link tandem::mpi) and NCCL (tandem::nccl); a .cu translation unit (nvcc). Kept
@@ -10,7 +10,7 @@
 
 #include <string>
 
-#include "tandem/comm/nccl.hpp"
+#include "tandem/comm/nccl/nccl.hpp"
 #include "tandem/core/error.hpp"
 
 namespace tandem {

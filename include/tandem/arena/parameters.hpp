@@ -1,4 +1,4 @@
-// tandem/ddp/parameters.hpp - tandem::Parameters, a model's flat arena: every trained parameter,
+// tandem/arena/parameters.hpp - tandem::Parameters, a model's flat arena: every trained parameter,
 // its gradient and every buffer (running statistics) are named views into three contiguous blocks.
 //   tandem::Parameters<float> p; auto& w = p.add("fc.weight", {4, 3}); p.finalize(); w.grad()[0];
 // Needs: the standard library; device storage needs tandem/cuda.hpp in a .cu file.

@@ -1,7 +1,7 @@
-// tandem/comm/detail/local_group.hpp - the shared state behind tandem::LocalComm: a group of
+// tandem/comm/local/detail/local_group.hpp - the shared state behind tandem::LocalComm: a group of
 // ranks that are threads of one process, its generation-counted barrier that also exchanges each
 // rank's call description (and checks that the ranks agree), and its point-to-point mailbox.
-// Not a public header: include tandem/comm/local.hpp.
+// Not a public header: include tandem/comm/local/local.hpp.
 // Needs: the standard library.
 #pragma once
 
@@ -24,19 +24,12 @@
 #include "tandem/comm/checked.hpp"
 #include "tandem/comm/communicator.hpp"
 #include "tandem/comm/detail/collective_op.hpp"
+#include "tandem/comm/local/options.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/core/timeout.hpp"
 #include "tandem/tensor/dtype.hpp"
 
-namespace tandem {
-
-/// How a group of LocalComm ranks behaves.
-struct LocalCommOptions {
-  /// How long a blocking operation waits for the other ranks before it raises tandem::Error.
-  Timeout timeout = default_timeout;
-};
-
-namespace detail::local {
+namespace tandem::detail::local {
 
 using Op = CollectiveOp;
 
@@ -338,5 +331,4 @@ inline void Family::abort(const std::string& reason) {
   }
 }
 
-}  // namespace detail::local
-}  // namespace tandem
+}  // namespace tandem::detail::local

@@ -1,5 +1,5 @@
-// tandem/comm/mpi.hpp - tandem::MpiComm, the Communicator over MPI: one process per rank, started
-// by mpirun (or srun), every collective and point to point, sync and `_async`, and split.
+// tandem/comm/mpi/mpi.hpp - tandem::MpiComm, the Communicator over MPI: one process per rank,
+// started by mpirun (or srun), every collective and point to point, sync and `_async`, and split.
 //   auto comm = tandem::MpiComm::world();        // MPI_COMM_WORLD's ranks, in a private copy
 //   comm.all_reduce(grads, tandem::ReduceOp::avg);
 // Needs: an MPI (C API, MPI-3; tested with OpenMPI 4.1); link tandem::mpi.
@@ -99,14 +99,14 @@
 #include "tandem/comm/checked.hpp"
 #include "tandem/comm/communicator.hpp"
 #include "tandem/comm/detail/collective_args.hpp"
-#include "tandem/comm/detail/mpi_engine.hpp"
-#include "tandem/comm/detail/mpi_runtime.hpp"
 #include "tandem/comm/detail/reduction.hpp"
 #include "tandem/comm/detail/staging.hpp"
-#include "tandem/comm/store.hpp"
+#include "tandem/comm/mpi/detail/mpi_engine.hpp"
+#include "tandem/comm/mpi/detail/mpi_runtime.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/core/timeout.hpp"
 #include "tandem/core/world.hpp"
+#include "tandem/rendezvous/store.hpp"
 #include "tandem/tensor/dtype.hpp"
 #include "tandem/tensor/tensor.hpp"
 
@@ -117,7 +117,7 @@ struct MpiCommOptions {
   /// How long an `_async` operation may stay pending (queued or inside MPI) before its Work
   /// fails and the communicator becomes unusable; also how long a sync collective waits for the
   /// pending `_async` ones and the destructor for all pending ones. A sync operation's own
-  /// blocking MPI call that lasts longer ends the job (the watchdog: see tandem/comm/mpi.hpp).
+  /// blocking MPI call that lasts longer ends the job (the watchdog: see tandem/comm/mpi/mpi.hpp).
   Timeout timeout = default_timeout;
   /// Exchange and compare every collective's fingerprint first (tandem/comm/checked.hpp).
   /// Unset: TANDEM_CHECK_COLLECTIVES, else on. `= false` or `= true` wins over the variable.

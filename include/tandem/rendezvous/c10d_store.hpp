@@ -1,6 +1,6 @@
-// tandem/comm/c10d_store.hpp - tandem::C10dStore, a client of PyTorch's c10d TCPStore server (the
-// store torchrun's agent hosts on MASTER_PORT, or any torch.distributed.TCPStore): a tandem Store
-// that speaks c10d's wire protocol, so that a tandem program joins a torchrun job unchanged.
+// tandem/rendezvous/c10d_store.hpp - tandem::C10dStore, a client of PyTorch's c10d TCPStore server
+// (the store torchrun's agent hosts on MASTER_PORT, or any torch.distributed.TCPStore): a tandem
+// Store that speaks c10d's wire protocol, so that a tandem program joins a torchrun job unchanged.
 //   tandem::C10dStore store({.host = "127.0.0.1", .port = 29500});   // protocol found by itself
 //   store.set("tandem/addr", "10.0.0.4:40001");
 //   std::string addr = store.get("tandem/addr");
@@ -35,10 +35,10 @@
 #include <utility>
 #include <vector>
 
-#include "tandem/comm/detail/socket.hpp"
-#include "tandem/comm/store.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/core/timeout.hpp"
+#include "tandem/rendezvous/detail/socket.hpp"
+#include "tandem/rendezvous/store.hpp"
 
 namespace tandem {
 

@@ -1,5 +1,5 @@
-// tandem/comm/file_store.hpp - tandem::FileStore, a Store kept in a file that the processes of
-// one machine (or of a shared file system with working locks) open together.
+// tandem/rendezvous/file_store.hpp - tandem::FileStore, a Store kept in a file that the processes
+// of one machine (or of a shared file system with working locks) open together.
 //   tandem::FileStore store("/tmp/job42.store", {.timeout = std::chrono::seconds(60)});
 //   store.add("arrived", 1);
 // Needs: Linux (open file description locks, fcntl F_OFD_SETLKW).
@@ -24,10 +24,10 @@
 #include <utility>
 #include <vector>
 
-#include "tandem/comm/detail/socket.hpp"
-#include "tandem/comm/store.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/core/timeout.hpp"
+#include "tandem/rendezvous/detail/socket.hpp"
+#include "tandem/rendezvous/store.hpp"
 
 namespace tandem {
 

@@ -1,13 +1,13 @@
-// tandem/comm/gloo.hpp - tandem::GlooComm, the Communicator whose ranks are processes that talk
-// over TCP through Facebook's Gloo (the CPU backend of torch.distributed).
+// tandem/comm/gloo/gloo.hpp - tandem::GlooComm, the Communicator whose ranks are processes that
+// talk over TCP through Facebook's Gloo (the CPU backend of torch.distributed).
 //   auto comm = tandem::init_process_group<tandem::GlooComm>();   // under tandemrun / torchrun
 //   comm.all_reduce(grads, tandem::ReduceOp::avg);
 // Needs: Gloo with its TCP transport (libgloo-dev; link tandem::gloo) and POSIX.
 //
-// Semantics are LocalComm's (see tandem/comm/local.hpp) where they apply: the same size checks
-// and error texts before anything is sent, in-place rules, avg for floating-point types only,
-// sync operations ordered after pending `_async` ones, `_async` operations run in issue order on
-// a per-communicator worker thread. Reductions run in gloo's ring order (not rank order), and
+// Semantics are LocalComm's (see tandem/comm/local/local.hpp) where they apply: the same size
+// checks and error texts before anything is sent, in-place rules, avg for floating-point types
+// only, sync operations ordered after pending `_async` ones, `_async` operations run in issue order
+// on a per-communicator worker thread. Reductions run in gloo's ring order (not rank order), and
 // every rank gets the same bits.
 //
 // Mismatch check (tandem/comm/checked.hpp), on by default: every collective first exchanges
@@ -74,13 +74,13 @@
 #include "tandem/comm/communicator.hpp"
 #include "tandem/comm/detail/collective_op.hpp"
 #include "tandem/comm/detail/frontend.hpp"
-#include "tandem/comm/detail/gloo_support.hpp"
 #include "tandem/comm/detail/issue_order.hpp"
 #include "tandem/comm/detail/reduction.hpp"
-#include "tandem/comm/store.hpp"
+#include "tandem/comm/gloo/detail/gloo_support.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/core/timeout.hpp"
 #include "tandem/core/world.hpp"
+#include "tandem/rendezvous/store.hpp"
 #include "tandem/tensor/dtype.hpp"
 #include "tandem/tensor/tensor.hpp"
 

@@ -1,8 +1,8 @@
-// tandem/comm/detail/gloo_support.hpp - the pieces under tandem::GlooComm that do not run
+// tandem/comm/gloo/detail/gloo_support.hpp - the pieces under tandem::GlooComm that do not run
 // collectives: tandem's stores seen through gloo's rendezvous::Store interface, the outbox that
 // owns eager point-to-point sends until they are delivered, the reduce functions gloo calls back,
 // and what is known about the peers.
-// Not a public header: include tandem/comm/gloo.hpp.
+// Not a public header: include tandem/comm/gloo/gloo.hpp.
 // Needs: Gloo (libgloo-dev) and POSIX (getpid, kill, gethostname).
 #pragma once
 
@@ -32,9 +32,9 @@
 
 #include "tandem/comm/communicator.hpp"
 #include "tandem/comm/detail/reduction.hpp"
-#include "tandem/comm/store.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/core/timeout.hpp"
+#include "tandem/rendezvous/store.hpp"
 #include "tandem/tensor/dtype.hpp"
 
 namespace tandem::detail::gloo_comm {

@@ -1,4 +1,4 @@
-// tandem/comm/detail/socket.hpp - RAII file descriptors and the TCP plumbing under TcpStore:
+// tandem/rendezvous/detail/socket.hpp - RAII file descriptors and the TCP plumbing under TcpStore:
 // deadline-bound send/recv that survive EINTR, partial transfers and SIGPIPE, connect with
 // back-off, listen on an ephemeral port.
 //   tandem::detail::Fd fd = tandem::detail::connect_tcp("127.0.0.1", 29500, Deadline(10s), "op");

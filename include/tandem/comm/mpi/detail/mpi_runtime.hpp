@@ -1,4 +1,4 @@
-// tandem/comm/detail/mpi_runtime.hpp - MPI's process-wide state behind MpiComm: initialisation
+// tandem/comm/mpi/detail/mpi_runtime.hpp - MPI's process-wide state behind MpiComm: initialisation
 // and finalisation, the thread level, datatypes and reduce ops of the element types, MPI errors.
 //   auto& runtime = tandem::detail::mpi::Runtime::instance();   // MPI_Init_thread on first use
 // Needs: an MPI (C API, MPI-3).

@@ -1,4 +1,4 @@
-// tandem/comm/local.hpp - tandem::LocalComm, the communicator whose ranks are threads of one
+// tandem/comm/local/local.hpp - tandem::LocalComm, the communicator whose ranks are threads of one
 // process sharing memory (for tests, examples and single-process multi-device work), and
 // tandem::run_local, which starts the threads.
 //   tandem::run_local(4, [](tandem::LocalComm& comm) {
@@ -47,13 +47,14 @@
 #include "tandem/comm/communicator.hpp"
 #include "tandem/comm/detail/frontend.hpp"
 #include "tandem/comm/detail/issue_order.hpp"
-#include "tandem/comm/detail/local_group.hpp"
 #include "tandem/comm/detail/rank_threads.hpp"
 #include "tandem/comm/detail/reduction.hpp"
-#include "tandem/comm/store.hpp"
+#include "tandem/comm/local/detail/local_group.hpp"
+#include "tandem/comm/local/options.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/core/timeout.hpp"
 #include "tandem/core/world.hpp"
+#include "tandem/rendezvous/store.hpp"
 #include "tandem/tensor/dtype.hpp"
 #include "tandem/tensor/tensor.hpp"
 

@@ -1,4 +1,4 @@
-// tandem/comm/detail/mpi_engine.hpp - how MpiComm runs one MPI operation: a Call (its blocking
+// tandem/comm/mpi/detail/mpi_engine.hpp - how MpiComm runs one MPI operation: a Call (its blocking
 // and non-blocking forms and what follows completion), the Worker, a per-communicator thread that
 // runs `_async` collectives in MPI's blocking form one at a time, and the Engine, a progress
 // thread that completes the Work of non-blocking requests (point to point; and collectives too
@@ -33,7 +33,7 @@
 
 #include "tandem/comm/checked.hpp"
 #include "tandem/comm/communicator.hpp"
-#include "tandem/comm/detail/mpi_runtime.hpp"
+#include "tandem/comm/mpi/detail/mpi_runtime.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/core/timeout.hpp"
 
