@@ -14,6 +14,7 @@
 #include "cuda/staged_comm.hpp"
 #include "support/child_process.hpp"
 #include "support/collective_suite.hpp"
+#include "support/runners.hpp"
 #include "tandem/cuda.hpp"
 #if TANDEM_TEST_GLOO
 #include "tandem/comm/gloo/gloo.hpp"
@@ -32,24 +33,13 @@ std::string mode;  // "", "gloo-worker" or "mpi-worker"
 using tandem::test::run_process;
 using tandem::test::self_path;
 
-/// The suite's Runner for one process's rank.
-template <class Staged>
-struct ProcessRunner {
-  Staged* staged;
-  template <class Fn>
-  void operator()(int world_size, Fn fn) {
-    REQUIRE(world_size == staged->size());
-    fn(*staged);
-  }
-};
-
 /// Every call is a process round trip over TCP or shared memory plus two device copies: the
 /// rotating matrix (one mode per case), as for Gloo's own conformance test.
 template <class Comm>
 void run_suite(Comm comm) {
   tandem::cuda::check(cudaSetDevice(0), "cudaSetDevice");  // every rank shares the one GPU
   tandem::test::StagedComm<Comm> staged(std::move(comm));
-  ProcessRunner<tandem::test::StagedComm<Comm>> run{&staged};
+  tandem::test::ProcessRunner<tandem::test::StagedComm<Comm>> run{&staged};
   const int n = staged.size();
   const tandem::test::Matrix matrix{{0, 1, 13, 1031}, true};
   tandem::test::check_all_collectives(run, n, matrix);

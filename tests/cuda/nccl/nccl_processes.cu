@@ -22,6 +22,7 @@
 #include "support/child_process.hpp"
 #include "support/collective_suite.hpp"
 #include "support/free_port.hpp"
+#include "support/runners.hpp"
 #include "tandem/comm/init.hpp"
 #include "tandem/comm/nccl/nccl.hpp"
 #include "tandem/comm/nccl/nccl_mpi.hpp"
@@ -42,19 +43,9 @@ tandem::test::Matrix nccl_matrix(std::vector<std::size_t> counts = {0, 1, 7, 13,
   return matrix;
 }
 
-/// The suite's Runner for one process's rank: the checks run on it directly.
-struct ProcessRunner {
-  tandem::test::StagedComm<tandem::NcclComm>* staged;
-  template <class Fn>
-  void operator()(int world_size, Fn fn) {
-    REQUIRE(world_size == staged->size());
-    fn(*staged);
-  }
-};
-
 void run_suite(tandem::NcclComm comm) {
   tandem::test::StagedComm<tandem::NcclComm> staged(std::move(comm));
-  ProcessRunner run{&staged};
+  tandem::test::ProcessRunner<tandem::test::StagedComm<tandem::NcclComm>> run{&staged};
   const int n = staged.size();
   tandem::test::check_all_collectives(run, n, nccl_matrix());
   tandem::test::check_subgroups(run, n, nccl_matrix({0, 1, 13}));

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "support/error_of.hpp"
 #include "support/golden.hpp"
 #include "tandem/amp/grad_scaler.hpp"
 #include "tandem/comm/local/local.hpp"
@@ -20,6 +21,7 @@ namespace {
 using tandem::GradScaler;
 using tandem::GradScalerOptions;
 using tandem::test::CountingOptimizer;
+using tandem::test::error_of;
 
 const tandem::test::Golden& golden() {
   static const tandem::test::Golden file("grad_scaler.txt");
@@ -94,16 +96,6 @@ void replay(const std::string& name) {
   CHECK(state.at("backoff_factor") == want[2]);
   CHECK(state.at("growth_interval") == want[3]);
   CHECK(state.at("_growth_tracker") == want[4]);
-}
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const tandem::Error& e) {
-    return e.what();
-  }
-  return "no error";
 }
 
 }  // namespace

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "ddp_suite.hpp"
-#include "runners.hpp"
+#include "support/runners.hpp"
 #include "tandem/comm/gloo/gloo.hpp"
 #include "tandem/comm/init.hpp"
 #include "tandem/core/env.hpp"
@@ -26,8 +26,8 @@ namespace {
 
 using namespace std::chrono_literals;
 namespace suite = tandem::test::ddp;
-using suite::GlooThreadRunner;
-using suite::LocalRunner;
+using tandem::test::GlooThreadRunner;
+using tandem::test::LocalRunner;
 
 /// This process's rank of the tandemrun job, or nullptr when it runs alone.
 tandem::GlooComm* job() {

@@ -4,14 +4,14 @@
 #include <chrono>
 
 #include "ddp_suite.hpp"
-#include "runners.hpp"
+#include "support/runners.hpp"
 #include "tandem/comm/local/local.hpp"
 
 namespace {
 
 using namespace std::chrono_literals;
 namespace suite = tandem::test::ddp;
-using suite::LocalRunner;
+using tandem::test::LocalRunner;
 
 constexpr int max_ranks = 4;
 

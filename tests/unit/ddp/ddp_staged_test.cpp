@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "ddp_suite.hpp"
-#include "runners.hpp"
+#include "support/runners.hpp"
 #include "tandem/comm/local/local.hpp"
 #if defined(TANDEM_TEST_GLOO)
 #include "tandem/comm/gloo/gloo.hpp"
@@ -42,9 +42,9 @@ using tandem::test::fake_device;
 using tandem::test::fake_device_exec;
 using tandem::test::staging_counters;
 namespace suite = tandem::test::ddp;
-using suite::LocalRunner;
+using tandem::test::LocalRunner;
 #if defined(TANDEM_TEST_GLOO)
-using suite::GlooThreadRunner;
+using tandem::test::GlooThreadRunner;
 #endif
 
 // --- moving data between the host model and the device arena ------------------------------------

@@ -5,25 +5,11 @@
 #include <type_traits>
 #include <vector>
 
+#include "support/error_of.hpp"
 #include "tandem/arena/parameters.hpp"
 
-namespace {
-
-template <class F>
-std::string error_text(F&& f) {
-  try {
-    f();
-  } catch (const tandem::Error& error) {
-    return error.what();
-  }
-  return "no error";
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-}  // namespace
+using tandem::test::contains;
+using tandem::test::error_of;
 
 TEST_CASE_TEMPLATE("parameters lie contiguously in registration order", T, float, double,
                    tandem::half, tandem::bfloat16) {
@@ -88,30 +74,30 @@ TEST_CASE("lookup by name finds parameters and buffers, and names what it cannot
   const auto& constant = params;
   CHECK(&constant["w"] == &w);
   CHECK(constant.find("stats") == &b);
-  CHECK(contains(error_text([&] { (void)params["nope"]; }), "'nope'"));
+  CHECK(contains(error_of([&] { (void)params["nope"]; }), "'nope'"));
 }
 
 TEST_CASE("registration errors name the parameter") {
   tandem::Parameters<float> params;
   params.add("w", {2});
-  CHECK(contains(error_text([&] { params.add("w", {3}); }), "'w' is already registered"));
-  CHECK(contains(error_text([&] { params.add_buffer("w", {3}); }), "'w' is already registered"));
-  CHECK(contains(error_text([&] { params.add("", {3}); }), "non-empty name"));
-  CHECK(contains(error_text([&] { (void)params["w"].value(); }), "before Parameters::finalize"));
-  CHECK(contains(error_text([&] { (void)params.grads(); }), "before finalize"));
-  CHECK(contains(error_text([&] { params.zero_grad(); }), "before Parameters::finalize"));
+  CHECK(contains(error_of([&] { params.add("w", {3}); }), "'w' is already registered"));
+  CHECK(contains(error_of([&] { params.add_buffer("w", {3}); }), "'w' is already registered"));
+  CHECK(contains(error_of([&] { params.add("", {3}); }), "non-empty name"));
+  CHECK(contains(error_of([&] { (void)params["w"].value(); }), "before Parameters::finalize"));
+  CHECK(contains(error_of([&] { (void)params.grads(); }), "before finalize"));
+  CHECK(contains(error_of([&] { params.zero_grad(); }), "before Parameters::finalize"));
   params.finalize();
-  CHECK(contains(error_text([&] { params.add("late", {1}); }),
+  CHECK(contains(error_of([&] { params.add("late", {1}); }),
                  "cannot register 'late' after Parameters::finalize()"));
-  CHECK(contains(error_text([&] { params.add_buffer("late", {1}); }), "'late'"));
-  CHECK(contains(error_text([&] { params.finalize(); }), "already finalized"));
+  CHECK(contains(error_of([&] { params.add_buffer("late", {1}); }), "'late'"));
+  CHECK(contains(error_of([&] { params.finalize(); }), "already finalized"));
 }
 
 TEST_CASE("a buffer has no gradient") {
   tandem::Parameters<float> params;
   auto& stats = params.add_buffer("bn.running_var", {3});
   params.finalize();
-  CHECK(contains(error_text([&] { (void)stats.grad(); }), "'bn.running_var' is a buffer"));
+  CHECK(contains(error_of([&] { (void)stats.grad(); }), "'bn.running_var' is a buffer"));
 }
 
 TEST_CASE_TEMPLATE("zero_grad clears every gradient and nothing else", T, float, tandem::half,

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "support/collective_suite.hpp"
+#include "support/runners.hpp"
 #include "tandem/comm/gloo/gloo.hpp"
 #include "tandem/comm/init.hpp"
 
@@ -30,15 +31,6 @@ tandem::GlooComm& comm() {
   return *world_comm;
 }
 
-/// The suite's runner for a world that already exists: this process is one rank of it.
-struct ProcessRunner {
-  template <class Fn>
-  void operator()(int world_size, Fn&& fn) {
-    REQUIRE(world_size == comm().size());
-    fn(comm());
-  }
-};
-
 /// Counts no world size up to 4 divides evenly, and an empty call; each case in one mode,
 /// rotating (gloo over loopback costs milliseconds a call on a loaded machine: a smaller matrix
 /// than LocalComm's).
@@ -51,7 +43,7 @@ const tandem::test::Matrix subgroup_matrix{{0, 1, 13}, true};
 static_assert(tandem::detects_mismatched_collectives<tandem::GlooComm>);
 
 TEST_CASE("GlooComm: the conformance suite") {
-  ProcessRunner run;
+  tandem::test::ProcessRunner<tandem::GlooComm> run{&comm()};
   tandem::test::check_conformance<tandem::GlooComm>(run, comm().size(), matrix, subgroup_matrix);
 }
 

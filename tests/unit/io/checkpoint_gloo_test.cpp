@@ -2,14 +2,14 @@
 #include <doctest/doctest.h>
 
 #include "resume_suite.hpp"
+#include "support/runners.hpp"
 #include "support/temp_dir.hpp"
-#include "unit/ddp/runners.hpp"
 
 TEST_CASE("a resumed Gloo run ends bit for bit where an uninterrupted one does") {
   for (bool broadcast : {false, true}) {
     CAPTURE(broadcast);
     tandem::test::TempDir dir;
-    CHECK(tandem::test::resume::check_resume(tandem::test::ddp::GlooThreadRunner{}, 2, dir.path(),
+    CHECK(tandem::test::resume::check_resume(tandem::test::GlooThreadRunner{}, 2, dir.path(),
                                              broadcast) == 2);
   }
 }

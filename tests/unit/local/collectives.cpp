@@ -7,22 +7,10 @@
 #include <vector>
 
 #include "support/collective_suite.hpp"
+#include "support/runners.hpp"
 #include "tandem/comm/local/local.hpp"
 
-namespace {
-
-struct LocalRunner {
-  template <class Fn>
-  void operator()(int world_size, Fn&& fn) {
-    tandem::run_local(world_size, [&](tandem::LocalComm& comm) { fn(comm); });
-  }
-  template <class Fn>
-  void timed(int world_size, tandem::Timeout timeout, Fn&& fn) {
-    tandem::run_local(world_size, [&](tandem::LocalComm& comm) { fn(comm); }, {.timeout = timeout});
-  }
-};
-
-}  // namespace
+using tandem::test::LocalRunner;
 
 static_assert(tandem::detects_mismatched_collectives<tandem::LocalComm>);
 

@@ -1,6 +1,8 @@
-// tandem::SyncBatchNorm on LocalComm ranks (threads): PyTorch's numbers (syncbn.txt) on 1, 2
-// and 3 ranks with unequal and empty batches, which calls communicate, the arena form, and the
-// errors. Tolerances: see syncbn_golden.hpp.
+// tandem::SyncBatchNorm on LocalComm ranks (threads), host tensors: the shared suite
+// (sync_batch_norm_suite.hpp: PyTorch's numbers from syncbn.txt on 1, 2 and 3 ranks with unequal
+// and empty batches, the errors across ranks, the arena form), then what only host tensors show:
+// which calls communicate, gradient accumulation, eval mode, and the errors of one rank.
+// Tolerances: see syncbn_golden.hpp.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -13,6 +15,8 @@
 #include <vector>
 
 #include "support/collective_suite.hpp"
+#include "support/error_of.hpp"
+#include "sync_batch_norm_suite.hpp"
 #include "syncbn_golden.hpp"
 #include "tandem/arena/parameters.hpp"
 #include "tandem/comm/local/local.hpp"
@@ -23,22 +27,14 @@ using tandem::Buffer;
 using tandem::LocalComm;
 using tandem::Shape;
 using tandem::SyncBatchNorm;
+using tandem::test::contains;
+using tandem::test::error_of;
 using tandem::test::Failures;
 using tandem::test::syncbn::expect_close;
 using tandem::test::syncbn::filled;
 using tandem::test::syncbn::GoldenCase;
 
 namespace {
-
-/// Runs golden case `name` on its number of LocalComm ranks.
-template <class T>
-void run_golden_case(const std::string& name, Failures& failures) {
-  const GoldenCase gc(name);
-  tandem::run_local(
-      gc.world,
-      [&](LocalComm& comm) { tandem::test::syncbn::check_golden_rank<T>(comm, name, failures); },
-      {.timeout = 60s});
-}
 
 /// A LocalComm that counts the collectives it runs (SyncBatchNorm uses all_gather and
 /// all_reduce), to see which calls communicate.
@@ -77,21 +73,6 @@ void run_counting(int n, Fn fn) {
                     {.timeout = 30s});
 }
 
-/// Calls fn() and returns the tandem::Error's message ("" when nothing was thrown).
-template <class Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const tandem::Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
 }  // namespace
 
 static_assert(std::same_as<SyncBatchNorm<LocalComm>::value_type, float>);
@@ -104,16 +85,12 @@ TEST_CASE_TEMPLATE("SyncBatchNorm matches PyTorch on 2 and 3 ranks with unequal 
   // r3: batches 4, 0 and 2, (N, 2, 3, 2), cumulative average (momentum None), 3 steps.
   for (const char* name : {"r2", "r2empty", "r3"}) {
     CAPTURE(name);
-    Failures failures;
-    run_golden_case<T>(name, failures);
-    failures.report();
+    tandem::test::syncbn::check_golden_case<T, tandem::host>(name, 60s);
   }
 }
 
 TEST_CASE_TEMPLATE("SyncBatchNorm on one rank is PyTorch's plain batch norm", T, float, double) {
-  Failures failures;
-  run_golden_case<T>("w1", failures);
-  failures.report();
+  tandem::test::syncbn::check_golden_case<T, tandem::host>("w1", 60s);
 }
 
 TEST_CASE("one rank given the concatenated batch computes what three ranks compute together") {
@@ -285,89 +262,12 @@ TEST_CASE("without running statistics, eval normalises each rank's batch on its 
   failures.report();
 }
 
+TEST_CASE("ranks that disagree on C, or have one value per channel between them, get Errors") {
+  tandem::test::syncbn::check_errors_across_ranks<tandem::host>(30s);
+}
+
 TEST_CASE("parameters and buffers can live in a Parameters arena under PyTorch's names") {
-  const GoldenCase gc("r2");
-  Failures failures;
-  tandem::run_local(
-      gc.world,
-      [&](LocalComm& comm) {
-        const std::string rank = "r" + std::to_string(comm.rank());
-        tandem::Parameters<float> arena;
-        (void)arena.add("conv.weight", {2, 2});
-        SyncBatchNorm<LocalComm> bn(comm, arena, "bn1.", gc.channels, gc.options);
-        CHECK(error_of([&] { (void)bn.weight(); }).find("finalize") != std::string::npos);
-        arena.finalize();
-        bn.reset_parameters();
-        CHECK(arena.size() == 3);
-        CHECK(arena.buffer_count() == 3);
-        CHECK(arena["bn1.running_var"].value()[0] == 1.0f);
-        CHECK(arena["bn1.num_batches_tracked"].kind() == tandem::BufferKind::integral);
-        CHECK(arena["bn1.running_mean"].kind() == tandem::BufferKind::floating);
-        std::ranges::copy(gc.at("weight"), arena["bn1.weight"].value().begin());
-        std::ranges::copy(gc.at("bias"), arena["bn1.bias"].value().begin());
-
-        const Shape shape = gc.shapes[static_cast<std::size_t>(comm.rank())];
-        auto x = filled<float>(shape, gc.at("s0/" + rank + "/input"));
-        auto dy = filled<float>(shape, gc.at("s0/" + rank + "/grad_output"));
-        Buffer<float> y(shape);
-        Buffer<float> dx(shape);
-        arena.zero_grad();
-        bn.forward(x.view(), y.view());
-        bn.backward(x.view(), dy.view(), dx.view());
-        expect_close<float>(failures, "output", y.view(), gc.at("s0/" + rank + "/output"));
-        expect_close<float>(failures, "arena grad of bn1.weight", arena["bn1.weight"].grad(),
-                            gc.at("s0/" + rank + "/grad_weight"));
-        expect_close<float>(failures, "arena grad of bn1.bias", arena["bn1.bias"].grad(),
-                            gc.at("s0/" + rank + "/grad_bias"));
-        expect_close<float>(failures, "arena bn1.running_var", arena["bn1.running_var"].value(),
-                            gc.at("s0/running_var"), 4.0);
-        CHECK(arena["bn1.num_batches_tracked"].value()[0] == 1.0f);
-        for (float g : arena["conv.weight"].grad()) failures.expect(g == 0.0f, "conv grad ", g);
-      },
-      {.timeout = 30s});
-  failures.report();
-}
-
-TEST_CASE("ranks that disagree on the number of channels get an Error naming both counts") {
-  std::vector<std::string> messages(2);
-  tandem::run_local(2,
-                    [&](LocalComm& comm) {
-                      const std::int64_t channels = 3 + comm.rank();
-                      SyncBatchNorm<LocalComm> bn(comm, channels);
-                      Buffer<float> x(Shape{2, channels, 2});
-                      Buffer<float> y(x.shape());
-                      messages[static_cast<std::size_t>(comm.rank())] =
-                          error_of([&] { bn.forward(x.view(), y.view()); });
-                    },
-                    {.timeout = 30s});
-  for (const auto& message : messages) {
-    CAPTURE(message);
-    CHECK(contains(message, "SyncBatchNorm::forward"));
-    CHECK(contains(message, "disagree on the number of channels"));
-    CHECK((contains(message, "rank 1 has 4") || contains(message, "rank 0 has 3")));
-  }
-}
-
-TEST_CASE("one value per channel across ranks is an Error on every rank (PyTorch: NaN)") {
-  std::vector<std::string> messages(2);
-  tandem::run_local(2,
-                    [&](LocalComm& comm) {
-                      SyncBatchNorm<LocalComm> bn(comm, 2);
-                      Buffer<float> x(Shape{comm.rank() == 0 ? 1 : 0, 2});
-                      Buffer<float> y(x.shape());
-                      messages[static_cast<std::size_t>(comm.rank())] =
-                          error_of([&] { bn.forward(x.view(), y.view()); });
-                      CHECK(bn.num_batches_tracked() == 0);
-                      Buffer<float> dx(x.shape());
-                      CHECK(contains(error_of([&] { bn.backward(x.view(), x.view(), dx.view()); }),
-                                     "no forward"));
-                    },
-                    {.timeout = 30s});
-  for (const auto& message : messages) {
-    CHECK(contains(message,
-                   "expected more than 1 value per channel when training, got 1 "
-                   "across 2 ranks"));
-  }
+  tandem::test::syncbn::check_arena<tandem::host>(30s);
 }
 
 TEST_CASE("bad shapes and options are Errors naming the cause") {

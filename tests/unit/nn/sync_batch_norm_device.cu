@@ -1,11 +1,11 @@
-// tandem::SyncBatchNorm on a GPU: PyTorch's numbers (syncbn.txt) on 1, 2 and 3 LocalComm ranks
-// with every tensor in device memory (LocalComm stages them through pinned memory), on the
-// default stream and on a non-blocking one; the errors that read values back; a Parameters arena
-// in device memory. It also instantiates the module for NcclComm and for GlooComm with device
-// tensors when those are built (compile-time checks only: one GPU cannot host NCCL ranks).
-// Without a GPU it prints "SKIPPED: no CUDA device ..." and exits 77 (its own main, hence
-// NO_MAIN). Tolerances: see syncbn_golden.hpp; nvcc contracts a * b + c into FMAs, which moves
-// double results by an ulp or so, far inside them.
+// tandem::SyncBatchNorm on a GPU: the shared suite (sync_batch_norm_suite.hpp: PyTorch's numbers
+// from syncbn.txt on 1, 2 and 3 LocalComm ranks, the errors that read values back, a Parameters
+// arena in device memory) with every tensor in device memory (LocalComm stages them through
+// pinned memory), and the golden numbers on a non-blocking stream. It also instantiates the module
+// for NcclComm and for GlooComm with device tensors when those are built (compile-time checks only:
+// one GPU cannot host NCCL ranks). Without a GPU it prints "SKIPPED: no CUDA device ..." and exits
+// 77 (its own main, hence NO_MAIN). Tolerances: see syncbn_golden.hpp; nvcc contracts a * b + c
+// into FMAs, which moves double results by an ulp or so, far inside them.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
@@ -23,6 +23,7 @@
 #if TANDEM_TEST_GLOO
 #include "tandem/comm/gloo/gloo.hpp"
 #endif
+#include "sync_batch_norm_suite.hpp"
 #include "syncbn_golden.hpp"
 #include "tandem/arena/parameters.hpp"
 #include "tandem/comm/local/local.hpp"
@@ -42,36 +43,15 @@ template class tandem::SyncBatchNorm<tandem::GlooComm, float, tandem::device>;
 namespace {
 
 using namespace std::chrono_literals;
-using tandem::Buffer;
 using tandem::cuda_exec;
 using tandem::device;
 using tandem::LocalComm;
-using tandem::Shape;
 using tandem::test::Failures;
-using tandem::test::syncbn::assign;
-using tandem::test::syncbn::expect_close;
-using tandem::test::syncbn::filled;
 using tandem::test::syncbn::GoldenCase;
-using tandem::test::syncbn::host_copy;
-using tandem::test::syncbn::in_space;
 
 using DeviceBN = tandem::SyncBatchNorm<LocalComm, float, device>;
 static_assert(std::same_as<DeviceBN::executor_type, cuda_exec>);
 static_assert(std::same_as<DeviceBN::memory_space, device>);
-
-template <class Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const tandem::Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 }  // namespace
 
@@ -79,14 +59,7 @@ TEST_CASE_TEMPLATE("on a GPU, SyncBatchNorm matches PyTorch on 1, 2 and 3 ranks"
                    double) {
   for (const char* name : {"r2", "r2empty", "r3", "w1"}) {
     CAPTURE(name);
-    const GoldenCase gc(name);
-    Failures failures;
-    tandem::run_local(gc.world,
-                      [&](LocalComm& comm) {
-                        tandem::test::syncbn::check_golden_rank<T, device>(comm, name, failures);
-                      },
-                      {.timeout = 120s});
-    failures.report();
+    tandem::test::syncbn::check_golden_case<T, device>(name, 120s);
   }
 }
 
@@ -106,76 +79,11 @@ TEST_CASE("on a GPU, SyncBatchNorm on a non-blocking stream matches PyTorch") {
 }
 
 TEST_CASE("on a GPU, the errors that need values read back name their cause") {
-  std::vector<std::string> messages(4);
-  std::vector<std::int64_t> tracked(2, -1);
-  tandem::run_local(
-      2,
-      [&](LocalComm& comm) {
-        const auto r = static_cast<std::size_t>(comm.rank());
-        const std::int64_t channels = 3 + comm.rank();
-        DeviceBN disagree(comm, channels);
-        Buffer<float, device> x(Shape{2, channels, 2});
-        Buffer<float, device> y(x.shape());
-        messages[r] = error_of([&] { disagree.forward(x.view(), y.view()); });
-
-        DeviceBN bn(comm, 2);
-        const auto one = in_space<float, device>(filled<float>(
-            Shape{comm.rank() == 0 ? 1 : 0, 2},
-            comm.rank() == 0 ? std::vector<double>{1.0, 2.0} : std::vector<double>{}));
-        Buffer<float, device> one_out(one.shape());
-        messages[2 + r] = error_of([&] { bn.forward(one.view(), one_out.view()); });
-        tracked[r] = bn.num_batches_tracked();
-      },
-      {.timeout = 60s});
-  for (std::size_t r = 0; r < 2; ++r) {
-    CHECK(tracked[r] == 0);
-    CAPTURE(messages[r]);
-    CAPTURE(messages[2 + r]);
-    CHECK(contains(messages[r], "disagree on the number of channels"));
-    CHECK((contains(messages[r], "rank 1 has 4") || contains(messages[r], "rank 0 has 3")));
-    CHECK(contains(messages[2 + r],
-                   "expected more than 1 value per channel when training, got 1 across 2 ranks"));
-  }
+  tandem::test::syncbn::check_errors_across_ranks<device>(60s);
 }
 
 TEST_CASE("on a GPU, parameters and buffers can live in a Parameters arena") {
-  const GoldenCase gc("r2");
-  Failures failures;
-  tandem::run_local(
-      gc.world,
-      [&](LocalComm& comm) {
-        const std::string prefix = "s0/r" + std::to_string(comm.rank());
-        tandem::Parameters<float, device> arena;
-        DeviceBN bn(comm, arena, "bn.", gc.channels, gc.options);
-        arena.finalize(cuda_exec{});
-        bn.reset_parameters();
-        bn.executor().synchronize();  // before the synchronous copies below
-        assign(arena["bn.weight"].value(), gc.at("weight"));
-        assign(arena["bn.bias"].value(), gc.at("bias"));
-        const Shape shape = gc.shapes[static_cast<std::size_t>(comm.rank())];
-        const auto x = in_space<float, device>(filled<float>(shape, gc.at(prefix + "/input")));
-        const auto dy =
-            in_space<float, device>(filled<float>(shape, gc.at(prefix + "/grad_output")));
-        Buffer<float, device> y(shape);
-        Buffer<float, device> dx(shape);
-        bn.forward(x.view(), y.view());
-        bn.backward(x.view(), dy.view(), dx.view());
-        bn.executor().synchronize();
-        expect_close<float>(failures, "output", host_copy<float, device>(y.view()).view(),
-                            gc.at(prefix + "/output"));
-        expect_close<float>(failures, "grad_input", host_copy<float, device>(dx.view()).view(),
-                            gc.at(prefix + "/grad_input"));
-        expect_close<float>(failures, "grad of bn.weight",
-                            host_copy<float, device>(arena["bn.weight"].grad()).view(),
-                            gc.at(prefix + "/grad_weight"));
-        expect_close<float>(failures, "bn.running_var",
-                            host_copy<float, device>(arena["bn.running_var"].value()).view(),
-                            gc.at("s0/running_var"), 4.0);
-        failures.expect(bn.num_batches_tracked() == 1, "num_batches_tracked ",
-                        bn.num_batches_tracked());
-      },
-      {.timeout = 60s});
-  failures.report();
+  tandem::test::syncbn::check_arena<device>(60s);
 }
 
 int main(int argc, char** argv) {

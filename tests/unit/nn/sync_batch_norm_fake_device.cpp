@@ -3,11 +3,11 @@
 // so a host dereference on the device path is a compile error) and a fake device executor that
 // runs the same TANDEM_HD functors on the host, indices in reverse order, refusing functors that
 // cuda_exec could not copy into a kernel. LocalComm takes the fake device tensors by staging them
-// through (fake) pinned memory, as it does real device tensors. Checked: PyTorch's numbers on
-// 1, 2 and 3 ranks, results bitwise equal to the host path's, host waits that do not grow with
-// the number of channels, the errors that need values read back, and a Parameters arena in
-// device memory. Fresh fake device memory is filled with NaN bytes, as device memory is not
-// zeroed. Tolerances: see syncbn_golden.hpp.
+// through (fake) pinned memory, as it does real device tensors. Checked: the shared suite
+// (sync_batch_norm_suite.hpp: PyTorch's numbers on 1, 2 and 3 ranks, the errors that need values
+// read back, a Parameters arena in device memory), results bitwise equal to the host path's, and
+// host waits that do not grow with the number of channels. Fresh fake device memory is filled with
+// NaN bytes, as device memory is not zeroed. Tolerances: see syncbn_golden.hpp.
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -21,6 +21,7 @@
 
 #include "fake_device_space.hpp"  // first: it specialises templates the headers below use
 #include "support/collective_suite.hpp"
+#include "sync_batch_norm_suite.hpp"
 #include "syncbn_golden.hpp"
 #include "tandem/arena/parameters.hpp"
 #include "tandem/comm/local/local.hpp"
@@ -33,11 +34,9 @@ using tandem::LocalComm;
 using tandem::Shape;
 using tandem::SyncBatchNorm;
 using tandem::View;
-using tandem::test::Failures;
 using tandem::test::fake_device;
 using tandem::test::fake_device_exec;
 using tandem::test::syncbn::assign;
-using tandem::test::syncbn::expect_close;
 using tandem::test::syncbn::filled;
 using tandem::test::syncbn::GoldenCase;
 using tandem::test::syncbn::host_copy;
@@ -49,21 +48,6 @@ using DeviceBN = SyncBatchNorm<LocalComm, float, fake_device, fake_device_exec>;
 static_assert(std::same_as<DeviceBN::memory_space, fake_device>);
 static_assert(std::same_as<DeviceBN::executor_type, fake_device_exec>);
 static_assert(std::same_as<decltype(std::declval<DeviceBN&>().weight()), View<float, fake_device>>);
-
-/// Calls fn() and returns the tandem::Error's message ("" when nothing was thrown).
-template <class Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const tandem::Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 /// Every value rank r of golden case `name` produces in step s0 (forward, backward, running
 /// statistics), as raw bytes, for a module in Space.
@@ -105,15 +89,7 @@ TEST_CASE_TEMPLATE("on device memory, SyncBatchNorm matches PyTorch on 1, 2 and 
                    double) {
   for (const char* name : {"r2", "r2empty", "r3", "w1"}) {
     CAPTURE(name);
-    const GoldenCase gc(name);
-    Failures failures;
-    tandem::run_local(gc.world,
-                      [&](LocalComm& comm) {
-                        tandem::test::syncbn::check_golden_rank<T, fake_device>(
-                            comm, name, failures, fake_device_exec{});
-                      },
-                      {.timeout = 60s});
-    failures.report();
+    tandem::test::syncbn::check_golden_case<T, fake_device>(name, 60s, fake_device_exec{});
     CHECK(tandem::test::staging_counters.pinned_live.load() == 0);
   }
 }
@@ -181,67 +157,9 @@ TEST_CASE("a synchronised step waits on the host a fixed number of times, whatev
 }
 
 TEST_CASE("on device memory, the errors that need values read back name their cause") {
-  std::vector<std::string> messages(4);
-  std::vector<std::int64_t> tracked(2, -1);
-  tandem::run_local(2,
-                    [&](LocalComm& comm) {
-                      const auto r = static_cast<std::size_t>(comm.rank());
-                      const std::int64_t channels = 3 + comm.rank();
-                      DeviceBN disagree(comm, channels);
-                      Buffer<float, fake_device> x(Shape{2, channels, 2});
-                      Buffer<float, fake_device> y(x.shape());
-                      messages[r] = error_of([&] { disagree.forward(x.view(), y.view()); });
-
-                      DeviceBN bn(comm, 2);
-                      Buffer<float, fake_device> one(Shape{comm.rank() == 0 ? 1 : 0, 2});
-                      Buffer<float, fake_device> one_out(one.shape());
-                      messages[2 + r] = error_of([&] { bn.forward(one.view(), one_out.view()); });
-                      tracked[r] = bn.num_batches_tracked();
-                    },
-                    {.timeout = 30s});
-  for (std::size_t r = 0; r < 2; ++r) {
-    CHECK(tracked[r] == 0);  // the failed step left the running statistics alone
-    CAPTURE(messages[r]);
-    CAPTURE(messages[2 + r]);
-    CHECK(contains(messages[r], "disagree on the number of channels"));
-    CHECK((contains(messages[r], "rank 1 has 4") || contains(messages[r], "rank 0 has 3")));
-    CHECK(contains(messages[2 + r],
-                   "expected more than 1 value per channel when training, got 1 across 2 ranks"));
-  }
+  tandem::test::syncbn::check_errors_across_ranks<fake_device, fake_device_exec>(30s);
 }
 
 TEST_CASE("on device memory, parameters and buffers can live in a Parameters arena") {
-  const GoldenCase gc("r2");
-  Failures failures;
-  tandem::run_local(
-      gc.world,
-      [&](LocalComm& comm) {
-        const std::string prefix = "s0/r" + std::to_string(comm.rank());
-        tandem::Parameters<float, fake_device> arena;
-        DeviceBN bn(comm, arena, "bn.", gc.channels, gc.options);
-        arena.finalize(fake_device_exec{});
-        bn.reset_parameters();
-        assign(arena["bn.weight"].value(), gc.at("weight"));
-        assign(arena["bn.bias"].value(), gc.at("bias"));
-        const Shape shape = gc.shapes[static_cast<std::size_t>(comm.rank())];
-        const auto x = in_space<float, fake_device>(filled<float>(shape, gc.at(prefix + "/input")));
-        const auto dy =
-            in_space<float, fake_device>(filled<float>(shape, gc.at(prefix + "/grad_output")));
-        Buffer<float, fake_device> y(shape);
-        Buffer<float, fake_device> dx(shape);
-        bn.forward(x.view(), y.view());
-        bn.backward(x.view(), dy.view(), dx.view());
-        expect_close<float>(failures, "output", host_copy<float, fake_device>(y.view()).view(),
-                            gc.at(prefix + "/output"));
-        expect_close<float>(failures, "grad of bn.weight",
-                            host_copy<float, fake_device>(arena["bn.weight"].grad()).view(),
-                            gc.at(prefix + "/grad_weight"));
-        expect_close<float>(failures, "bn.running_var",
-                            host_copy<float, fake_device>(arena["bn.running_var"].value()).view(),
-                            gc.at("s0/running_var"), 4.0);
-        failures.expect(bn.num_batches_tracked() == 1, "num_batches_tracked ",
-                        bn.num_batches_tracked());
-      },
-      {.timeout = 30s});
-  failures.report();
+  tandem::test::syncbn::check_arena<fake_device, fake_device_exec>(30s);
 }

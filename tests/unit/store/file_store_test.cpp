@@ -11,28 +11,12 @@
 #include <vector>
 
 #include "store_test_support.hpp"
+#include "support/error_of.hpp"
 #include "tandem/rendezvous/file_store.hpp"
 
 using namespace std::chrono_literals;
 using namespace tandem::test;
 using tandem::FileStore;
-
-namespace {
-
-std::string error_of_open(const std::filesystem::path& path) {
-  try {
-    FileStore store(path);
-  } catch (const tandem::Error& error) {
-    return error.what();
-  }
-  return "<no tandem::Error>";
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-}  // namespace
 
 TEST_CASE("two FileStores on one file see each other's writes") {
   TempDir dir;
@@ -78,7 +62,7 @@ TEST_CASE("a stale file with garbage in it is reset on open") {
 TEST_CASE("a missing directory is an Error naming the path") {
   TempDir dir;
   const auto path = dir.path() / "no-such-dir" / "store";
-  const auto message = error_of_open(path);
+  const auto message = error_of([&] { FileStore store(path); });
   CHECK(contains(message, path.string()));
   CHECK(contains(message, "does not exist"));
 }

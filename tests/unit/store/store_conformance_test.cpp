@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "store_test_support.hpp"
+#include "support/error_of.hpp"
 #include "tandem/rendezvous/file_store.hpp"
 #include "tandem/rendezvous/store.hpp"
 #include "tandem/rendezvous/tcp_store.hpp"
@@ -16,24 +17,6 @@
 using namespace std::chrono_literals;
 using namespace tandem::test;
 using tandem::Store;
-
-namespace {
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const tandem::Error& error) {
-    return error.what();
-  }
-  return "<no tandem::Error>";
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-}  // namespace
 
 #define STORE_FIXTURES                                                                        \
   HashFixture, PrefixOf<HashFixture>, AnyOf<HashFixture>, FileFixture, PrefixOf<FileFixture>, \

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "store_test_support.hpp"
+#include "support/error_of.hpp"
 #include "tandem/rendezvous/detail/socket.hpp"
 #include "tandem/rendezvous/tcp_store.hpp"
 
@@ -29,10 +30,6 @@ using namespace tandem::test;
 using tandem::TcpStore;
 
 namespace {
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 void raw_send(int fd, const std::string& bytes) {
   REQUIRE(
@@ -328,15 +325,6 @@ std::string set_body(const std::string& key, const std::string& value) {
   return body;
 }
 
-std::string error_of(const std::function<void()>& call) {
-  try {
-    call();
-  } catch (const tandem::Error& error) {
-    return error.what();
-  }
-  return "(no error)";
-}
-
 /// Sets (or, with nullptr, unsets) an environment variable for one scope.
 class ScopedEnv {
  public:
@@ -507,7 +495,7 @@ TEST_CASE("limits: oversize keys, values, counts and frames are refused; memory 
     for (; stored < 1000; ++stored) {
       message =
           error_of([&] { client.set("key" + std::to_string(stored), std::string(100, 'v')); });
-      if (message != "(no error)") break;
+      if (message != no_error) break;
     }
     CHECK(contains(message, "the store is full"));
     CHECK(contains(message, "4096 bytes"));

@@ -10,28 +10,14 @@
 #include <utility>
 #include <vector>
 
+#include "support/error_of.hpp"
 #include "tandem/tensor/tensor.hpp"
 
 using tandem::Buffer;
 using tandem::Shape;
 using tandem::View;
 
-namespace {
-
-/// Runs `action`, which must throw a tandem::Error naming `operation`; returns its message.
-template <class Action>
-std::string error_of(Action&& action, const std::string& operation) {
-  try {
-    std::forward<Action>(action)();
-  } catch (const tandem::Error& error) {
-    CHECK(error.operation() == operation);
-    return error.what();
-  }
-  FAIL("no tandem::Error thrown by " << operation);
-  return {};
-}
-
-}  // namespace
+using tandem::test::error_of;
 
 TEST_CASE("Shape counts elements and prints itself") {
   const Shape matrix{3, 4};
