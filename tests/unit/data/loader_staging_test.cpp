@@ -2,7 +2,7 @@
 // memory space host code may not touch (support/fake_device.hpp), through a delivery that checks
 // the protocol cuda_delivery relies on: no upload into a slot the consumer still holds, no
 // hand-over before the slot's upload, every batch uploaded once per field.
-#include "unit/nn/fake_device_space.hpp"
+#include "support/fake_device_space.hpp"
 
 #include <doctest/doctest.h>
 

@@ -9,7 +9,7 @@
 // rank's result bitwise equal to DDP over a host arena; exact reductions with unused parameters,
 // float / half / bfloat16 / double, average and sum, bucket caps, compress<W> (bitwise equal to
 // the host arena's); errors; and nothing left in pinned memory.
-#include "unit/nn/fake_device_space.hpp"  // first: it specialises templates the headers use
+#include "support/fake_device_space.hpp"  // first: it specialises templates the headers use
 
 #include <doctest/doctest.h>
 

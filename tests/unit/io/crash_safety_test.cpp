@@ -2,7 +2,7 @@
 // 20 times; each time the newest checkpoint left behind loads and verifies, and holds the values
 // of one whole save (never a mix of two). Also: reading a checkpoint into device memory goes
 // through pinned staging (the fake device space).
-#include "unit/nn/fake_device_space.hpp"
+#include "support/fake_device_space.hpp"
 
 #include <signal.h>
 #include <sys/wait.h>

@@ -11,7 +11,8 @@
 #include <exception>
 #include <optional>
 
-#include "fake_device_space.hpp"  // first: it specialises templates the headers below use
+#include "support/fake_device_space.hpp"  // first: it specialises templates the headers below use
+
 #include "syncbn_golden.hpp"
 #include "tandem/comm/gloo/gloo.hpp"
 #include "tandem/comm/init.hpp"

@@ -19,7 +19,8 @@
 #include <utility>
 #include <vector>
 
-#include "fake_device_space.hpp"  // first: it specialises templates the headers below use
+#include "support/fake_device_space.hpp"  // first: it specialises templates the headers below use
+
 #include "support/collective_suite.hpp"
 #include "sync_batch_norm_suite.hpp"
 #include "syncbn_golden.hpp"

@@ -1,4 +1,4 @@
-// tests/unit/nn/fake_device_space.hpp - support/fake_device.hpp's memory space made complete for
+// tests/support/fake_device_space.hpp - support/fake_device.hpp's memory space made complete for
 // SyncBatchNorm: an allocator (fresh memory filled with NaN bytes, as device memory starts unset),
 // copies to and from the host, and fake_device_exec, an executor that runs TANDEM_HD functors on
 // the host as cuda_exec runs them on a GPU (indices in reverse order, functors that cuda_exec
