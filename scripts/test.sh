@@ -7,6 +7,8 @@
 #   defaults  the README's configuration: tests with every other option at its default (Gloo, MPI
 #             off; CUDA compiled where nvcc is); no build type, so unoptimised like Debug, no -g
 #   asan      ASan+UBSan build         tsan  ThreadSanitizer build
+# With no preset named (CI), each CPU test room is built in one of dev, asan and tsan (below);
+# a preset named on the command line builds and runs every room.
 # The consumer tests (label consumer) build tandem and a user's project afresh with fixed options,
 # whatever the preset: dev runs them, the other presets leave them out.
 # Debug information is left out (about a fifth of the compile time; CI has 25 minutes on 2 cores):
@@ -16,7 +18,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 presets=("$@")
-[ ${#presets[@]} -gt 0 ] || presets=(dev asan tsan)
+split_rooms=0
+if [ ${#presets[@]} -eq 0 ]; then
+  presets=(dev asan tsan)
+  split_rooms=1
+fi
 jobs=${TANDEM_JOBS:-$(nproc)}
 
 debug_flags=()
@@ -26,9 +32,29 @@ else
   debug_flags=(-DCMAKE_CXX_FLAGS_DEBUG= -DCMAKE_CUDA_FLAGS_DEBUG=)
 fi
 
+# CI's default run builds each CPU test room once, in the preset where it finds the most:
+# ThreadSanitizer the rooms whose code runs threads and processes against each other, ASan+UBSan
+# the rooms that parse, index and compute over buffers, dev the rest (CUDA, libtorch, consumers,
+# packaging, interop, docs, examples) and every room a later change adds. The CUDA tests of every
+# room build in dev, the one preset with nvcc. Presets named on the command line build every room.
+tsan_rooms="unit/local;unit/ddp;unit/gloo;unit/mpi;unit/init;unit/launch;unit/data;unit/rendezvous;fault"
+asan_rooms="unit/core;unit/tensor;unit/arena;unit/amp;unit/optim;unit/ema;unit/nn;unit/io;fuzz"
+room_flags() {
+  if [ "${split_rooms}" != 1 ]; then
+    echo "-DTANDEM_TEST_ROOMS= -DTANDEM_TEST_SKIP_ROOMS="
+    return
+  fi
+  case "$1" in
+    tsan) echo "-DTANDEM_TEST_ROOMS=${tsan_rooms} -DTANDEM_TEST_SKIP_ROOMS=" ;;
+    asan) echo "-DTANDEM_TEST_ROOMS=${asan_rooms} -DTANDEM_TEST_SKIP_ROOMS=" ;;
+    *) echo "-DTANDEM_TEST_ROOMS= -DTANDEM_TEST_SKIP_ROOMS=${tsan_rooms};${asan_rooms}" ;;
+  esac
+}
+
 for preset in "${presets[@]}"; do
   echo "=== tandem: preset ${preset}"
-  cmake --preset "${preset}" "${debug_flags[@]}"
+  # shellcheck disable=SC2046  # the flags are words without spaces
+  cmake --preset "${preset}" "${debug_flags[@]}" $(room_flags "${preset}")
   cmake --build --preset "${preset}" -j "${jobs}"
   ctest --preset "${preset}" -j "${jobs}"
 done
