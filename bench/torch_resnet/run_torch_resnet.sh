@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# bench/torch_resnet/run_torch_resnet.sh - the libtorch ResNet of examples/torch_resnet beside
+# PyTorch DDP, in one run: the same model (the same module tree and state_dict names), the same
+# initial weights (written by PyTorch's side, read by tandem's with --init), the same recipe (SGD
+# momentum 0.9, weight decay on conv/linear weights only, warm-up + cosine, EMA, batch 64 per
+# rank) and the same data order (DistributedSampler, seed 0). PyTorch: DDP over gloo, 2 processes
+# started by hand (Debian's torchrun crashes, see MACHINE-NOTES); tandem: 2 ranks on Gloo, MPI
+# and threads. Writes seconds of training per epoch, test accuracy and the ratios to
+# bench/results/torch-resnet.md, and accuracy against time to torch-resnet.png (matplotlib).
+#   bench/torch_resnet/run_torch_resnet.sh [BUILD_DIR] [EPOCHS]     (default build/release, 2)
+# Needs: torch_resnet and tandemrun built (Release, libtorch found), OpenMPI, Debian's
+# python3-torch, python3-numpy and python3-matplotlib for /usr/bin/python3,
+# dataset-fashion-mnist. Each run is about a minute per epoch on this 2-core VM.
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/../.." && pwd)
+build=${1:-build/release}
+epochs=${2:-2}
+case $build in /*) ;; *) build=$root/$build ;; esac
+program=$build/examples/torch_resnet/torch_resnet
+tandemrun=$build/tools/tandemrun
+for f in "$program" "$tandemrun"; do [[ -x $f ]] || { echo "missing $f" >&2; exit 1; }; done
+python=/usr/bin/python3
+out=$root/bench/results/torch-resnet.md
+plot=$root/bench/results/torch-resnet.png
+tmp=$(mktemp -d /tmp/tandem-bench-resnet.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+export GLOO_SOCKET_IFNAME=lo OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+
+# tandem prints "epoch E: test accuracy A % (...) after S s of training"; keep "EPOCH E S A".
+tandem_epochs() { sed -n 's/.*epoch \([0-9]*\): test accuracy \([0-9.]*\) % .* after \([0-9.]*\) s of training.*/EPOCH \1 \3 \2/p'; }
+
+run() {  # name, command...
+  local name=$1; shift
+  echo "--- $name"
+  "$@" >"$tmp/$name.log" 2>&1 || { cat "$tmp/$name.log"; echo "FAILED: $name" >&2; exit 1; }
+  grep -h "^EPOCH\|epoch [0-9]*: test" "$tmp/$name.log" | tail -"$epochs"
+}
+
+# One side writes the initial weights, the other reads them (both sides read them here).
+"$python" "$here/torch_resnet.py" --write-init "$tmp/init.safetensors"
+common=(--epochs "$epochs" --init "$tmp/init.safetensors")
+port=$((29500 + RANDOM % 1000))
+run torch_ddp bash -c "for r in 0 1; do RANK=\$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port $python $here/torch_resnet.py ${common[*]} & done; wait"
+run tandem_gloo "$tandemrun" --standalone --nproc-per-node 2 "$program" "${common[@]}"
+run tandem_mpi mpirun -n 2 --oversubscribe --bind-to none "$program" --backend mpi "${common[@]}"
+run tandem_local "$program" --backend local --ranks 2 "${common[@]}"
+names=(torch_ddp tandem_gloo tandem_mpi tandem_local)
+for name in tandem_gloo tandem_mpi tandem_local; do tandem_epochs <"$tmp/$name.log" >"$tmp/$name.epochs"; done
+grep "^EPOCH" "$tmp/torch_ddp.log" | awk '{print $1, $2, $3, $4 * 100}' >"$tmp/torch_ddp.epochs"
+for name in "${names[@]}"; do
+  [[ $(wc -l <"$tmp/$name.epochs") -eq $epochs ]] || {
+    cat "$tmp/$name.log"; echo "FAILED: $name did not report $epochs epochs" >&2; exit 1; }
+done
+load_after=$(cut -d' ' -f1-3 /proc/loadavg)
+
+"$python" - "$tmp" "$out" "$plot" "$(git -C "$root" rev-parse --short HEAD)" "$epochs" \
+  "$load_before" "$load_after" <<'PY'
+import sys, datetime, os
+tmp, out, plot, commit, epochs, load_before, load_after = sys.argv[1:8]
+names = {"torch_ddp": "PyTorch DDP, 2 processes (gloo)", "tandem_gloo": "tandem, 2 ranks (Gloo)",
+         "tandem_mpi": "tandem, 2 ranks (MPI)", "tandem_local": "tandem, 2 ranks (threads)"}
+runs = {}
+for key in names:
+    rows = [line.split() for line in open(os.path.join(tmp, key + ".epochs"))]
+    runs[key] = [(float(r[2]), float(r[3])) for r in rows]  # (seconds so far, accuracy %)
+# A time for training that did not happen is worse than none: every run must have learned.
+for key, rows in runs.items():
+    if not all(seconds > 0 for seconds, _ in rows) or rows[-1][1] < 70.0:
+        sys.exit(f"FAILED: {names[key]} did not train (final accuracy {rows[-1][1]} %)")
+per_epoch = {k: v[-1][0] / len(v) for k, v in runs.items()}
+tandems = ("tandem_gloo", "tandem_mpi", "tandem_local")
+best = min(tandems, key=per_epoch.get)
+ratio = per_epoch[best] / per_epoch["torch_ddp"]
+gap = runs[best][-1][1] - runs["torch_ddp"][-1][1]
+lines = [
+    "# libtorch ResNet: tandem's DDP beside PyTorch DDP, same model and recipe", "",
+    f"Run {datetime.date.today()} on the 2-core development VM (Debian 12, libtorch 1.13.1 on both "
+    f"sides), commit {commit}, by `bench/torch_resnet/run_torch_resnet.sh` (Release build), "
+    f"{epochs} epochs per run (a short run: the CPU is shared). The ResNet of "
+    "`examples/torch_resnet` (stride-2 stem, three residual blocks of widths 24/48/96, 174 k "
+    "parameters), the same initial weights (written by the PyTorch side, loaded by tandem's with "
+    "`--init`), SGD momentum 0.9 lr 0.1 with weight decay 5e-4 on conv/linear weights only, "
+    "warm-up + cosine, an EMA updated every step, batch 64 per rank, the same DistributedSampler "
+    "order (seed 0); one libtorch thread per rank. Seconds are training only (evaluation "
+    "excluded). Differences: tandem's BatchNorm is synchronised across ranks (SyncBatchNorm), "
+    "PyTorch's is per rank (torch 1.13's SyncBatchNorm refuses CPU tensors; DDP broadcasts rank "
+    "0's buffers each forward instead); PyTorch indexes resident tensors, tandem reads through its "
+    "Loader (one worker thread).", "",
+    f"Load average (1, 5, 15 min) before the runs: {load_before}; after: {load_after}. Other "
+    "builds shared the two cores during the run, so absolute seconds are inflated and noisy: "
+    "compare the ratios.", "",
+    "| run | s / epoch | test accuracy | epoch time vs PyTorch DDP |",
+    "|---|---:|---:|---:|"]
+for key, label in names.items():
+    lines.append(f"| {label} | {per_epoch[key]:.2f} | {runs[key][-1][1]:.2f} % | "
+                 f"{per_epoch[key] / per_epoch['torch_ddp']:.2f}x |")
+lines += ["", f"Best tandem backend: {names[best]}, {per_epoch[best]:.2f} s per epoch: "
+          f"{ratio:.2f}x PyTorch DDP's epoch time (target <= 0.7x: "
+          f"{'met' if ratio <= 0.7 else 'not met'}); accuracy {runs[best][-1][1]:.2f} % against "
+          f"PyTorch DDP's {runs['torch_ddp'][-1][1]:.2f} % ({gap:+.2f} points; target within 0.5: "
+          f"{'met' if abs(gap) <= 0.5 else 'not met'}).", "",
+          "![test accuracy against training time](torch-resnet.png)"]
+open(out, "w").write("\n".join(lines) + "\n")
+try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for key, label in names.items():
+        ax.plot([r[0] for r in runs[key]], [r[1] for r in runs[key]], marker="o", label=label)
+    ax.set_xlabel("seconds of training (2-core VM, shared)")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title(f"libtorch ResNet on Fashion-MNIST, {epochs} epochs, batch 64 per rank")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(plot, dpi=110)
+except ImportError:
+    print("no matplotlib: no plot", file=sys.stderr)
+print(open(out).read())
+PY

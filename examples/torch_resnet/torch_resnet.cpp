@@ -1,0 +1,455 @@
+// torch_resnet: a libtorch model trained across ranks with tandem, the way a PyTorch user's script
+// does it. A small ResNet for Fashion-MNIST (a stride-2 stem and three residual blocks of widths
+// w, 2w, 4w, BatchNorm after every convolution, global average pooling, a linear head; w = 24:
+// 174 k parameters) written with torch::nn; tandem::torch::DistributedDataParallel with overlap
+// (autograd's hooks start each bucket's all_reduce during backward), SyncBatchNorm through
+// convert_sync_batchnorm, the DistributedSampler with set_epoch and the Loader, tandem's SGD with
+// momentum in two kinds of param group (weight decay on conv and linear weights, none on BatchNorm
+// and biases), warm-up + cosine, an EMA of the weights evaluated at each epoch's end, distributed
+// evaluation (the correct counts summed over ranks), rank-0 progress and TensorBoard, a checkpoint
+// every epoch (and every --checkpoint-every steps) and --resume. Rank 0's last line states the
+// test accuracy; --min-accuracy makes the run fail unless it trained.
+//   build/release/tools/tandemrun --standalone --nproc-per-node 2
+//       build/release/examples/torch_resnet/torch_resnet --epochs 3        (one line) Gloo
+//   build/release/examples/torch_resnet/torch_resnet --backend local --ranks 2   threads
+//   mpirun -n 2 build/release/examples/torch_resnet/torch_resnet --backend mpi     MPI
+// Flags: --epochs E --batch-size B (per rank) --lr LR --weight-decay WD --width W --seed S
+//        --data DIR --init FILE (initial weights, safetensors under state_dict names)
+//        --checkpoint-dir DIR --checkpoint-every N --resume --timeout SECONDS --workers W
+//        --tensorboard DIR --max-steps N --min-accuracy PERCENT --no-sync-bn (BatchNorm per rank,
+//        what PyTorch's DDP does on a CPU) --ranks N (local)
+// One epoch (60 k images, batch 64 per rank) takes about a minute on 2 ranks of a 2-core machine:
+// each rank runs libtorch on one thread (torch::set_num_threads(1)): the ranks are the
+// parallelism. bench/torch_resnet runs it beside PyTorch DDP (bench/results/torch-resnet.md).
+// CUDA (libtorch CUDA, NcclComm, autocast fp16 + GradScaler) is not in this program yet: the
+// bridge's DistributedDataParallel takes float32 CPU modules only so far, and Debian's libtorch
+// has no CUDA, so a GPU variant could be neither compiled nor measured here.
+#include <signal.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "tandem/comm/local/local.hpp"
+#include "tandem/core/env.hpp"
+#include "tandem/data/batches.hpp"
+#include "tandem/data/loader.hpp"
+#include "tandem/data/mnist.hpp"
+#include "tandem/data/sampler.hpp"
+#include "tandem/ema.hpp"
+#include "tandem/io/checkpoint.hpp"
+#include "tandem/io/log.hpp"
+#include "tandem/io/metrics.hpp"
+#include "tandem/io/progress.hpp"
+#include "tandem/io/safetensors.hpp"
+#include "tandem/io/tensorboard.hpp"
+#include "tandem/launch/elastic.hpp"
+#include "tandem/optim/lr_scheduler.hpp"
+#include "tandem/optim/sgd.hpp"
+#include "tandem/torch.hpp"
+#if TANDEM_EXAMPLE_WITH_GLOO
+#include "tandem/comm/gloo/gloo.hpp"
+#include "tandem/comm/init.hpp"
+#endif
+#if TANDEM_EXAMPLE_WITH_MPI
+#include "tandem/comm/mpi/mpi.hpp"
+#endif
+
+namespace {
+
+namespace nn = torch::nn;
+
+struct Settings {
+  std::string backend;
+  int ranks = 2;
+  int epochs = 3;
+  std::size_t batch_size = 64;
+  double lr = 0.1;
+  double weight_decay = 5e-4;
+  std::int64_t width = 24;
+  std::uint64_t seed = 0;
+  std::string data = tandem::FashionMNIST::default_directory().string();
+  std::string init;  // initial weights from a file (the benchmark: PyTorch's side wrote them)
+  std::string checkpoint_dir;
+  std::int64_t checkpoint_every = 0;  // steps; 0: at each epoch's end only
+  bool resume = false;
+  int timeout_seconds = 1800;
+  int workers = 1;
+  std::string tensorboard;
+  std::int64_t max_steps = -1;      // stop early (tests)
+  std::int64_t crash_at_step = -1;  // rank 1 kills itself here on the first attempt (the test)
+  double min_accuracy = 0;          // percent; below it the run fails
+  bool sync_bn = true;
+};
+
+int usage() {
+  std::fprintf(stderr,
+               "usage: torch_resnet [--backend gloo|mpi|local] [--ranks N] [--epochs E]\n"
+               "  [--batch-size B] [--lr LR] [--weight-decay WD] [--width W] [--seed S]\n"
+               "  [--data DIR] [--init FILE] [--checkpoint-dir DIR] [--checkpoint-every N]\n"
+               "  [--resume] [--timeout SECONDS] [--workers W] [--tensorboard DIR]\n"
+               "  [--max-steps N] [--min-accuracy PERCENT] [--no-sync-bn]\n"
+               "  default backend: gloo under a launcher (WORLD_SIZE set), else local\n");
+  return 2;
+}
+
+std::optional<Settings> parse(int argc, char** argv) {
+  Settings s;
+  s.backend = std::getenv("WORLD_SIZE") ? "gloo" : "local";
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--resume") {
+      s.resume = true;
+      continue;
+    }
+    if (arg == "--no-sync-bn") {
+      s.sync_bn = false;
+      continue;
+    }
+    if (i + 1 >= argc) return std::nullopt;
+    const char* value = argv[++i];
+    auto number = [&](std::int64_t low, std::int64_t high) -> std::optional<std::int64_t> {
+      const auto v = tandem::parse_int(value);
+      if (!v || *v < low || *v > high) return std::nullopt;
+      return *v;
+    };
+    auto real = [&](double low) -> std::optional<double> {
+      char* end = nullptr;
+      const double v = std::strtod(value, &end);
+      if (end == value || *end != '\0' || !(v >= low)) return std::nullopt;
+      return v;
+    };
+    std::optional<std::int64_t> n;
+    std::optional<double> x;
+    if (arg == "--backend")
+      s.backend = value;
+    else if (arg == "--data")
+      s.data = value;
+    else if (arg == "--init")
+      s.init = value;
+    else if (arg == "--checkpoint-dir")
+      s.checkpoint_dir = value;
+    else if (arg == "--tensorboard")
+      s.tensorboard = value;
+    else if (arg == "--lr" && (x = real(0)) && *x > 0)
+      s.lr = *x;
+    else if (arg == "--weight-decay" && (x = real(0)))
+      s.weight_decay = *x;
+    else if (arg == "--min-accuracy" && (x = real(0)) && *x <= 100)
+      s.min_accuracy = *x;
+    else if (arg == "--ranks" && (n = number(1, 64)))
+      s.ranks = int(*n);
+    else if (arg == "--epochs" && (n = number(1, 1000)))
+      s.epochs = int(*n);
+    else if (arg == "--batch-size" && (n = number(1, 60000)))
+      s.batch_size = std::size_t(*n);
+    else if (arg == "--width" && (n = number(1, 1024)))
+      s.width = *n;
+    else if (arg == "--seed" && (n = number(0, INT64_MAX)))
+      s.seed = std::uint64_t(*n);
+    else if (arg == "--timeout" && (n = number(1, 86400)))
+      s.timeout_seconds = int(*n);
+    else if (arg == "--workers" && (n = number(0, 64)))
+      s.workers = int(*n);
+    else if (arg == "--max-steps" && (n = number(0, INT64_MAX)))
+      s.max_steps = *n;
+    else if (arg == "--checkpoint-every" && (n = number(0, INT64_MAX)))
+      s.checkpoint_every = *n;
+    else if (arg == "--crash-at-step" && (n = number(0, INT64_MAX)))
+      s.crash_at_step = *n;
+    else
+      return std::nullopt;
+  }
+  return s;
+}
+
+// The model. Its module tree (and so its state_dict names) is bench/torch_resnet/torch_resnet.py's:
+// every BatchNorm is a child of a Sequential, where convert_sync_batchnorm can replace it.
+
+nn::Conv2d conv(std::int64_t in, std::int64_t out, std::int64_t kernel, std::int64_t stride) {
+  return nn::Conv2d(
+      nn::Conv2dOptions(in, out, kernel).stride(stride).padding(kernel / 2).bias(false));
+}
+
+/// out = relu(body(x) + shortcut(x)); body = conv3x3-BN-ReLU-conv3x3-BN, shortcut = conv1x1-BN
+/// where the shape changes, else the identity (an empty Sequential).
+struct BlockImpl : nn::Module {
+  BlockImpl(std::int64_t in, std::int64_t out, std::int64_t stride)
+      : body(register_module(
+            "body", nn::Sequential(conv(in, out, 3, stride), nn::BatchNorm2d(out), nn::ReLU(),
+                                   conv(out, out, 3, 1), nn::BatchNorm2d(out)))),
+        shortcut(register_module("shortcut", nn::Sequential())) {
+    if (stride != 1 || in != out) {
+      shortcut->push_back(conv(in, out, 1, stride));
+      shortcut->push_back(nn::BatchNorm2d(out));
+    }
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return torch::relu(body->forward(x) + (shortcut->is_empty() ? x : shortcut->forward(x)));
+  }
+  nn::Sequential body, shortcut;
+};
+TORCH_MODULE(Block);
+
+/// stem (conv3x3 stride 2: 28 -> 14 pixels), layer1..3 (one block each: w, 2w, 4w channels at 14,
+/// 7, 4 pixels), global average pooling, fc.
+struct NetImpl : nn::Module {
+  explicit NetImpl(std::int64_t w)
+      : stem(register_module("stem",
+                             nn::Sequential(conv(1, w, 3, 2), nn::BatchNorm2d(w), nn::ReLU()))),
+        layer1(register_module("layer1", nn::Sequential(Block(w, w, 1)))),
+        layer2(register_module("layer2", nn::Sequential(Block(w, 2 * w, 2)))),
+        layer3(register_module("layer3", nn::Sequential(Block(2 * w, 4 * w, 2)))),
+        fc(register_module("fc", nn::Linear(4 * w, 10))) {}
+  torch::Tensor forward(torch::Tensor x) {
+    x = layer3->forward(layer2->forward(layer1->forward(stem->forward(x))));
+    return fc->forward(torch::flatten(torch::adaptive_avg_pool2d(x, {1, 1}), 1));
+  }
+  nn::Sequential stem, layer1, layer2, layer3;
+  nn::Linear fc;
+};
+TORCH_MODULE(Net);
+
+/// Loads every parameter and buffer of `net` from a safetensors file written under the names of
+/// its state_dict (strict: a missing name, a wrong dtype or size is an Error).
+void load_initial_weights(Net& net, const std::string& file) {
+  const auto weights = tandem::SafetensorsFile::map(file);
+  torch::NoGradGuard no_grad;
+  auto load = [&](const std::string& name, torch::Tensor& t) {
+    if (t.scalar_type() == torch::kInt64)
+      weights.read_into(name, std::span(t.data_ptr<std::int64_t>(), std::size_t(t.numel())));
+    else
+      weights.read_into(name, std::span(t.data_ptr<float>(), std::size_t(t.numel())));
+  };
+  for (auto& item : net->named_parameters()) load(item.key(), item.value());
+  for (auto& item : net->named_buffers()) load(item.key(), item.value());
+}
+
+/// SGD's param groups: runs of the arena alternately with and without weight decay (decay for
+/// conv and linear weights, none for BatchNorm's affine parameters and biases, by rank: PyTorch's
+/// usual split). A group is a contiguous run of the arena, so the two kinds come as runs.
+template <class Params>
+std::vector<tandem::optim::ParamGroup<tandem::optim::SGDOptions>> sgd_groups(
+    const Params& params, const Settings& settings) {
+  std::vector<tandem::optim::ParamGroup<tandem::optim::SGDOptions>> groups;
+  std::size_t first = 0;
+  bool first_decays = false;
+  auto close = [&](std::size_t last) {
+    if (last == first) return;
+    groups.push_back({tandem::optim::param_range(first, last),
+                      {.lr = settings.lr,
+                       .momentum = 0.9,
+                       .weight_decay = first_decays ? settings.weight_decay : 0.0}});
+  };
+  for (const auto& parameter : params) {
+    const bool decays = parameter.shape().rank() > 1;
+    if (parameter.index() == 0) first_decays = decays;
+    if (decays != first_decays) {
+      close(parameter.index());
+      first = parameter.index();
+      first_decays = decays;
+    }
+  }
+  close(params.size());
+  return groups;
+}
+
+/// Accuracy over the test set split by the evaluation sampler: every sample counted once.
+/// Through ddp.forward, which in eval mode runs no collective and points the module's tensors at
+/// the arena's active values (the EMA's while it is applied).
+template <class Comm, class Ddp>
+double evaluate(Comm& comm, Net& net, Ddp& ddp, const tandem::FashionMNIST& test) {
+  net->eval();
+  torch::NoGradGuard no_grad;
+  auto sampler = tandem::DistributedSampler::evaluation(test.size(), comm);
+  tandem::Loader loader(test, sampler | tandem::views::batches(500), {.workers = 0});
+  std::int64_t hits = 0;
+  for (const auto& batch : loader) {
+    auto [images, labels] = batch.views();
+    const auto count = static_cast<std::int64_t>(batch.size());
+    const auto x = torch::from_blob(images.data(), {count, 1, 28, 28}, torch::kFloat32);
+    const auto y = torch::from_blob(labels.data(), {count}, torch::kInt64);
+    hits += ddp.forward(x).argmax(1).eq(y).sum().template item<std::int64_t>();
+  }
+  net->train();
+  const auto totals =
+      tandem::reduce_sum(comm, std::array<std::int64_t, 2>{hits, std::int64_t(sampler.size())});
+  return double(totals[0]) / double(totals[1]);
+}
+
+/// One rank's whole run. Returns the final test accuracy.
+template <tandem::Communicator Comm>
+double train(Comm& comm, const Settings& settings) {
+  const tandem::FashionMNIST train_set(tandem::split::train, settings.data);
+  const tandem::FashionMNIST test_set(tandem::split::test, settings.data);
+
+  torch::manual_seed(settings.seed);  // the same initial weights on every rank (DDP checks them)
+  Net net(settings.width);
+  if (!settings.init.empty()) load_initial_weights(net, settings.init);
+  if (settings.sync_bn) {
+    const auto replaced = tandem::torch::convert_sync_batchnorm(*net, comm);
+    tandem::log0(comm) << "SyncBatchNorm in place of " << replaced.converted.size()
+                       << " BatchNorm2d modules";
+  }
+  tandem::torch::DistributedDataParallel<Comm, tandem::overlap> ddp(comm, net);
+  auto& params = ddp.parameters();
+
+  const auto groups = sgd_groups(params, settings);
+  tandem::optim::SGD optimizer(params, std::span(groups));
+  tandem::DistributedSampler sampler(train_set.size(), comm,
+                                     {.shuffle = true, .seed = settings.seed});
+  auto batches = sampler | tandem::views::batches(settings.batch_size);
+  const auto steps_per_epoch = static_cast<std::int64_t>(batches.size());
+  const std::int64_t total_steps = steps_per_epoch * settings.epochs;
+  auto schedule = tandem::lr::warmup_cosine(
+      optimizer, std::min<std::int64_t>(100, total_steps / 10), total_steps, 1.0, 0.01);
+  tandem::EMA ema(params, {.decay = 0.999, .use_warmup = true});
+  tandem::Loader loader(train_set, batches, {.workers = settings.workers});
+
+  std::int64_t step = 0;
+  std::size_t batches_done = 0;
+  tandem::TrainingState state;
+  state.model(params)
+      .optimizer(optimizer)
+      .ema(ema, params)
+      .scheduler(schedule)
+      .sampler(sampler, batches_done)
+      .counter("step", step);
+  if (settings.resume && !settings.checkpoint_dir.empty()) {
+    if (auto last = tandem::latest_checkpoint(settings.checkpoint_dir)) {
+      tandem::load_checkpoint(comm, *last, state);
+      loader.resume_at(batches_done);
+      tandem::log0(comm) << "resumed from " << last->string() << " at step " << step;
+    }
+  }
+  tandem::TensorBoardWriter board(settings.tensorboard.empty() ? "." : settings.tensorboard,
+                                  comm.rank() == 0 && !settings.tensorboard.empty());
+  const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  const bool first_attempt = !restart || std::string_view(restart) == "0";
+  auto checkpoint = [&] {
+    if (!settings.checkpoint_dir.empty())
+      tandem::save_checkpoint(comm, settings.checkpoint_dir, step, state);
+  };
+
+  double accuracy = 0;
+  double mean_loss = 0;
+  double trained_seconds = 0;  // training only: the evaluations are not counted
+  const bool limited = settings.max_steps >= 0;
+  using clock = std::chrono::steady_clock;
+  net->train();
+  for (auto epoch = static_cast<int>(sampler.epoch()); epoch < settings.epochs; ++epoch) {
+    if (static_cast<std::uint64_t>(epoch) != sampler.epoch()) {
+      sampler.set_epoch(static_cast<std::uint64_t>(epoch));
+      batches_done = 0;
+    }
+    const auto epoch_start = clock::now();
+    tandem::Progress progress(
+        static_cast<std::size_t>(steps_per_epoch) - batches_done,
+        {.label = "epoch " + std::to_string(epoch), .enabled = comm.rank() == 0});
+    for (const auto& batch : loader) {
+      if (settings.crash_at_step == step && comm.rank() == 1 && first_attempt) ::raise(SIGKILL);
+      auto [images, labels] = batch.views();
+      const auto count = static_cast<std::int64_t>(batch.size());
+      const auto x = torch::from_blob(images.data(), {count, 1, 28, 28}, torch::kFloat32);
+      const auto y = torch::from_blob(labels.data(), {count}, torch::kInt64);
+      auto loss = torch::nn::functional::cross_entropy(ddp.forward(x), y);
+      optimizer.zero_grad();
+      loss.backward();  // the gradients are averaged over the ranks when it returns
+      optimizer.step();
+      schedule.step();
+      ema.update();
+      ++batches_done;
+      ++step;
+      if (step % 50 == 0 || batches_done == batches.size()) {
+        mean_loss = tandem::reduce_mean(comm, loss.template item<double>());
+        board.add_scalar("train/loss", mean_loss, step);
+      }
+      progress.update({{"loss", mean_loss}, {"lr", optimizer.lr(0)}});
+      if (limited && step >= settings.max_steps) break;  // saved after the evaluation
+      // Between epochs' ends too; the end of an epoch is saved after its evaluation.
+      if (settings.checkpoint_every > 0 && step % settings.checkpoint_every == 0 &&
+          batches_done != batches.size())
+        checkpoint();
+    }
+    progress.finish();
+    trained_seconds += std::chrono::duration<double>(clock::now() - epoch_start).count();
+    accuracy = evaluate(comm, net, ddp, test_set);
+    double ema_accuracy = 0;
+    {
+      auto applied = ema.applied();  // the module's tensors hold the average until it ends
+      ema_accuracy = evaluate(comm, net, ddp, test_set);
+    }
+    board.add_scalar("test/accuracy", accuracy, step);
+    board.add_scalar("test/accuracy_ema", ema_accuracy, step);
+    board.flush();
+    tandem::log0(comm) << "epoch " << epoch << ": test accuracy " << 100 * accuracy << " % (EMA "
+                       << 100 * ema_accuracy << " %) after " << trained_seconds << " s of training";
+    if (batches_done == batches.size()) {
+      sampler.set_epoch(static_cast<std::uint64_t>(epoch + 1));
+      batches_done = 0;
+    }
+    checkpoint();
+    if (limited && step >= settings.max_steps) break;
+  }
+  tandem::log0(comm) << "test accuracy " << 100 * accuracy << " % after " << step << " steps on "
+                     << comm.size() << " ranks";
+  return accuracy;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const auto settings = parse(argc, argv);
+  if (!settings) return usage();
+  torch::set_num_threads(1);  // one core per rank: the ranks are the parallelism
+  const auto timeout = std::chrono::seconds(settings->timeout_seconds);
+  // run_main prints an exception that ends the run and writes torchrun's error file.
+  return tandem::run_main([&]() -> int {
+    double accuracy = 0;
+    if (settings->backend == "local") {
+      tandem::run_local(
+          settings->ranks,
+          [&](tandem::LocalComm& comm) {
+            const double a = train(comm, *settings);
+            if (comm.rank() == 0) accuracy = a;
+          },
+          tandem::LocalCommOptions{timeout});
+#if TANDEM_EXAMPLE_WITH_GLOO
+    } else if (settings->backend == "gloo") {
+      tandem::GlooCommOptions options;
+      options.timeout = timeout;
+      auto comm = tandem::init_process_group<tandem::GlooComm>("env://", options);
+      accuracy = train(comm, *settings);
+      comm.barrier();
+#endif
+#if TANDEM_EXAMPLE_WITH_MPI
+    } else if (settings->backend == "mpi") {
+      auto comm = tandem::MpiComm::world();
+      accuracy = train(comm, *settings);
+#endif
+    } else {
+      std::fprintf(stderr, "torch_resnet: backend '%s' is not built in\n",
+                   settings->backend.c_str());
+      return usage();
+    }
+    if (!std::isfinite(accuracy)) return 1;
+    if (100 * accuracy < settings->min_accuracy) {
+      std::fprintf(stderr, "torch_resnet: test accuracy %.2f %% is below --min-accuracy %.2f\n",
+                   100 * accuracy, settings->min_accuracy);
+      return 1;
+    }
+    return 0;
+  });
+}
