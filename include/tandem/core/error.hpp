@@ -6,6 +6,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 
 namespace tandem {
@@ -18,12 +19,13 @@ inline constexpr int unknown_rank = -1;
 class Error : public std::runtime_error {
  public:
   /// An error on rank `rank` in `operation` (an operation name such as "all_reduce"), because of
-  /// `cause`.
+  /// `cause`. A cause that is another Error's what() loses its leading "tandem: ", so that the
+  /// text says "tandem: " once however deeply errors are wrapped.
   Error(int rank, std::string operation, std::string cause)
       : std::runtime_error(compose(rank, operation, cause)),
         rank_(rank),
         operation_(std::move(operation)),
-        cause_(std::move(cause)) {}
+        cause_(without_prefix(std::move(cause))) {}
 
   /// An error raised before a rank is known: rank() is unknown_rank.
   Error(std::string operation, std::string cause)
@@ -37,12 +39,20 @@ class Error : public std::runtime_error {
   [[nodiscard]] const std::string& cause() const noexcept { return cause_; }
 
  private:
+  static constexpr std::string_view prefix = "tandem: ";
+
+  static std::string without_prefix(std::string cause) {
+    if (std::string_view(cause).starts_with(prefix)) cause.erase(0, prefix.size());
+    return cause;
+  }
+
   static std::string compose(int rank, const std::string& operation, const std::string& cause) {
-    std::string text = "tandem: ";
+    std::string text(prefix);
     if (rank != unknown_rank) text += "rank " + std::to_string(rank) + ": ";
     text += operation;
     text += ": ";
-    text += cause;
+    const std::string_view rest(cause);
+    text += rest.starts_with(prefix) ? rest.substr(prefix.size()) : rest;
     return text;
   }
 

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <ctime>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <optional>
@@ -29,6 +30,7 @@
 #include "tandem/core/env.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/launch/detail/process.hpp"
+#include "tandem/launch/elastic.hpp"
 
 namespace tandem::launch {
 
@@ -108,6 +110,9 @@ struct LaunchPlan {
   std::string run_id{};              ///< the job's id, in TORCHELASTIC_RUN_ID
   std::vector<int> devices{};        ///< empty: CUDA_VISIBLE_DEVICES is passed on as it is
   bool set_omp_num_threads = false;  ///< OMP_NUM_THREADS=1 for workers (torchrun's default)
+  /// Each worker gets its own TORCHELASTIC_ERROR_FILE, read after a failure (torchrun's way);
+  /// false when the launcher's environment sets one, which the workers then inherit.
+  bool error_files = true;
   /// The job token given to the workers as TANDEM_STORE_TOKEN (empty: none is set).
   std::string store_token{};
   std::vector<std::string> command{};  ///< the program and its arguments
@@ -330,6 +335,7 @@ inline LaunchPlan resolve(const LaunchOptions& options, const HostFacts& host = 
   plan.store_token = detail::job_token(options, plan, host);
   plan.log_dir = options.log_dir;
   plan.set_omp_num_threads = !host.env("OMP_NUM_THREADS") && plan.nproc_per_node > 1;
+  plan.error_files = !host.env("TORCHELASTIC_ERROR_FILE");
   plan.command = options.command;
   if (plan.command.empty() || plan.command.front().empty()) {
     detail::bad_flag("PROGRAM", "no program to run was given");
@@ -386,7 +392,8 @@ inline std::vector<std::string> worker_environment(const LaunchPlan& plan, int l
   return environment;
 }
 
-/// torchrun's note when it sets OMP_NUM_THREADS, printed once per launch.
+/// torchrun's note when it sets OMP_NUM_THREADS, printed once per launch (not per restart), and
+/// only then.
 inline constexpr std::string_view omp_note =
     "*****************************************\n"
     "Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, to avoid "
@@ -404,6 +411,9 @@ struct WorkerFailure {
   pid_t pid = 0;                               ///< its process id
   std::string host;                            ///< the node it ran on
   std::chrono::system_clock::time_point time;  ///< when its failure was seen
+  /// What it wrote to its TORCHELASTIC_ERROR_FILE (tandem::run_main, torch's @record): "TYPE:
+  /// WHAT"; empty when it wrote nothing.
+  std::string message{};
 };
 
 /// How one attempt of a worker group ended (what run_attempt returns).
@@ -423,6 +433,25 @@ inline std::string format_time(std::chrono::system_clock::time_point when) {
   const auto n = std::strftime(text.data(), text.size(), "%Y-%m-%d_%H:%M:%S", &local);
   return std::string(text.data(), n);
 }
+
+/// An error file's message as the summary shows it: tandem's own what() alone (it begins
+/// "tandem: " and says everything), anything else ("RuntimeError: ...") whole; lines after the
+/// first indented under the first.
+inline std::string shown_message(std::string_view message) {
+  const auto colon = message.find(": ");
+  if (colon != std::string_view::npos && message.substr(colon + 2).starts_with("tandem: ")) {
+    message.remove_prefix(colon + 2);
+  }
+  while (!message.empty() && (message.back() == '\n' || message.back() == '\r')) {
+    message.remove_suffix(1);
+  }
+  std::string out;
+  for (const char c : message) {
+    out += c;
+    if (c == '\n') out += "              ";
+  }
+  return out;
+}
 }  // namespace detail
 
 /// torchrun's failure report: the root cause (the first worker seen failing) first, then any
@@ -437,6 +466,7 @@ inline std::string failure_summary(std::string_view program,
                                   detail::signal_name(failure.status.signal) +
                                   ") received by PID " + std::to_string(failure.pid)
                             : "exited with code " + std::to_string(failure.status.code);
+    if (!failure.message.empty()) cause = detail::shown_message(failure.message);
     out += "[" + std::to_string(index) + "]:\n";
     out += "  time      : " + detail::format_time(failure.time) + "\n";
     out += "  host      : " + failure.host + "\n";
@@ -692,10 +722,20 @@ inline std::string attempt_log_dir(const std::string& log_dir, const std::string
          std::to_string(local_rank);
 }
 
-/// Starts one attempt's workers and supervises them until all have ended.
+/// Where local rank `local_rank` of attempt `restart_count` writes its error file, under
+/// `error_dir` (torchrun's layout: the log directory's attempt folders); empty when `error_dir` is.
+inline std::string error_file_path(const std::string& error_dir, const std::string& run_id,
+                                   int restart_count, int local_rank) {
+  if (error_dir.empty()) return {};
+  return attempt_log_dir(error_dir, run_id, restart_count, local_rank) + "/error.json";
+}
+
+/// Starts one attempt's workers and supervises them until all have ended. With `error_dir`,
+/// each worker gets TORCHELASTIC_ERROR_FILE=error_file_path(...) and a failed worker's message
+/// is read from it.
 inline GroupOutcome run_attempt(const LaunchPlan& plan, int restart_count,
                                 const std::string& log_dir, detail::SignalCatcher* signals,
-                                const RunOptions& options) {
+                                const RunOptions& options, const std::string& error_dir = {}) {
   std::vector<detail::Worker> workers;
   workers.reserve(static_cast<std::size_t>(plan.nproc_per_node));
   for (int local_rank = 0; local_rank < plan.nproc_per_node; ++local_rank) {
@@ -725,11 +765,54 @@ inline GroupOutcome run_attempt(const LaunchPlan& plan, int restart_count,
     }
     const detail::ChildSetup setup{pipes[0].write.get(), pipes[1].write.get(),
                                    signals != nullptr ? &signals->original_mask() : nullptr};
-    worker.child = detail::exec_child(plan.command,
-                                      worker_environment(plan, local_rank, restart_count), setup);
+    auto environment = worker_environment(plan, local_rank, restart_count);
+    if (const auto error_file = error_file_path(error_dir, plan.run_id, restart_count, local_rank);
+        !error_file.empty()) {
+      detail::make_directories(std::filesystem::path(error_file).parent_path().string());
+      std::error_code ignored;
+      std::filesystem::remove(error_file, ignored);  // a file of an earlier run is not this one's
+      environment.push_back("TORCHELASTIC_ERROR_FILE=" + error_file);
+    }
+    worker.child = detail::exec_child(plan.command, environment, setup);
   }
-  return detail::supervise(workers, {plan.monitor_interval, plan.grace, signals, std::nullopt});
+  auto outcome =
+      detail::supervise(workers, {plan.monitor_interval, plan.grace, signals, std::nullopt});
+  for (auto& failure : outcome.failures) {
+    const auto path = error_file_path(error_dir, plan.run_id, restart_count, failure.local_rank);
+    if (path.empty()) continue;
+    if (auto message = read_error_file(path)) failure.message = std::move(*message);
+  }
+  return outcome;
 }
+
+namespace detail {
+
+/// A directory of the launcher's own, removed with everything in it when the launch ends.
+class TemporaryDirectory {
+ public:
+  TemporaryDirectory() = default;
+  explicit TemporaryDirectory(std::string prefix) {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/" +
+                          std::move(prefix) + "XXXXXX";
+    if (::mkdtemp(pattern.data()) == nullptr) {
+      throw Error("tandemrun", "cannot create a temporary directory: " + errno_text(errno));
+    }
+    path_ = std::move(pattern);
+  }
+  TemporaryDirectory(const TemporaryDirectory&) = delete;
+  TemporaryDirectory& operator=(const TemporaryDirectory&) = delete;
+  ~TemporaryDirectory() {
+    std::error_code ignored;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ignored);
+  }
+  [[nodiscard]] const std::string& path() const noexcept { return path_; }
+
+ private:
+  std::string path_;
+};
+
+}  // namespace detail
 
 /// Runs the plan to the end, restarting the whole group up to max_restarts times after a
 /// failure. Returns the launcher's exit code: 0 when every worker exited 0; 1 after a failure
@@ -751,10 +834,20 @@ inline int run(const LaunchPlan& plan, const RunOptions& options = {}) {
     say("log directory set to: " + log_dir);
   }
 
+  // The workers' error files go beside their logs when there is a log directory (kept, as
+  // torchrun keeps them), otherwise into a directory of this launch's own, removed at its end.
+  std::optional<detail::TemporaryDirectory> private_errors;
+  std::string error_dir;
+  if (plan.error_files) {
+    if (log_dir.empty()) private_errors.emplace("tandemrun_errors_");
+    error_dir = log_dir.empty() ? private_errors->path() : log_dir;
+  }
+
   std::optional<detail::SignalCatcher> signals;
   if (options.forward_signals) signals.emplace();
   for (int restart = 0;; ++restart) {
-    auto outcome = run_attempt(plan, restart, log_dir, signals ? &*signals : nullptr, options);
+    auto outcome =
+        run_attempt(plan, restart, log_dir, signals ? &*signals : nullptr, options, error_dir);
     using Kind = GroupOutcome::Kind;
     if (outcome.kind == Kind::succeeded) return 0;
     if (outcome.kind == Kind::interrupted) {
@@ -765,6 +858,7 @@ inline int run(const LaunchPlan& plan, const RunOptions& options = {}) {
     if (restart < plan.max_restarts) {
       const auto& root = outcome.failures.front();
       say("rank " + std::to_string(root.rank) + " failed (" + root.status.describe() +
+          (root.message.empty() ? "" : ": " + detail::shown_message(root.message)) +
           "); restarting the workers (restart " + std::to_string(restart + 1) + " of " +
           std::to_string(plan.max_restarts) + ")");
       continue;

@@ -375,6 +375,63 @@ TEST_CASE("the failure summary names the root cause first, with code or signal n
   CHECK(second.find("Signal 11 (SIGSEGV) received by PID 4241") != std::string::npos);
 }
 
+TEST_CASE("the failure summary shows an error file's message in place of the exit code") {
+  const auto now = std::chrono::system_clock::now();
+  std::vector<launch::WorkerFailure> failures{
+      {1, 1, {1, 0}, 4243, "node-a", now, "tandem::Error: tandem: rank 1: barrier: timed out"},
+      {0, 0, {1, 0}, 4244, "node-a", now, "RuntimeError: CUDA error\nsecond line"},
+      {2, 0, {1, 0}, 4245, "node-a", now, ""},
+  };
+  const auto text = launch::failure_summary("./train", failures);
+  // tandem's what() alone (it says "tandem: " already); another type's message whole, its
+  // second line under the first; no message: the exit code.
+  CHECK(text.find("  error     : tandem: rank 1: barrier: timed out\n") != std::string::npos);
+  CHECK(text.find("tandem::Error:") == std::string::npos);
+  CHECK(text.find("  error     : RuntimeError: CUDA error\n              second line\n") !=
+        std::string::npos);
+  CHECK(text.find("  error     : exited with code 1\n") != std::string::npos);
+}
+
+TEST_CASE("read_error_file reads what run_main and Python's @record write") {
+  tandem::test::TempDir dir;
+  const std::string path = dir.str() + "/error.json";
+  const auto write = [&](const std::string& text) { std::ofstream(path) << text; };
+
+  write(tandem::error_file_json("tandem::Error", "tandem: rank 0: all_reduce: \"x\"\n\tdone",
+                                "trace", 1700000000));
+  CHECK(tandem::read_error_file(path) ==
+        std::optional<std::string>("tandem::Error: tandem: rank 0: all_reduce: \"x\"\n\tdone"));
+  // torch's layout with members in another order, nested values to skip, \u escapes (a
+  // surrogate pair too) and a message that is a plain string.
+  write(R"({"extra": [1, {"a": null}, true, -2.5e3], "message": {"extraInfo": {"py_callstack": )"
+        R"("T", "timestamp": "1"}, "message": "RuntimeError: caf\u00e9 \ud83d\ude00 \/"}})");
+  CHECK(tandem::read_error_file(path) ==
+        std::optional<std::string>("RuntimeError: caf\xc3\xa9 \xf0\x9f\x98\x80 /"));
+  write(R"({"message": "ValueError: plain"})");
+  CHECK(tandem::read_error_file(path) == std::optional<std::string>("ValueError: plain"));
+  for (const std::string& bad :
+       std::vector<std::string>{"", "{", "{\"message\": 3}", "[\"message\"]",
+                                "{\"message\": {\"message\": \"unterminated}}",
+                                "{\"deep\": " + std::string(5000, '[')}) {
+    CAPTURE(bad);
+    write(bad);
+    CHECK_FALSE(tandem::read_error_file(path).has_value());
+  }
+  CHECK_FALSE(tandem::read_error_file(dir.str() + "/missing.json").has_value());
+}
+
+TEST_CASE("resolve: error files unless the launcher's environment has TORCHELASTIC_ERROR_FILE") {
+  launch::LaunchOptions options;
+  options.command = {"./train"};
+  CHECK(launch::resolve(options, host()).error_files);
+  auto facts = host();
+  facts.env = [](std::string_view name) -> std::optional<std::string> {
+    if (name == "TORCHELASTIC_ERROR_FILE") return "/tmp/mine.json";
+    return std::nullopt;
+  };
+  CHECK_FALSE(launch::resolve(options, facts).error_files);
+}
+
 TEST_CASE("signal names and exit descriptions") {
   using launch::detail::ExitStatus;
   CHECK(launch::detail::signal_name(SIGSEGV) == "SIGSEGV");

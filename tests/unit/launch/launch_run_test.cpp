@@ -232,6 +232,99 @@ TEST_CASE("restarts: a failure on attempt 0 is retried with TORCHELASTIC_RESTART
   CHECK_FALSE(fs::exists(again / "done_0_1"));
 }
 
+TEST_CASE("the summary shows the message run_main wrote to the worker's error file, once") {
+  TempDir dir;
+  ::unsetenv("TORCHELASTIC_ERROR_FILE");
+  const auto result = tandemrun({"--nproc-per-node", "2", LAUNCH_WORKER, "raise", dir.str(), "1"});
+  CHECK(result.exit_code == 1);
+  const auto root = result.err.find("Root Cause");
+  REQUIRE(root != std::string::npos);
+  const auto cause = result.err.substr(root);
+  CHECK(contains(cause, "rank      : 1 (local_rank: 1)"));
+  CHECK(contains(cause, "exitcode  : 1 (pid: "));
+  // what() itself, not "exited with code 1", and "tandem: " once though one Error wraps another.
+  CHECK_MESSAGE(contains(cause,
+                         "  error     : tandem: rank 1: load_checkpoint x.safetensors: "
+                         "safetensors x.safetensors: the header is not valid JSON\n"),
+                cause);
+  CHECK_FALSE(contains(cause, "exited with code"));
+  CHECK_FALSE(contains(result.err, "tandem::Error: tandem:"));
+  CHECK(process_gone(static_cast<pid_t>(std::stoi(read_file(dir / "pid_0")))));
+}
+
+TEST_CASE(
+    "each worker gets an error file of its own, unless the launcher's environment names one") {
+  ::unsetenv("TORCHELASTIC_ERROR_FILE");
+  SUBCASE("without --log-dir: in a directory of the launch's own, removed at its end") {
+    TempDir dir;
+    const auto result =
+        tandemrun({"--nproc-per-node", "2", "--rdzv-id", "job7", LAUNCH_WORKER, "env", dir.str()});
+    REQUIRE_MESSAGE(result.exit_code == 0, result.err);
+    const fs::path file0 = read_key_values(dir / "env_0.txt").at("TORCHELASTIC_ERROR_FILE");
+    const fs::path file1 = read_key_values(dir / "env_1.txt").at("TORCHELASTIC_ERROR_FILE");
+    CHECK(file0 != file1);
+    CHECK(file0.string().ends_with("/job7/attempt_0/0/error.json"));
+    CHECK(file1.string().ends_with("/job7/attempt_0/1/error.json"));
+    const auto own = file0.parent_path().parent_path().parent_path().parent_path();
+    CHECK(own.filename().string().starts_with("tandemrun_errors_"));
+    CHECK_FALSE(fs::exists(own));
+  }
+  SUBCASE("with --log-dir: beside the logs, as torchrun puts them") {
+    TempDir dir;
+    const auto logs = dir / "logs";
+    const auto result = tandemrun({"--nproc-per-node", "2", "--log-dir", logs, "--rdzv-id", "job8",
+                                   LAUNCH_WORKER, "env", dir.str()});
+    REQUIRE_MESSAGE(result.exit_code == 0, result.err);
+    CHECK(read_key_values(dir / "env_1.txt").at("TORCHELASTIC_ERROR_FILE") ==
+          logs + "/job8/attempt_0/1/error.json");
+  }
+  SUBCASE("the user's own file is left to the user: inherited, and the summary gives the code") {
+    TempDir dir;
+    const auto mine = dir / "mine.json";
+    ::setenv("TORCHELASTIC_ERROR_FILE", mine.c_str(), 1);
+    const auto env_run = tandemrun({"--nproc-per-node", "2", LAUNCH_WORKER, "env", dir.str()});
+    const auto failed =
+        tandemrun({"--nproc-per-node", "2", LAUNCH_WORKER, "raise", dir.str(), "0"});
+    ::unsetenv("TORCHELASTIC_ERROR_FILE");
+    REQUIRE_MESSAGE(env_run.exit_code == 0, env_run.err);
+    CHECK(read_key_values(dir / "env_0.txt").at("TORCHELASTIC_ERROR_FILE") == mine);
+    CHECK(read_key_values(dir / "env_1.txt").at("TORCHELASTIC_ERROR_FILE") == mine);
+    CHECK(failed.exit_code == 1);
+    CHECK(contains(failed.err, "exited with code 1"));
+    CHECK(contains(read_file(mine), "load_checkpoint x.safetensors"));
+  }
+}
+
+TEST_CASE("the OMP_NUM_THREADS note: once per launch, restarts included, and only when it is set") {
+  const std::string note = "Setting OMP_NUM_THREADS environment variable";
+  const auto count = [&](const std::string& text) {
+    int n = 0;
+    for (auto at = text.find(note); at != std::string::npos; at = text.find(note, at + 1)) ++n;
+    return n;
+  };
+  ::unsetenv("OMP_NUM_THREADS");
+  TempDir restarted;
+  const auto twice = tandemrun(
+      {"--nproc-per-node", "2", "--max-restarts", "1", LAUNCH_WORKER, "restart", restarted.str()});
+  REQUIRE_MESSAGE(twice.exit_code == 0, twice.err);
+  CHECK(contains(twice.err, "restarting the workers"));
+  CHECK(count(twice.out + twice.err) == 1);
+
+  TempDir one;
+  const auto single = tandemrun({"--nproc-per-node", "1", LAUNCH_WORKER, "env", one.str()});
+  REQUIRE_MESSAGE(single.exit_code == 0, single.err);
+  CHECK(count(single.out + single.err) == 0);
+  CHECK(read_key_values(one / "env_0.txt").at("OMP_NUM_THREADS") == "<unset>");
+
+  TempDir set;
+  ::setenv("OMP_NUM_THREADS", "3", 1);
+  const auto given = tandemrun({"--nproc-per-node", "2", LAUNCH_WORKER, "env", set.str()});
+  ::unsetenv("OMP_NUM_THREADS");
+  REQUIRE_MESSAGE(given.exit_code == 0, given.err);
+  CHECK(count(given.out + given.err) == 0);
+  CHECK(read_key_values(set / "env_1.txt").at("OMP_NUM_THREADS") == "3");
+}
+
 TEST_CASE("SIGTERM to the launcher reaches every worker; the launcher exits 128+15") {
   TempDir dir;
   const pid_t launcher =

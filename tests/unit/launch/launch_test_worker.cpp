@@ -4,6 +4,8 @@
 //   print                          lines on stdout and stderr, and a last line without newline
 //   fail DIR RANK CODE|segv        rank RANK fails (exit CODE or SIGSEGV) once every other rank
 //                                  has written DIR/pid_<rank>; the others sleep forever
+//   raise DIR RANK                 as fail, but rank RANK throws a tandem::Error (one wrapping
+//                                  another, as load_checkpoint's do) out of tandem::run_main
 //   restart DIR                    rank 1 exits 5 on attempt 0; otherwise writes
 //                                  DIR/done_<RANK>_<attempt> and exits 0
 //   trap DIR                       on SIGTERM writes DIR/term_<RANK>; writes DIR/ready_<RANK>,
@@ -26,6 +28,8 @@
 #include <thread>
 #include <vector>
 
+#include "tandem/core/error.hpp"
+#include "tandem/launch/elastic.hpp"
 #include "tandem/rendezvous/tcp_store.hpp"
 
 namespace {
@@ -47,6 +51,7 @@ const char* const launcher_variables[] = {"RANK",
                                           "TORCHELASTIC_RUN_ID",
                                           "OMP_NUM_THREADS",
                                           "CUDA_VISIBLE_DEVICES",
+                                          "TORCHELASTIC_ERROR_FILE",
                                           "TANDEM_TEST_PASSTHROUGH"};
 
 std::string env_or(const char* name, const std::string& fallback) {
@@ -115,6 +120,14 @@ int fail(const std::string& dir, int failing_rank, const std::string& how) {
     ::raise(SIGSEGV);
   }
   return std::atoi(how.c_str());
+}
+
+int raise_error(const std::string& dir, int failing_rank) {
+  return tandem::run_main([&] {
+    fail(dir, failing_rank, "0");  // the other ranks sleep in there
+    const tandem::Error inner("safetensors x.safetensors", "the header is not valid JSON");
+    throw tandem::Error(failing_rank, "load_checkpoint x.safetensors", inner.what());
+  });
 }
 
 int restart(const std::string& dir) {
@@ -193,6 +206,7 @@ int main(int argc, char** argv) {
     if (mode == "env" && argc >= 3) return write_env(argv[2], argc, argv);
     if (mode == "print") return print_lines();
     if (mode == "fail" && argc == 5) return fail(argv[2], std::atoi(argv[3]), argv[4]);
+    if (mode == "raise" && argc == 4) return raise_error(argv[2], std::atoi(argv[3]));
     if (mode == "restart" && argc == 3) return restart(argv[2]);
     if (mode == "trap" && argc == 3) return trap(argv[2]);
     if (mode == "store") return meet_through_store();

@@ -39,7 +39,9 @@ the i-th listed device (CUDA_VISIBLE_DEVICES=<that index>).
 Output lines of rank N are shown behind "[rank N] ", unless --redirects sends them to
 LOG_DIR/RUN_ID/attempt_K/LOCAL_RANK/{stdout,stderr}.log (--tee: to both).
 A failing worker stops the others (SIGTERM, SIGKILL 5 s later) and the launcher exits 1 after a
-summary, unless restarts are left. SIGINT/SIGTERM/SIGHUP/SIGQUIT are forwarded to the workers;
+summary, unless restarts are left. Each worker gets its own TORCHELASTIC_ERROR_FILE (unless the
+launcher's environment sets one); the message a worker writes there (tandem::run_main, torch's
+@record) is the summary's error. SIGINT/SIGTERM/SIGHUP/SIGQUIT are forwarded to the workers;
 the launcher then exits 128+signal.
 
 Multi-node: run on every node with the same --nnodes, --nproc-per-node, --master-addr (node 0's
