@@ -22,10 +22,7 @@ class Error : public std::runtime_error {
   /// `cause`. A cause that is another Error's what() loses its leading "tandem: ", so that the
   /// text says "tandem: " once however deeply errors are wrapped.
   Error(int rank, std::string operation, std::string cause)
-      : std::runtime_error(compose(rank, operation, cause)),
-        rank_(rank),
-        operation_(std::move(operation)),
-        cause_(without_prefix(std::move(cause))) {}
+      : Error(Composed{}, rank, std::move(operation), without_prefix(cause)) {}
 
   /// An error raised before a rank is known: rank() is unknown_rank.
   Error(std::string operation, std::string cause)
@@ -40,10 +37,17 @@ class Error : public std::runtime_error {
 
  private:
   static constexpr std::string_view prefix = "tandem: ";
+  struct Composed {};
 
-  static std::string without_prefix(std::string cause) {
-    if (std::string_view(cause).starts_with(prefix)) cause.erase(0, prefix.size());
-    return cause;
+  Error(Composed, int rank, std::string operation, std::string cause)
+      : std::runtime_error(compose(rank, operation, cause)),
+        rank_(rank),
+        operation_(std::move(operation)),
+        cause_(std::move(cause)) {}
+
+  static std::string without_prefix(std::string_view cause) {
+    if (cause.substr(0, prefix.size()) == prefix) cause.remove_prefix(prefix.size());
+    return std::string(cause);
   }
 
   static std::string compose(int rank, const std::string& operation, const std::string& cause) {
@@ -51,8 +55,7 @@ class Error : public std::runtime_error {
     if (rank != unknown_rank) text += "rank " + std::to_string(rank) + ": ";
     text += operation;
     text += ": ";
-    const std::string_view rest(cause);
-    text += rest.starts_with(prefix) ? rest.substr(prefix.size()) : rest;
+    text += cause;
     return text;
   }
 
