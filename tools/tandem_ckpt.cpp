@@ -10,19 +10,20 @@
 #include <cstring>
 #include <exception>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tandem/io/safetensors.hpp"
 
 namespace {
 
-int usage() {
-  std::fprintf(stderr,
+int usage(std::FILE* to = stderr) {
+  std::fprintf(to,
                "usage: tandem-ckpt info FILE | verify FILE | diff A B\n"
                "  info    list tensors (name, dtype, shape, bytes) and metadata\n"
                "  verify  exit 0 if FILE is a valid safetensors file, else 1 with the reason\n"
                "  diff    largest absolute difference per tensor; exit 1 if any differs\n");
-  return 2;
+  return to == stdout ? 0 : 2;
 }
 
 std::string shape_text(const std::vector<std::int64_t>& shape) {
@@ -130,6 +131,9 @@ int diff(const char* a_path, const char* b_path) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 2 && (std::string_view(argv[1]) == "--help" || std::string_view(argv[1]) == "-h")) {
+    return usage(stdout);
+  }
   if (argc < 3) return usage();
   const std::string command = argv[1];
   try {

@@ -1,7 +1,9 @@
-# Conan 2 recipe for tandem, a header-only library: one package for every configuration (the
-# package id is empty); the options only decide which components a consumer gets, each one
-# linking a library that the machine provides (Debian's libgloo-dev, an MPI, the CUDA toolkit and
-# NCCL, zlib for the data readers, nlohmann-json for io).
+# Conan 2 recipe for tandem, a header-only library, and its tools: the options gloo ... io only
+# decide which components a consumer gets, each one linking a library that the machine provides
+# (Debian's libgloo-dev, an MPI, the CUDA toolkit and NCCL, zlib for the data readers,
+# nlohmann-json for io). The tools option (on by default) builds tandemrun (with the machine's
+# CLI11) and, with io, tandem-ckpt into bin/; with tools=False the package is headers only, one
+# package for every configuration (the package id is empty).
 #   conan create packaging/conan -s compiler.cppstd=20 [-o "tandem/*:gloo=True"]
 import os
 import re
@@ -9,6 +11,7 @@ import re
 from conan import ConanFile
 from conan.errors import ConanInvalidConfiguration
 from conan.tools.build import check_min_cppstd
+from conan.tools.cmake import CMake, CMakeToolchain
 from conan.tools.files import copy, load
 from conan.tools.layout import basic_layout
 
@@ -22,8 +25,8 @@ class TandemConan(ConanFile):
     topics = ("distributed", "training", "ddp", "header-only")
     package_type = "header-library"
     settings = "os", "arch", "compiler", "build_type"
-    options = {"gloo": [True, False], "mpi": [True, False], "cuda": [True, False], "nccl": [True, False], "data": [True, False], "io": [True, False]}
-    default_options = {"gloo": False, "mpi": False, "cuda": False, "nccl": False, "data": False, "io": False}
+    options = {"gloo": [True, False], "mpi": [True, False], "cuda": [True, False], "nccl": [True, False], "data": [True, False], "io": [True, False], "tools": [True, False]}
+    default_options = {"gloo": False, "mpi": False, "cuda": False, "nccl": False, "data": False, "io": False, "tools": True}
     no_copy_source = True
 
     # The recipe lives two folders below the sources it packages.
@@ -37,7 +40,8 @@ class TandemConan(ConanFile):
         self.version = ".".join(parts)
 
     def export_sources(self):
-        for pattern in ("include/*", "LICENSE"):
+        # The headers, and what building the tools takes: the CMake project and tools/.
+        for pattern in ("include/*", "LICENSE", "CMakeLists.txt", "tools/*", "cmake/*"):
             copy(self, pattern, self._repo, self.export_sources_folder)
         copy(self, "FindNCCL.cmake", os.path.join(self._repo, "cmake"), os.path.join(self.export_sources_folder, "cmake"))
         copy(self, "tandem-engines.cmake", self.recipe_folder, os.path.join(self.export_sources_folder, "cmake"))
@@ -45,8 +49,13 @@ class TandemConan(ConanFile):
     def layout(self):
         basic_layout(self, src_folder=".")
 
+    def configure(self):
+        if not self.options.tools:
+            self.package_type = "header-library"
+
     def package_id(self):
-        self.info.clear()
+        if not self.info.options.tools:
+            self.info.clear()
 
     def validate(self):
         if self.settings.get_safe("compiler.cppstd"):
@@ -59,18 +68,40 @@ class TandemConan(ConanFile):
     def source(self):
         pass  # export_sources brought everything
 
+    def generate(self):
+        if not self.options.tools:
+            return
+        toolchain = CMakeToolchain(self)
+        toolchain.cache_variables.update({
+            "TANDEM_BUILD_TOOLS": "ON",
+            "TANDEM_WITH_IO": "ON" if self.options.io else "OFF",
+            "TANDEM_WITH_DATA": "OFF", "TANDEM_WITH_GLOO": "OFF", "TANDEM_WITH_MPI": "OFF",
+            "TANDEM_WITH_CUDA": "OFF", "TANDEM_WITH_TORCH": "OFF",
+        })
+        toolchain.generate()
+
     def build(self):
-        pass  # nothing to compile
+        if not self.options.tools:
+            return  # nothing to compile
+        cmake = CMake(self)
+        cmake.configure()
+        cmake.build(target="tandemrun")
+        if self.options.io:
+            cmake.build(target="tandem-ckpt")
 
     def package(self):
         copy(self, "LICENSE", self.source_folder, os.path.join(self.package_folder, "licenses"))
         copy(self, "*.hpp", os.path.join(self.source_folder, "include"), os.path.join(self.package_folder, "include"))
         copy(self, "*.cmake", os.path.join(self.source_folder, "cmake"), os.path.join(self.package_folder, "lib", "cmake", "tandem"))
+        if self.options.tools:
+            for tool in ("tandemrun", "tandem-ckpt"):
+                copy(self, tool, os.path.join(self.build_folder, "tools"), os.path.join(self.package_folder, "bin"), keep_path=False)
 
     def package_info(self):
         # find_package(tandem CONFIG) gives the same targets as tandem's own CMake package:
         # tandem::tandem, and tandem::gloo / mpi / cuda / nccl / data / io for the options that are on.
-        self.cpp_info.bindirs = []
+        bindirs = ["bin"] if self.options.tools else []
+        self.cpp_info.bindirs = bindirs
         self.cpp_info.libdirs = []
         self.cpp_info.set_property("cmake_file_name", "tandem")
         self.cpp_info.set_property("cmake_target_name", "tandem::all")
@@ -80,7 +111,7 @@ class TandemConan(ConanFile):
 
         core = self.cpp_info.components["core"]
         core.set_property("cmake_target_name", "tandem::tandem")
-        core.bindirs = []
+        core.bindirs = bindirs  # the tools, on PATH in a consumer's run environment
         core.libdirs = []
         core.system_libs = ["pthread"]
 

@@ -25,10 +25,32 @@ if(MODE STREQUAL "installed" OR MODE STREQUAL "components" OR MODE STREQUAL "cud
     set(CONSUMER_SOURCE_DIR "${CONSUMER_SOURCE_DIR}/../cuda")
     list(APPEND common -DCMAKE_CUDA_COMPILER=${CUDA_COMPILER})
   endif()
+  if(MODE STREQUAL "components")
+    # A user without CLI11 still installs the headers: the tools are left out, and an install
+    # of a tree whose tools were not built says so instead of failing.
+    list(APPEND backends -DCMAKE_DISABLE_FIND_PACKAGE_CLI11=TRUE)
+  endif()
   run(${CMAKE_COMMAND} -S "${TANDEM_SOURCE_DIR}" -B "${WORK_DIR}/tandem-build" ${common}
       -DCMAKE_INSTALL_PREFIX=${prefix} ${backends})
-  run(${CMAKE_COMMAND} --install "${WORK_DIR}/tandem-build")
-  # Headers and package files are all an install may hold: a header-only library ships no binary.
+  if(MODE STREQUAL "components")
+    execute_process(COMMAND ${CMAKE_COMMAND} --install "${WORK_DIR}/tandem-build"
+      OUTPUT_VARIABLE install_output ERROR_VARIABLE install_output COMMAND_ERROR_IS_FATAL ANY)
+    message("${install_output}")
+    if(EXISTS "${prefix}/bin/tandemrun")
+      message(FATAL_ERROR "tandemrun was installed though CLI11 was not to be found")
+    endif()
+    if(NOT install_output MATCHES "tandem-ckpt was not built")
+      message(FATAL_ERROR "installing without building did not say that tandem-ckpt is missing")
+    endif()
+  else()
+    # The README's way: build (the tools), then install; the tools land in <prefix>/bin and run.
+    run(${CMAKE_COMMAND} --build "${WORK_DIR}/tandem-build")
+    run(${CMAKE_COMMAND} --install "${WORK_DIR}/tandem-build")
+    foreach(tool IN ITEMS tandemrun tandem-ckpt)
+      run("${prefix}/bin/${tool}" --help)
+    endforeach()
+  endif()
+  # Headers, package files and the tools are all an install may hold: no library is compiled.
   file(GLOB_RECURSE installed_binaries "${prefix}/*.a" "${prefix}/*.so")
   if(installed_binaries)
     message(FATAL_ERROR "the install holds compiled files: ${installed_binaries}")
@@ -47,6 +69,18 @@ elseif(MODE STREQUAL "vcpkg")
   file(GLOB_RECURSE installed_binaries "${CURRENT_PACKAGES_DIR}/*.a" "${CURRENT_PACKAGES_DIR}/*.so")
   if(installed_binaries)
     message(FATAL_ERROR "the port installed compiled files: ${installed_binaries}")
+  endif()
+  # The tools feature puts tandemrun and tandem-ckpt (with io) where vcpkg keeps tools.
+  if("tools" IN_LIST FEATURES)
+    run("${CURRENT_PACKAGES_DIR}/tools/${PORT}/tandemrun" --help)
+    if("io" IN_LIST FEATURES)
+      run("${CURRENT_PACKAGES_DIR}/tools/${PORT}/tandem-ckpt" --help)
+    endif()
+  elseif(EXISTS "${CURRENT_PACKAGES_DIR}/tools" OR EXISTS "${CURRENT_PACKAGES_DIR}/bin")
+    message(FATAL_ERROR "the port installed tools without the tools feature")
+  endif()
+  if(EXISTS "${CURRENT_PACKAGES_DIR}/bin")
+    message(FATAL_ERROR "the port left executables in bin/ (vcpkg wants them in tools/${PORT})")
   endif()
 
   # The usage file's snippets (runs of indented lines) whose components these features provide.

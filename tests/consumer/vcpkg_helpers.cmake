@@ -29,8 +29,30 @@ function(vcpkg_cmake_configure)
       "-DCMAKE_INSTALL_PREFIX=${CURRENT_PACKAGES_DIR}" ${arg_OPTIONS} ${arg_OPTIONS_RELEASE})
 endfunction()
 
+# Builds the install target, as vcpkg's does (so the tools are compiled), then installs.
 function(vcpkg_cmake_install)
-  run(${CMAKE_COMMAND} --install "${WORK_DIR}/tandem-build")
+  run(${CMAKE_COMMAND} --build "${WORK_DIR}/tandem-build" --target install)
+endfunction()
+
+# Moves the named executables from bin/ to tools/<port>/; AUTO_CLEAN removes a bin/ left empty.
+function(vcpkg_copy_tools)
+  cmake_parse_arguments(PARSE_ARGV 0 arg "AUTO_CLEAN" "DESTINATION" "TOOL_NAMES")
+  if(NOT arg_DESTINATION)
+    set(arg_DESTINATION "${CURRENT_PACKAGES_DIR}/tools/${PORT}")
+  endif()
+  file(MAKE_DIRECTORY "${arg_DESTINATION}")
+  foreach(tool IN LISTS arg_TOOL_NAMES)
+    if(NOT EXISTS "${CURRENT_PACKAGES_DIR}/bin/${tool}")
+      message(FATAL_ERROR "vcpkg_copy_tools: ${tool} is not in bin/")
+    endif()
+    file(RENAME "${CURRENT_PACKAGES_DIR}/bin/${tool}" "${arg_DESTINATION}/${tool}")
+  endforeach()
+  if(arg_AUTO_CLEAN)
+    file(GLOB left "${CURRENT_PACKAGES_DIR}/bin/*")
+    if(NOT left)
+      file(REMOVE_RECURSE "${CURRENT_PACKAGES_DIR}/bin")
+    endif()
+  endif()
 endfunction()
 
 # vcpkg wants the package files in share/<port>; with no CONFIG_PATH there is nothing to move, so

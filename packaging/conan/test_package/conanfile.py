@@ -31,3 +31,9 @@ class TandemTestConan(ConanFile):
     def test(self):
         if can_run(self):
             self.run(os.path.join(self.cpp.build.bindir, "test_package"), env="conanrun")
+            tandem = self.dependencies["tandem"]
+            if tandem.options.tools:
+                tools = ["tandemrun"] + (["tandem-ckpt"] if tandem.options.io else [])
+                for tool in tools:
+                    self.run(os.path.join(tandem.package_folder, "bin", tool) + " --help")
+                    self.output.info(f"{tool} --help ok")
