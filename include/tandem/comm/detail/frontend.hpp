@@ -57,7 +57,7 @@ class CollectiveFrontend {
     if constexpr (needs_staging<Space, In, Out>) {
       staged(in, out, [&](auto& i, auto& o) { all_reduce(i, o, op); });
     } else {
-      run_now(all_reduce_task(in, out, op));
+      derived().run_now("all_reduce", true, [&] { return derived().all_reduce_task(in, out, op); });
     }
   }
   template <Tensor T>
@@ -69,7 +69,8 @@ class CollectiveFrontend {
     if constexpr (needs_staging<Space, In, Out>) {
       return staged_async(in, out, [&](auto& i, auto& o) { return all_reduce_async(i, o, op); });
     } else {
-      return run_later(all_reduce_task(in, out, op));
+      return derived().run_later("all_reduce", true,
+                                 [&] { return derived().all_reduce_task(in, out, op); });
     }
   }
 
@@ -81,7 +82,7 @@ class CollectiveFrontend {
       staged_one(t, rank() == root ? Direction::read_write : Direction::read,
                  [&](auto& h) { reduce(h, root, op); });
     } else {
-      run_now(reduce_task(t, root, op));
+      derived().run_now("reduce", true, [&] { return derived().reduce_task(t, root, op); });
     }
   }
   template <Tensor T>
@@ -90,7 +91,8 @@ class CollectiveFrontend {
       return staged_one_async(t, rank() == root ? Direction::read_write : Direction::read,
                               [&](auto& h) { return reduce_async(h, root, op); });
     } else {
-      return run_later(reduce_task(t, root, op));
+      return derived().run_later("reduce", true,
+                                 [&] { return derived().reduce_task(t, root, op); });
     }
   }
 
@@ -102,7 +104,7 @@ class CollectiveFrontend {
       staged_one(t, rank() == root ? Direction::read : Direction::write,
                  [&](auto& h) { broadcast(h, root); });
     } else {
-      run_now(broadcast_task(t, root));
+      derived().run_now("broadcast", true, [&] { return derived().broadcast_task(t, root); });
     }
   }
   template <Tensor T>
@@ -111,7 +113,8 @@ class CollectiveFrontend {
       return staged_one_async(t, rank() == root ? Direction::read : Direction::write,
                               [&](auto& h) { return broadcast_async(h, root); });
     } else {
-      return run_later(broadcast_task(t, root));
+      return derived().run_later("broadcast", true,
+                                 [&] { return derived().broadcast_task(t, root); });
     }
   }
 
@@ -122,7 +125,7 @@ class CollectiveFrontend {
     if constexpr (needs_staging<Space, In, Out>) {
       staged(in, out, [&](auto& i, auto& o) { all_gather(i, o); });
     } else {
-      run_now(all_gather_task(in, out));
+      derived().run_now("all_gather", true, [&] { return derived().all_gather_task(in, out); });
     }
   }
   template <Tensor In, Tensor Out>
@@ -130,7 +133,8 @@ class CollectiveFrontend {
     if constexpr (needs_staging<Space, In, Out>) {
       return staged_async(in, out, [&](auto& i, auto& o) { return all_gather_async(i, o); });
     } else {
-      return run_later(all_gather_task(in, out));
+      return derived().run_later("all_gather", true,
+                                 [&] { return derived().all_gather_task(in, out); });
     }
   }
 
@@ -141,7 +145,7 @@ class CollectiveFrontend {
     if constexpr (needs_staging<Space, In, Out>) {
       staged(in, out, [&](auto& i, auto& o) { gather(i, o, root); });
     } else {
-      run_now(gather_task(in, out, root));
+      derived().run_now("gather", true, [&] { return derived().gather_task(in, out, root); });
     }
   }
   template <Tensor In, Tensor Out>
@@ -149,7 +153,8 @@ class CollectiveFrontend {
     if constexpr (needs_staging<Space, In, Out>) {
       return staged_async(in, out, [&](auto& i, auto& o) { return gather_async(i, o, root); });
     } else {
-      return run_later(gather_task(in, out, root));
+      return derived().run_later("gather", true,
+                                 [&] { return derived().gather_task(in, out, root); });
     }
   }
 
@@ -160,7 +165,7 @@ class CollectiveFrontend {
     if constexpr (needs_staging<Space, In, Out>) {
       staged(in, out, [&](auto& i, auto& o) { scatter(i, o, root); });
     } else {
-      run_now(scatter_task(in, out, root));
+      derived().run_now("scatter", true, [&] { return derived().scatter_task(in, out, root); });
     }
   }
   template <Tensor In, Tensor Out>
@@ -168,7 +173,8 @@ class CollectiveFrontend {
     if constexpr (needs_staging<Space, In, Out>) {
       return staged_async(in, out, [&](auto& i, auto& o) { return scatter_async(i, o, root); });
     } else {
-      return run_later(scatter_task(in, out, root));
+      return derived().run_later("scatter", true,
+                                 [&] { return derived().scatter_task(in, out, root); });
     }
   }
 
@@ -179,7 +185,8 @@ class CollectiveFrontend {
     if constexpr (needs_staging<Space, In, Out>) {
       staged(in, out, [&](auto& i, auto& o) { reduce_scatter(i, o, op); });
     } else {
-      run_now(reduce_scatter_task(in, out, op));
+      derived().run_now("reduce_scatter", true,
+                        [&] { return derived().reduce_scatter_task(in, out, op); });
     }
   }
   template <Tensor In, Tensor Out>
@@ -188,7 +195,8 @@ class CollectiveFrontend {
       return staged_async(in, out,
                           [&](auto& i, auto& o) { return reduce_scatter_async(i, o, op); });
     } else {
-      return run_later(reduce_scatter_task(in, out, op));
+      return derived().run_later("reduce_scatter", true,
+                                 [&] { return derived().reduce_scatter_task(in, out, op); });
     }
   }
 
@@ -199,7 +207,7 @@ class CollectiveFrontend {
     if constexpr (needs_staging<Space, In, Out>) {
       staged(in, out, [&](auto& i, auto& o) { all_to_all(i, o); });
     } else {
-      run_now(all_to_all_task(in, out));
+      derived().run_now("all_to_all", true, [&] { return derived().all_to_all_task(in, out); });
     }
   }
   template <Tensor In, Tensor Out>
@@ -207,7 +215,8 @@ class CollectiveFrontend {
     if constexpr (needs_staging<Space, In, Out>) {
       return staged_async(in, out, [&](auto& i, auto& o) { return all_to_all_async(i, o); });
     } else {
-      return run_later(all_to_all_task(in, out));
+      return derived().run_later("all_to_all", true,
+                                 [&] { return derived().all_to_all_task(in, out); });
     }
   }
 
@@ -218,7 +227,7 @@ class CollectiveFrontend {
     if constexpr (needs_staging<Space, T>) {
       staged_one(t, Direction::read, [&](auto& h) { send(h, peer, tag); });
     } else {
-      run_now(send_task(t, peer, tag));
+      derived().run_now("send", false, [&] { return derived().send_task(t, peer, tag); });
     }
   }
   template <Tensor T>
@@ -227,7 +236,7 @@ class CollectiveFrontend {
       return staged_one_async(t, Direction::read,
                               [&](auto& h) { return send_async(h, peer, tag); });
     } else {
-      return run_later(send_task(t, peer, tag));
+      return derived().run_later("send", false, [&] { return derived().send_task(t, peer, tag); });
     }
   }
   /// Waits for the oldest message from `peer` with `tag`; its type and count must match `t`.
@@ -236,7 +245,7 @@ class CollectiveFrontend {
     if constexpr (needs_staging<Space, T>) {
       staged_one(t, Direction::write, [&](auto& h) { recv(h, peer, tag); });
     } else {
-      run_now(recv_task(t, peer, tag));
+      derived().run_now("recv", false, [&] { return derived().recv_task(t, peer, tag); });
     }
   }
   template <Tensor T>
@@ -245,17 +254,17 @@ class CollectiveFrontend {
       return staged_one_async(t, Direction::write,
                               [&](auto& h) { return recv_async(h, peer, tag); });
     } else {
-      return run_later(recv_task(t, peer, tag));
+      return derived().run_later("recv", false, [&] { return derived().recv_task(t, peer, tag); });
     }
   }
 
   // --- barrier and split --------------------------------------------------------------------
 
   void barrier() {
-    run_now([](auto& engine) { engine.barrier(); });
+    derived().run_now("barrier", true, [&] { return derived().barrier_task(); });
   }
   Work barrier_async() {
-    return run_later([](auto& engine) { engine.barrier(); });
+    return derived().run_later("barrier", true, [&] { return derived().barrier_task(); });
   }
 
   /// Collective: ranks with the same `color` form a new group, ordered by (key, rank here);
@@ -272,19 +281,30 @@ class CollectiveFrontend {
 
  private:
   decltype(auto) engine() const { return static_cast<const Derived&>(*this).self(); }
+  Derived& derived() { return static_cast<Derived&>(*this); }
+
+  // The hooks a Derived may hide with its own (same name and signature): run_now, run_later
+  // and any X_task. `operation` names the call; `collective` is false for send and recv;
+  // `build()` checks the arguments and returns the task.
 
   /// Runs `task(engine)` on this thread, after the pending `_async` operations.
-  template <class Task>
-  void run_now(Task task) {
+  template <class Build>
+  void run_now(const char* /*operation*/, bool /*collective*/, Build build) {
+    auto task = build();
     auto& e = engine();
     e.now([&] { task(e); });
   }
 
   /// Queues `task(engine)`; the tensors must stay alive and untouched until the Work completes.
-  template <class Task>
-  Work run_later(Task task) {
+  template <class Build>
+  Work run_later(const char* /*operation*/, bool /*collective*/, Build build) {
+    auto task = build();
     auto* e = &engine();
     return e->later([e, task] { task(*e); });
+  }
+
+  static auto barrier_task() {
+    return [](auto& engine) { engine.barrier(); };
   }
 
   // The tasks: the arguments checked here, on the calling thread, before anything runs.

@@ -99,8 +99,10 @@
 #include "tandem/comm/checked.hpp"
 #include "tandem/comm/communicator.hpp"
 #include "tandem/comm/detail/collective_args.hpp"
+#include "tandem/comm/detail/frontend.hpp"
 #include "tandem/comm/detail/reduction.hpp"
 #include "tandem/comm/detail/staging.hpp"
+#include "tandem/comm/init.hpp"
 #include "tandem/comm/mpi/detail/mpi_engine.hpp"
 #include "tandem/comm/mpi/detail/mpi_runtime.hpp"
 #include "tandem/core/error.hpp"
@@ -331,13 +333,8 @@ class State {
 
 /// The Communicator over MPI; see the top of this header for its semantics. Make one with
 /// MpiComm::world() (every process of the job) or MpiComm::duplicate(comm), subgroups with split.
-class MpiComm {
+class MpiComm : public detail::CollectiveFrontend<MpiComm, host> {
  public:
-  /// Opts in as a tandem::Communicator.
-  using communicator_concept = communicator_tag;
-  /// The memory its operations take tensors in: host (device tensors are staged through pinned
-  /// memory).
-  using memory_space = host;
   /// What init_process_group<MpiComm>, world() and duplicate() take.
   using options_type = MpiCommOptions;
 
@@ -403,10 +400,6 @@ class MpiComm {
     return detail::mpi::Runtime::instance().thread_level();
   }
 
-  /// This process's rank in the group.
-  [[nodiscard]] int rank() const { return self().rank(); }
-  /// Number of ranks in the group.
-  [[nodiscard]] int size() const { return self().size(); }
   /// The options this communicator was made with.
   [[nodiscard]] const MpiCommOptions& options() const { return self().options(); }
   /// The MPI communicator underneath (owned by this MpiComm), for calls tandem does not make.
@@ -415,250 +408,12 @@ class MpiComm {
   /// TANDEM_CHECK_COLLECTIVES when the communicator was made; the same on every rank).
   [[nodiscard]] bool checks_collectives() const { return self().checking(); }
 
-  // --- all_reduce -----------------------------------------------------------------------------
+  // The operations (all_reduce .. barrier, sync and `_async`) are the front end's
+  // (comm/detail/frontend.hpp); MpiComm gives it the hooks below: run_now and run_later (the
+  // watchdog, the drain before a sync collective, the thread level's forms) and the tasks (MPI
+  // calls built and checked on the calling thread).
 
-  /// In place: every rank's `t` becomes the reduction of all ranks' `t`.
-  template <Tensor T>
-  void all_reduce(T&& t, ReduceOp op = ReduceOp::sum) {
-    all_reduce(t, t, op);
-  }
-  /// Out of place: every rank's `out` becomes the reduction of all ranks' `in` (same sizes).
-  template <Tensor In, Tensor Out>
-  void all_reduce(In&& in, Out&& out, ReduceOp op = ReduceOp::sum) {
-    if constexpr (detail::needs_staging<memory_space, In, Out>) {
-      detail::staged(in, out, [&](auto& i, auto& o) { all_reduce(i, o, op); });
-    } else {
-      run_sync("all_reduce", true, [&] { return all_reduce_call(in, out, op); });
-    }
-  }
-  /// all_reduce in place, without waiting: the Work completes when it has.
-  template <Tensor T>
-  Work all_reduce_async(T&& t, ReduceOp op = ReduceOp::sum) {
-    return all_reduce_async(t, t, op);
-  }
-  /// all_reduce out of place, without waiting: the Work completes when it has.
-  template <Tensor In, Tensor Out>
-  Work all_reduce_async(In&& in, Out&& out, ReduceOp op = ReduceOp::sum) {
-    if constexpr (detail::needs_staging<memory_space, In, Out>) {
-      return detail::staged_async(in, out,
-                                  [&](auto& i, auto& o) { return all_reduce_async(i, o, op); });
-    } else {
-      return self().launch(all_reduce_call(in, out, op));
-    }
-  }
-
-  // --- reduce (result on root only) -------------------------------------------------------------
-
-  /// The reduction of all ranks' `t` into `root`'s `t`; the others' `t` is left unchanged.
-  template <Tensor T>
-  void reduce(T&& t, int root, ReduceOp op = ReduceOp::sum) {
-    if constexpr (detail::needs_staging<memory_space, T>) {
-      detail::staged_one(t,
-                         rank() == root ? detail::Direction::read_write : detail::Direction::read,
-                         [&](auto& h) { reduce(h, root, op); });
-    } else {
-      run_sync("reduce", true, [&] { return reduce_call(t, root, op); });
-    }
-  }
-  /// reduce, without waiting: the Work completes when it has.
-  template <Tensor T>
-  Work reduce_async(T&& t, int root, ReduceOp op = ReduceOp::sum) {
-    if constexpr (detail::needs_staging<memory_space, T>) {
-      return detail::staged_one_async(
-          t, rank() == root ? detail::Direction::read_write : detail::Direction::read,
-          [&](auto& h) { return reduce_async(h, root, op); });
-    } else {
-      return self().launch(reduce_call(t, root, op));
-    }
-  }
-
-  // --- broadcast --------------------------------------------------------------------------------
-
-  /// Every rank's `t` becomes `root`'s `t`.
-  template <Tensor T>
-  void broadcast(T&& t, int root) {
-    if constexpr (detail::needs_staging<memory_space, T>) {
-      detail::staged_one(t, rank() == root ? detail::Direction::read : detail::Direction::write,
-                         [&](auto& h) { broadcast(h, root); });
-    } else {
-      run_sync("broadcast", true, [&] { return broadcast_call(t, root); });
-    }
-  }
-  /// broadcast, without waiting: the Work completes when it has.
-  template <Tensor T>
-  Work broadcast_async(T&& t, int root) {
-    if constexpr (detail::needs_staging<memory_space, T>) {
-      return detail::staged_one_async(
-          t, rank() == root ? detail::Direction::read : detail::Direction::write,
-          [&](auto& h) { return broadcast_async(h, root); });
-    } else {
-      return self().launch(broadcast_call(t, root));
-    }
-  }
-
-  // --- all_gather: out holds size() * in.size() elements, rank r's at r * in.size() -----------
-
-  /// Every rank's `out` (size() * in.size() elements) gets rank r's `in` at offset r * in.size().
-  template <Tensor In, Tensor Out>
-  void all_gather(In&& in, Out&& out) {
-    if constexpr (detail::needs_staging<memory_space, In, Out>) {
-      detail::staged(in, out, [&](auto& i, auto& o) { all_gather(i, o); });
-    } else {
-      run_sync("all_gather", true, [&] { return all_gather_call(in, out); });
-    }
-  }
-  /// all_gather, without waiting: the Work completes when it has.
-  template <Tensor In, Tensor Out>
-  Work all_gather_async(In&& in, Out&& out) {
-    if constexpr (detail::needs_staging<memory_space, In, Out>) {
-      return detail::staged_async(in, out,
-                                  [&](auto& i, auto& o) { return all_gather_async(i, o); });
-    } else {
-      return self().launch(all_gather_call(in, out));
-    }
-  }
-
-  // --- gather: out (size() * in.size() elements) is used on the root only -------------------
-
-  /// `root`'s `out` (size() * in.size() elements) gets rank r's `in` at offset r * in.size(); `out`
-  /// matters on `root` only.
-  template <Tensor In, Tensor Out>
-  void gather(In&& in, Out&& out, int root) {
-    if constexpr (detail::needs_staging<memory_space, In, Out>) {
-      detail::staged(in, out, [&](auto& i, auto& o) { gather(i, o, root); });
-    } else {
-      run_sync("gather", true, [&] { return gather_call(in, out, root); });
-    }
-  }
-  /// gather, without waiting: the Work completes when it has.
-  template <Tensor In, Tensor Out>
-  Work gather_async(In&& in, Out&& out, int root) {
-    if constexpr (detail::needs_staging<memory_space, In, Out>) {
-      return detail::staged_async(in, out,
-                                  [&](auto& i, auto& o) { return gather_async(i, o, root); });
-    } else {
-      return self().launch(gather_call(in, out, root));
-    }
-  }
-
-  // --- scatter: in (size() * out.size() elements) is used on the root only ------------------
-
-  /// Rank r's `out` gets the r-th slice of `root`'s `in` (size() * out.size() elements, read on
-  /// `root` only).
-  template <Tensor In, Tensor Out>
-  void scatter(In&& in, Out&& out, int root) {
-    if constexpr (detail::needs_staging<memory_space, In, Out>) {
-      detail::staged(in, out, [&](auto& i, auto& o) { scatter(i, o, root); });
-    } else {
-      run_sync("scatter", true, [&] { return scatter_call(in, out, root); });
-    }
-  }
-  /// scatter, without waiting: the Work completes when it has.
-  template <Tensor In, Tensor Out>
-  Work scatter_async(In&& in, Out&& out, int root) {
-    if constexpr (detail::needs_staging<memory_space, In, Out>) {
-      return detail::staged_async(in, out,
-                                  [&](auto& i, auto& o) { return scatter_async(i, o, root); });
-    } else {
-      return self().launch(scatter_call(in, out, root));
-    }
-  }
-
-  // --- reduce_scatter: in holds size() * out.size() elements --------------------------------
-
-  /// Rank r's `out` becomes the reduction of slice r of every rank's `in` (size() * out.size()
-  /// elements).
-  template <Tensor In, Tensor Out>
-  void reduce_scatter(In&& in, Out&& out, ReduceOp op = ReduceOp::sum) {
-    if constexpr (detail::needs_staging<memory_space, In, Out>) {
-      detail::staged(in, out, [&](auto& i, auto& o) { reduce_scatter(i, o, op); });
-    } else {
-      run_sync("reduce_scatter", true, [&] { return reduce_scatter_call(in, out, op); });
-    }
-  }
-  /// reduce_scatter, without waiting: the Work completes when it has.
-  template <Tensor In, Tensor Out>
-  Work reduce_scatter_async(In&& in, Out&& out, ReduceOp op = ReduceOp::sum) {
-    if constexpr (detail::needs_staging<memory_space, In, Out>) {
-      return detail::staged_async(in, out,
-                                  [&](auto& i, auto& o) { return reduce_scatter_async(i, o, op); });
-    } else {
-      return self().launch(reduce_scatter_call(in, out, op));
-    }
-  }
-
-  // --- all_to_all: in and out hold size() * k elements; slot s of in goes to rank s ---------
-
-  /// Slice s of rank r's `in` becomes slice r of rank s's `out` (both size() equal slices).
-  template <Tensor In, Tensor Out>
-  void all_to_all(In&& in, Out&& out) {
-    if constexpr (detail::needs_staging<memory_space, In, Out>) {
-      detail::staged(in, out, [&](auto& i, auto& o) { all_to_all(i, o); });
-    } else {
-      run_sync("all_to_all", true, [&] { return all_to_all_call(in, out); });
-    }
-  }
-  /// all_to_all, without waiting: the Work completes when it has.
-  template <Tensor In, Tensor Out>
-  Work all_to_all_async(In&& in, Out&& out) {
-    if constexpr (detail::needs_staging<memory_space, In, Out>) {
-      return detail::staged_async(in, out,
-                                  [&](auto& i, auto& o) { return all_to_all_async(i, o); });
-    } else {
-      return self().launch(all_to_all_call(in, out));
-    }
-  }
-
-  // --- point to point ---------------------------------------------------------------------------
-
-  /// Sends `t` to `peer` with `tag` (0 .. MPI_TAG_UB); may block until `peer` posts the recv.
-  template <Tensor T>
-  void send(T&& t, int peer, int tag = 0) {
-    if constexpr (detail::needs_staging<memory_space, T>) {
-      detail::staged_one(t, detail::Direction::read, [&](auto& h) { send(h, peer, tag); });
-    } else {
-      run_sync("send", false, [&] { return send_call(t, peer, tag); });
-    }
-  }
-  /// send, without waiting: the Work completes when `t` may be reused.
-  template <Tensor T>
-  Work send_async(T&& t, int peer, int tag = 0) {
-    if constexpr (detail::needs_staging<memory_space, T>) {
-      return detail::staged_one_async(t, detail::Direction::read,
-                                      [&](auto& h) { return send_async(h, peer, tag); });
-    } else {
-      return self().launch(send_call(t, peer, tag));
-    }
-  }
-  /// Receives the oldest message from `peer` with `tag`; it must hold exactly t.size() elements.
-  template <Tensor T>
-  void recv(T&& t, int peer, int tag = 0) {
-    if constexpr (detail::needs_staging<memory_space, T>) {
-      detail::staged_one(t, detail::Direction::write, [&](auto& h) { recv(h, peer, tag); });
-    } else {
-      run_sync("recv", false, [&] { return recv_call(t, peer, tag); });
-    }
-  }
-  /// recv, without waiting: the Work completes when `t` holds the message.
-  template <Tensor T>
-  Work recv_async(T&& t, int peer, int tag = 0) {
-    if constexpr (detail::needs_staging<memory_space, T>) {
-      return detail::staged_one_async(t, detail::Direction::write,
-                                      [&](auto& h) { return recv_async(h, peer, tag); });
-    } else {
-      return self().launch(recv_call(t, peer, tag));
-    }
-  }
-
-  // --- barrier and split --------------------------------------------------------------------
-
-  /// Blocks until every rank of the group has called barrier.
-  void barrier() {
-    run_sync("barrier", true, [&] { return barrier_call(); });
-  }
-  /// barrier, without waiting: the Work completes when every rank has arrived.
-  Work barrier_async() { return self().launch(barrier_call()); }
-
+  /// split hides the front end's: it drains and compares under MPI's own rules.
   /// Collective: ranks with the same `color` form a new group, ordered by (key, rank here);
   /// no_color gives nullopt. The new group has this group's options.
   [[nodiscard]] std::optional<MpiComm> split(int color, int key = 0) {
@@ -685,6 +440,7 @@ class MpiComm {
   }
 
  private:
+  friend class detail::CollectiveFrontend<MpiComm, host>;
   using Call = detail::mpi::Call;
 
   explicit MpiComm(std::unique_ptr<detail::mpi::State> state) : self_(std::move(state)) {}
@@ -745,12 +501,18 @@ class MpiComm {
   /// A sync operation: after the pending `_async` collectives where it is one, so that its
   /// checks and copies see their results.
   template <class Build>
-  void run_sync(const char* op, bool collective, Build build) {
+  void run_now(const char* op, bool collective, Build build) {
     auto& me = self();
     me.check_usable(op);
     if (collective) me.drain(op);
     auto call = build();
     me.run(call);
+  }
+
+  /// An `_async` operation: checked and built here, handed to MPI by the engine's launch.
+  template <class Build>
+  Work run_later(const char* /*op*/, bool /*collective*/, Build build) {
+    return self().launch(build());
   }
 
   detail::mpi::State& self() const {
@@ -787,7 +549,7 @@ class MpiComm {
   // --- the calls: checks here, on the calling thread, before anything is sent ------------------
 
   template <class In, class Out>
-  Call all_reduce_call(In& in, Out& out, ReduceOp op) const {
+  Call all_reduce_task(In& in, Out& out, ReduceOp op) const {
     using E = detail::elem_t<Out>;
     const auto args = detail::all_reduce_args<host>(rank(), in, out, op);
     const auto count = args.count;
@@ -815,7 +577,7 @@ class MpiComm {
   }
 
   template <class T>
-  Call reduce_call(T& t, int root, ReduceOp op) const {
+  Call reduce_task(T& t, int root, ReduceOp op) const {
     using E = detail::elem_t<T>;
     E* data = detail::rooted_args<host>(rank(), size(), t, root, op, "reduce");
     const auto count = static_cast<std::size_t>(t.size());
@@ -837,7 +599,7 @@ class MpiComm {
   }
 
   template <class T>
-  Call broadcast_call(T& t, int root) const {
+  Call broadcast_task(T& t, int root) const {
     using E = detail::elem_t<T>;
     E* data = detail::rooted_args<host>(rank(), size(), t, root, ReduceOp::sum, "broadcast");
     const int n = to_int(static_cast<std::size_t>(t.size()), "broadcast");
@@ -861,7 +623,7 @@ class MpiComm {
   }
 
   template <class In, class Out>
-  Call all_gather_call(In& in, Out& out) const {
+  Call all_gather_task(In& in, Out& out) const {
     using E = detail::elem_t<Out>;
     const auto args = detail::all_gather_args<host>(rank(), size(), in, out);
     const auto count = args.count;
@@ -884,7 +646,7 @@ class MpiComm {
   }
 
   template <class In, class Out>
-  Call gather_call(In& in, Out& out, int root) const {
+  Call gather_task(In& in, Out& out, int root) const {
     using E = detail::elem_t<Out>;
     const auto args = detail::gather_args<host>(rank(), size(), in, out, root);
     const bool is_root = rank() == root;
@@ -910,7 +672,7 @@ class MpiComm {
   }
 
   template <class In, class Out>
-  Call scatter_call(In& in, Out& out, int root) const {
+  Call scatter_task(In& in, Out& out, int root) const {
     using E = detail::elem_t<Out>;
     const auto args = detail::scatter_args<host>(rank(), size(), in, out, root);
     const bool is_root = rank() == root;
@@ -943,7 +705,7 @@ class MpiComm {
   }
 
   template <class In, class Out>
-  Call reduce_scatter_call(In& in, Out& out, ReduceOp op) const {
+  Call reduce_scatter_task(In& in, Out& out, ReduceOp op) const {
     using E = detail::elem_t<Out>;
     const auto args = detail::reduce_scatter_args<host>(rank(), size(), in, out, op);
     const auto count = args.count;
@@ -980,7 +742,7 @@ class MpiComm {
   }
 
   template <class In, class Out>
-  Call all_to_all_call(In& in, Out& out) const {
+  Call all_to_all_task(In& in, Out& out) const {
     using E = detail::elem_t<Out>;
     const auto args = detail::all_to_all_args<host>(rank(), size(), in, out);
     const auto total = args.count;
@@ -1007,7 +769,7 @@ class MpiComm {
   }
 
   template <class T>
-  Call send_call(T& t, int peer, int tag) const {
+  Call send_task(T& t, int peer, int tag) const {
     using E = detail::elem_t<T>;
     const E* data = detail::send_args<host>(rank(), size(), t, peer);
     check_tag(tag, "send");
@@ -1019,7 +781,7 @@ class MpiComm {
   }
 
   template <class T>
-  Call recv_call(T& t, int peer, int tag) const {
+  Call recv_task(T& t, int peer, int tag) const {
     using E = detail::elem_t<T>;
     E* data = detail::recv_args<host>(rank(), size(), t, peer);
     check_tag(tag, "recv");
@@ -1043,7 +805,7 @@ class MpiComm {
             }};
   }
 
-  Call barrier_call() const {
+  Call barrier_task() const {
     const MPI_Comm comm = native();
     return checked(Call{"barrier", true, [=](MPI_Status*) { return MPI_Barrier(comm); },
                         [=](MPI_Request* r) { return MPI_Ibarrier(comm, r); }, nullptr},
