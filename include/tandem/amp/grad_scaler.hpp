@@ -1,6 +1,7 @@
 // tandem/amp/grad_scaler.hpp - tandem::GradScaler, dynamic loss scaling with torch.amp's
 // semantics, defaults, misuse errors and state_dict keys; one fused unscale + inf-check pass.
 //   tandem::GradScaler scaler; backward(scaler.scale(loss)); scaler.step(opt); scaler.update();
+//   (a hand-written backward is seeded with scaler.scale(1.0f), the gradient of scale * loss)
 // Needs: the standard library, tandem/tensor, the Optimizer and Communicator concepts.
 #pragma once
 

@@ -49,8 +49,8 @@ inline constexpr bool reads_fields<D, sample_fields<T...>> = sizeof...(T) > 0 &&
 /// 3. `d.field_numel()` gives, per field, the elements one sample holds (a std::array);
 /// 4. `d.read(i, std::span<T>... out)` writes sample i's fields into `out`, one span per field of
 ///    exactly field_numel() elements; it may be called from several threads at once.
-/// A data set may also offer `d.prefetch(i)`, a hint that sample i is read next (a Loader gives
-/// it one sample ahead), to start fetching it from memory or storage.
+/// A data set may also offer `d.prefetch(i)`, a hint that sample i will be read soon (a Loader
+/// gives it four samples ahead, within a batch), to start fetching it from memory or storage.
 template <class D>
 concept Dataset = requires(const D& dataset) {
   typename D::fields;

@@ -2,9 +2,10 @@
 // buffers under the model's own names, optimizer moments under PyTorch's names, GradScaler, EMA
 // shadow, LR schedule, sampler epoch and position, counters and every rank's RNG. Saved by
 // rank 0 atomically (then a barrier), loaded on every rank or broadcast from rank 0; the last K
-// kept, the newest valid one found at start (a damaged file is reported and skipped).
+// kept, the newest valid one found at start (a damaged file is reported and skipped; when every
+// one is damaged, that is an Error rather than a silent start from scratch).
 //   tandem::TrainingState state;
-//   state.model(params).optimizer(opt).scaler(scaler).ema(ema).scheduler(schedule)
+//   state.model(params).optimizer(opt).scaler(scaler).ema(ema, params).scheduler(schedule)
 //        .sampler(sampler, batches_done).counter("step", step).rng("dropout", generator);
 //   if (auto last = tandem::latest_checkpoint(dir)) tandem::load_checkpoint(comm, *last, state);
 //   tandem::save_checkpoint(comm, dir, step, state);          // dir/checkpoint-<step>.safetensors
@@ -480,19 +481,32 @@ struct CheckpointOptions {
 
 /// The newest checkpoint in `directory` that is whole: its format valid and its data checksum
 /// matching. Each damaged newer one is reported on `report` ("tandem: skipping damaged
-/// checkpoint ...") and skipped, never loaded. Empty when there is none.
+/// checkpoint ...") and skipped, never loaded. Empty when there is no checkpoint (a first run).
+/// When there are checkpoints but every one is damaged, a tandem::Error naming the newest and
+/// why: resuming is impossible, and starting from scratch unasked would silently throw the
+/// run's progress away (move the files aside to start afresh on purpose).
 [[nodiscard]] inline std::optional<std::filesystem::path> latest_checkpoint(
     const std::filesystem::path& directory, const CheckpointOptions& options = {},
     std::FILE* report = stderr) {
-  for (const auto& [step, path] : list_checkpoints(directory, options)) {
+  const auto found = list_checkpoints(directory, options);
+  std::string newest_failure;
+  for (const auto& [step, path] : found) {
     try {
       SafetensorsFile::map(path).verify_checksum();
       return path;
     } catch (const Error& error) {
+      if (newest_failure.empty()) newest_failure = error.operation() + ": " + error.cause();
       if (report)
         std::fprintf(report, "tandem: skipping damaged checkpoint %s: %s\n", path.c_str(),
                      error.what());
     }
+  }
+  if (!found.empty()) {
+    throw Error("latest_checkpoint " + directory.string(),
+                "all " + std::to_string(found.size()) +
+                    " checkpoint(s) are damaged, so the run cannot resume; refusing to start from "
+                    "scratch (move them aside to do that). The newest: " +
+                    newest_failure);
   }
   return std::nullopt;
 }

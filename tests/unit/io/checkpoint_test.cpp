@@ -90,6 +90,46 @@ TEST_CASE("keep the last K; a damaged newest checkpoint is reported and skipped"
   });
 }
 
+TEST_CASE("latest_checkpoint: no checkpoint is a first run; every one damaged is an Error") {
+  tandem::test::TempDir dir;
+  // Nothing there (or no directory at all): empty, so the run starts from scratch.
+  CHECK_FALSE(tandem::latest_checkpoint(dir.path(), {}, nullptr).has_value());
+  CHECK_FALSE(tandem::latest_checkpoint(dir / "missing", {}, nullptr).has_value());
+  tandem::run_local(1, [&](tandem::LocalComm& comm) {
+    Run<tandem::LocalComm> run(comm);
+    for (std::int64_t s = 1; s <= 2; ++s) {
+      run.train_until(s);
+      tandem::save_checkpoint(comm, dir.path(), s, run.state);
+    }
+  });
+  const auto all = tandem::list_checkpoints(dir.path());
+  REQUIRE(all.size() == 2);
+  // Both damaged: a flipped data byte in the newest, a truncation of the older.
+  {
+    std::fstream f(all[0].second, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-2, std::ios::end);
+    f.put('\x7f');
+  }
+  std::filesystem::resize_file(all[1].second, std::filesystem::file_size(all[1].second) / 2);
+  try {
+    (void)tandem::latest_checkpoint(dir.path(), {}, nullptr);
+    FAIL("latest_checkpoint returned although every checkpoint is damaged");
+  } catch (const tandem::Error& error) {
+    const std::string what = error.what();
+    CAPTURE(what);
+    CHECK(error.operation() == "latest_checkpoint " + dir.str());
+    CHECK(what.find("all 2 checkpoint(s) are damaged") != std::string::npos);
+    CHECK(what.find("refusing to start from scratch") != std::string::npos);
+    CHECK(what.find(all[0].second.filename().string()) != std::string::npos);  // the newest
+    CHECK(what.find("tandem: ", 1) == std::string::npos);                      // said once
+  }
+  // Files that are not checkpoints (a killed save's temporary file) do not count.
+  std::filesystem::remove(all[0].second);
+  std::filesystem::remove(all[1].second);
+  std::ofstream(dir / ".checkpoint-000000000003.safetensors.tmp-1") << "partial";
+  CHECK_FALSE(tandem::latest_checkpoint(dir.path(), {}, nullptr).has_value());
+}
+
 // Found by fuzzing: integer fields were read with nlohmann's get<I>, which casts a float (undefined
 // behaviour out of range) and wraps a negative number into an unsigned type.
 TEST_CASE("an integer field that is a float, negative for its type or too large is an Error") {

@@ -77,6 +77,7 @@
 #include "tandem/comm/detail/issue_order.hpp"
 #include "tandem/comm/detail/reduction.hpp"
 #include "tandem/comm/gloo/detail/gloo_support.hpp"
+#include "tandem/comm/init.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/core/timeout.hpp"
 #include "tandem/core/world.hpp"

@@ -79,6 +79,7 @@
 #include "tandem/comm/communicator.hpp"
 #include "tandem/comm/detail/frontend.hpp"
 #include "tandem/comm/detail/rank_threads.hpp"
+#include "tandem/comm/init.hpp"
 #include "tandem/comm/nccl/detail/nccl_support.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/core/timeout.hpp"
