@@ -32,6 +32,7 @@
 
 #include "tandem/comm/communicator.hpp"
 #include "tandem/comm/detail/collective_op.hpp"
+#include "tandem/core/detail/disagreement.hpp"
 #include "tandem/core/env.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/tensor/dtype.hpp"
@@ -209,22 +210,9 @@ inline std::string fingerprint_disagreement(std::span<const CollectiveFingerprin
   std::vector<std::string> described;
   described.reserve(calls.size());
   for (const auto& fp : calls) described.push_back(describe_call(fp, numbered));
-  std::vector<std::pair<std::string, std::vector<int>>> distinct;
-  for (std::size_t r = 0; r < described.size(); ++r) {
-    auto found = std::find_if(distinct.begin(), distinct.end(),
-                              [&](const auto& entry) { return entry.first == described[r]; });
-    if (found == distinct.end()) {
-      distinct.push_back({described[r], {static_cast<int>(r)}});
-    } else {
-      found->second.push_back(static_cast<int>(r));
-    }
-  }
-  std::string text = cause + ": ";
-  for (std::size_t i = 0; i < distinct.size(); ++i) {
-    if (i) text += "; ";
-    text += rank_list(distinct[i].second) + " called " + distinct[i].first;
-  }
-  return text;
+  return cause + ": " +
+         describe_groups(
+             described, [](const std::string& call) { return call; }, " called ", " called ");
 }
 
 /// "" when every rank (in rank order) resolved the check the same way; otherwise the cause of

@@ -47,6 +47,7 @@
 #include "tandem/arena/parameters.hpp"
 #include "tandem/comm/communicator.hpp"
 #include "tandem/core/config.hpp"
+#include "tandem/core/detail/disagreement.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/ddp/buckets.hpp"
 #include "tandem/ddp/policies.hpp"
@@ -553,22 +554,11 @@ class DistributedDataParallel {
         seen[r].push_back(c);
       }
     }
-    std::string cause = "ranks registered different parameters; first difference at entry " +
-                        std::to_string(first) + " (entry 0 is the element type):";
-    std::vector<bool> told(n, false);
-    for (std::size_t r = 0; r < n; ++r) {
-      if (told[r]) continue;
-      std::string ranks;
-      std::size_t how_many = 0;
-      for (std::size_t s = r; s < n; ++s) {
-        if (!told[s] && seen[s] == seen[r]) {
-          told[s] = true;
-          ranks += (how_many++ ? ", " : "") + std::to_string(s);
-        }
-      }
-      cause += (r ? ";" : "") + std::string(" rank") + (how_many > 1 ? "s " : " ") + ranks +
-               (how_many > 1 ? " have " : " has ") + seen[r];
-    }
+    std::string cause =
+        "ranks registered different parameters; first difference at entry " +
+        std::to_string(first) + " (entry 0 is the element type): " +
+        detail::describe_groups(
+            seen, [](const std::string& entry) { return entry; }, " has ", " have ");
     cause += " (entries registered:";
     for (std::size_t r = 0; r < n; ++r) {
       cause += std::string(r ? "," : "") + " rank " + std::to_string(r) + " " +

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "tandem/comm/communicator.hpp"
+#include "tandem/core/detail/disagreement.hpp"
 #include "tandem/tensor/dtype.hpp"
 
 namespace tandem::detail {
@@ -66,37 +67,6 @@ constexpr bool has_root(CollectiveOp op) noexcept {
 constexpr bool has_reduce_op(CollectiveOp op) noexcept {
   return op == CollectiveOp::all_reduce || op == CollectiveOp::reduce ||
          op == CollectiveOp::reduce_scatter;
-}
-
-inline std::string rank_list(const std::vector<int>& ranks) {
-  std::string text = ranks.size() == 1 ? "rank " : "ranks ";
-  for (std::size_t i = 0; i < ranks.size(); ++i) {
-    if (i) text += ", ";
-    text += std::to_string(ranks[i]);
-  }
-  return text;
-}
-
-/// "" when all ranks have the same value, otherwise "ranks 0, 2: float32; rank 1: int32".
-template <class Value, class Show>
-std::string disagreement(const std::vector<Value>& values, Show show) {
-  std::vector<std::pair<Value, std::vector<int>>> distinct;
-  for (std::size_t r = 0; r < values.size(); ++r) {
-    auto found = std::find_if(distinct.begin(), distinct.end(),
-                              [&](const auto& entry) { return entry.first == values[r]; });
-    if (found == distinct.end()) {
-      distinct.push_back({values[r], {static_cast<int>(r)}});
-    } else {
-      found->second.push_back(static_cast<int>(r));
-    }
-  }
-  if (distinct.size() < 2) return {};
-  std::string text;
-  for (const auto& [value, ranks] : distinct) {
-    if (!text.empty()) text += "; ";
-    text += rank_list(ranks) + ": " + show(value);
-  }
-  return text;
 }
 
 /// One field of every rank's call, in rank order.
