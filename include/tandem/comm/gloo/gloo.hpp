@@ -72,6 +72,7 @@
 
 #include "tandem/comm/checked.hpp"
 #include "tandem/comm/communicator.hpp"
+#include "tandem/comm/detail/check_switch.hpp"
 #include "tandem/comm/detail/collective_op.hpp"
 #include "tandem/comm/detail/frontend.hpp"
 #include "tandem/comm/detail/issue_order.hpp"
@@ -748,38 +749,26 @@ class GlooComm : public detail::CollectiveFrontend<GlooComm, host> {
 
   explicit GlooComm(std::unique_ptr<detail::gloo_comm::Rank> self) : self_(std::move(self)) {}
 
-  /// Resolves options.check_agreement and compares it with every rank's through the store.
-  /// Ranks that differ would hang (one waits for fingerprints the other never sends), so all of
-  /// them raise an Error naming each side instead; a rank whose TANDEM_CHECK_COLLECTIVES is
-  /// unreadable raises its own Error and tells the others, which raise one naming it.
+  /// Resolves options.check_agreement and compares it with every rank's through the store
+  /// (detail/check_switch.hpp says why and what each rank raises). A rank whose
+  /// TANDEM_CHECK_COLLECTIVES is unreadable tells the others, then raises its Error at once.
   static bool agree_on_check(AnyStore& store, const std::string& name, const World& world,
                              const GlooCommOptions& options) {
     AnyStore scoped(PrefixStore<AnyStore>(name, store));
-    const std::string key = "check/" + std::to_string(world.rank);
-    bool checking = true;
-    try {
-      checking = options.check_agreement.resolve(true);
-    } catch (const Error&) {
-      scoped.set(key, "?");
-      throw;
-    }
-    scoped.set(key, checking ? "1" : "0");
-    std::vector<bool> all;
-    std::vector<int> unreadable;
-    for (int r = 0; r < world.world_size; ++r) {
-      const std::string value = scoped.get("check/" + std::to_string(r), options.timeout);
-      if (value == "?") unreadable.push_back(r);
-      all.push_back(value == "1");
-    }
-    if (!unreadable.empty()) {
-      throw Error(world.rank, "GlooComm rendezvous",
-                  detail::rank_list(unreadable) + " could not read " +
-                      std::string(check_collectives_variable) + " (see its error)");
-    }
-    if (auto text = detail::switch_disagreement(all); !text.empty()) {
-      throw Error(world.rank, "GlooComm rendezvous", text);
-    }
-    return checking;
+    return detail::agree_on_check_switch(
+        world.rank, "GlooComm rendezvous", options.check_agreement, true, [&](int mine) {
+          scoped.set("check/" + std::to_string(world.rank), std::to_string(mine));
+          std::vector<int> all;
+          if (mine == detail::check_switch_unreadable) return all;
+          for (int r = 0; r < world.world_size; ++r) {
+            const std::string value = scoped.get("check/" + std::to_string(r), options.timeout);
+            all.push_back(value == std::to_string(detail::check_switch_on) ? detail::check_switch_on
+                          : value == std::to_string(detail::check_switch_off)
+                              ? detail::check_switch_off
+                              : detail::check_switch_unreadable);
+          }
+          return all;
+        });
   }
 
   detail::gloo_comm::Rank& self() const {

@@ -98,6 +98,7 @@
 
 #include "tandem/comm/checked.hpp"
 #include "tandem/comm/communicator.hpp"
+#include "tandem/comm/detail/check_switch.hpp"
 #include "tandem/comm/detail/collective_args.hpp"
 #include "tandem/comm/detail/frontend.hpp"
 #include "tandem/comm/detail/reduction.hpp"
@@ -446,9 +447,7 @@ class MpiComm : public detail::CollectiveFrontend<MpiComm, host> {
   explicit MpiComm(std::unique_ptr<detail::mpi::State> state) : self_(std::move(state)) {}
 
   /// Resolves options.check_agreement and compares it with every rank's (one MPI_Allgather on
-  /// `comm`): ranks that differ would hang (one waits for fingerprints the others never send),
-  /// so all of them raise an Error naming each side. A rank whose TANDEM_CHECK_COLLECTIVES is
-  /// unreadable still takes part, then raises its own Error; the others raise one naming it.
+  /// `comm`; detail/check_switch.hpp says why and what each rank raises).
   static bool agree_on_check(detail::mpi::Runtime& runtime, MPI_Comm comm,
                              const MpiCommOptions& options) {
     int rank = 0;
@@ -458,37 +457,17 @@ class MpiComm : public detail::CollectiveFrontend<MpiComm, host> {
       MPI_Comm_rank(comm, &rank);
       MPI_Comm_size(comm, &size);
     }
-    int mine = 1;
-    std::optional<Error> unreadable;
-    try {
-      mine = options.check_agreement.resolve(true) ? 1 : 0;
-    } catch (const Error& e) {
-      unreadable = e;
-      mine = -1;
-    }
-    std::vector<int> all(static_cast<std::size_t>(size));
-    int code = MPI_SUCCESS;
-    {
-      auto lock = runtime.lock();
-      code = MPI_Allgather(&mine, 1, MPI_INT, all.data(), 1, MPI_INT, comm);
-    }
-    if (code != MPI_SUCCESS) throw detail::mpi::error(rank, "MpiComm", code);
-    if (unreadable) throw *unreadable;
-    std::vector<int> bad;
-    std::vector<bool> checking;
-    for (int r = 0; r < size; ++r) {
-      if (all[static_cast<std::size_t>(r)] < 0) bad.push_back(r);
-      checking.push_back(all[static_cast<std::size_t>(r)] == 1);
-    }
-    if (!bad.empty()) {
-      throw Error(rank, "MpiComm",
-                  detail::rank_list(bad) + " could not read " +
-                      std::string(check_collectives_variable) + " (see its error)");
-    }
-    if (auto text = detail::switch_disagreement(checking); !text.empty()) {
-      throw Error(rank, "MpiComm", text);
-    }
-    return mine == 1;
+    return detail::agree_on_check_switch(
+        rank, "MpiComm", options.check_agreement, true, [&](int mine) {
+          std::vector<int> all(static_cast<std::size_t>(size));
+          int code = MPI_SUCCESS;
+          {
+            auto lock = runtime.lock();
+            code = MPI_Allgather(&mine, 1, MPI_INT, all.data(), 1, MPI_INT, comm);
+          }
+          if (code != MPI_SUCCESS) throw detail::mpi::error(rank, "MpiComm", code);
+          return all;
+        });
   }
 
   /// `call` with the fingerprint it is checked by, where this communicator checks collectives.

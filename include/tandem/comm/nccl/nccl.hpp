@@ -77,6 +77,7 @@
 
 #include "tandem/comm/checked.hpp"
 #include "tandem/comm/communicator.hpp"
+#include "tandem/comm/detail/check_switch.hpp"
 #include "tandem/comm/detail/frontend.hpp"
 #include "tandem/comm/detail/rank_threads.hpp"
 #include "tandem/comm/init.hpp"
@@ -504,34 +505,18 @@ class Rank {
   /// ranks that differ would otherwise hang at the first check). create() calls it once the
   /// communicator is whole; split's children inherit the parent's.
   void agree_on_checks() {
-    std::optional<Error> unreadable;
-    bool on = false;
-    try {
-      on = options_.check_agreement.resolve(false);
-    } catch (const Error& e) {
-      unreadable = e;
-    }
-    detail::CollectiveFingerprint mine;
-    mine.op = static_cast<std::int64_t>(detail::CollectiveOp::barrier);
-    mine.count = unreadable ? -1 : (on ? 1 : 0);
-    const auto all = gather_fingerprints(mine, "the collective-check agreement");
-    if (unreadable) throw *unreadable;
-    std::vector<bool> checking;
-    std::vector<int> broken;
-    for (int r = 0; r < size_; ++r) {
-      const auto value = all[static_cast<std::size_t>(r)].count;
-      if (value < 0) broken.push_back(r);
-      checking.push_back(value == 1);
-    }
-    if (!broken.empty()) {
-      throw Error(rank_, "NcclComm",
-                  detail::rank_list(broken) + " could not read " +
-                      std::string(check_collectives_variable) + " (see that rank's Error)");
-    }
-    if (auto text = detail::switch_disagreement(checking); !text.empty()) {
-      throw Error(rank_, "NcclComm", text);
-    }
-    checking_ = on;
+    checking_ = detail::agree_on_check_switch(
+        rank_, "NcclComm", options_.check_agreement, false, [&](int mine) {
+          detail::CollectiveFingerprint fingerprint;
+          fingerprint.op = static_cast<std::int64_t>(detail::CollectiveOp::barrier);
+          fingerprint.count = mine;
+          std::vector<int> all;
+          for (const auto& each :
+               gather_fingerprints(fingerprint, "the collective-check agreement")) {
+            all.push_back(static_cast<int>(each.count));
+          }
+          return all;
+        });
   }
 
   /// Whether every collective is compared across ranks first.
