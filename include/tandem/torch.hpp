@@ -1,0 +1,12 @@
+// tandem/torch.hpp - the libtorch bridge: libtorch (torch::nn) models trained data-parallel by
+// tandem, on any Communicator.
+//   tandem::torch::convert_sync_batchnorm(*model, comm);        // optional, as in PyTorch
+//   tandem::torch::DistributedDataParallel ddp(comm, model);    // model: shared_ptr<Net>
+//   auto loss = torch::nn::functional::cross_entropy(ddp.forward(x), y);
+//   opt.zero_grad(); loss.backward(); opt.step();               // averaged when backward returns
+// Needs: libtorch 1.13 or 2.x (the tandem::torch CMake component).
+#pragma once
+
+#include "tandem/torch/ddp.hpp"
+#include "tandem/torch/sync_batch_norm.hpp"
+#include "tandem/torch/tensor.hpp"

@@ -1,0 +1,548 @@
+// tandem/torch/ddp.hpp - tandem::torch::DistributedDataParallel: a libtorch module (torch::nn)
+// trained data-parallel by tandem's DDP, driven by autograd: gradients are averaged over the
+// ranks when loss.backward() returns.
+//   tandem::torch::DistributedDataParallel ddp(comm, model);      // model: shared_ptr<Net>
+//   auto loss = torch::nn::functional::cross_entropy(ddp.forward(x), y);
+//   opt.zero_grad(); loss.backward(); opt.step();                  // tandem::optim or torch::optim
+// Needs: libtorch (1.13 or 2.x; the tandem::torch CMake component) and a host Communicator.
+//
+// How it works. Construction (collective) checks that every rank's module has the same
+// parameters and buffers (names, shapes, dtypes; an Error names the first difference and which
+// ranks have what), then moves them into a tandem::Parameters<float> arena: every float32
+// parameter's data and its .grad() become views into the arena's value and gradient blocks
+// (PyTorch's gradient_as_bucket_view=True), float32 buffers (running statistics) and frozen
+// parameters views into its buffer block. Other buffers (BatchNorm's int64 num_batches_tracked)
+// stay the module's own tensors and are broadcast with the buffers. Rank 0's values and buffers
+// are broadcast. A post hook on each parameter's gradient accumulator fires as autograd finishes
+// that gradient and calls the wrapped tandem::DistributedDataParallel's grad_ready, so full
+// buckets start their all_reduce during backward (the `overlap` policy, the default); the first
+// hook of a backward queues a callback on the autograd engine (as PyTorch's reducer does) that
+// finishes the reduction before backward() returns. Every policy of tandem::DistributedDataParallel
+// applies (bucket caps, overlap / sync_at_end, average / sum, compress<half>, buffer broadcast).
+//
+// Gradients stay in the arena: an undefined .grad() (torch::optim's zero_grad with
+// set_to_none, the default in libtorch 2.x) counts as zero and the view is put back before the
+// next forward; a .grad() autograd replaced by a fresh tensor (create_graph) is copied into the
+// arena and the view put back as the hook fires. tandem's optimizers, GradScaler, EMA and LR
+// schedules take ddp.parameters() (the arena); torch::optim on model->parameters() works too.
+// EMA's O(1) apply_shadow()/applied() swaps the arena's value block: the module's tensors follow
+// at the next ddp.forward() (or ddp.attach()), which re-points them at the active block.
+// Only float32 CPU parameters are supported (an Error otherwise); CUDA modules are future work.
+// Parameters added to the module (or replaced, or moved with .to()) after wrapping are an Error at
+// the next forward or backward. A forward in eval mode (module->eval()) runs no collective, so
+// distributed evaluation may give ranks different batch counts.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/any.h>
+#include <torch/nn/pimpl.h>
+
+#include "tandem/comm/communicator.hpp"
+#include "tandem/core/error.hpp"
+#include "tandem/ddp/ddp.hpp"
+#include "tandem/arena/parameters.hpp"
+#include "tandem/ddp/policies.hpp"
+#include "tandem/tensor/tensor.hpp"
+#include "tandem/torch/tensor.hpp"
+
+namespace tandem::torch {
+
+namespace detail {
+
+/// A tandem::Shape of libtorch's sizes (at most Shape::max_rank of them).
+inline Shape shape_of(at::IntArrayRef sizes, const std::string& name, int rank) {
+  const auto d = sizes;
+  switch (sizes.size()) {
+    case 0:
+      return Shape{};
+    case 1:
+      return Shape{d[0]};
+    case 2:
+      return Shape{d[0], d[1]};
+    case 3:
+      return Shape{d[0], d[1], d[2]};
+    case 4:
+      return Shape{d[0], d[1], d[2], d[3]};
+    case 5:
+      return Shape{d[0], d[1], d[2], d[3], d[4]};
+    case 6:
+      return Shape{d[0], d[1], d[2], d[3], d[4], d[5]};
+    case 7:
+      return Shape{d[0], d[1], d[2], d[3], d[4], d[5], d[6]};
+    case 8:
+      return Shape{d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]};
+    default:
+      throw Error(rank, "torch::DistributedDataParallel",
+                  "'" + name + "' has " + std::to_string(sizes.size()) +
+                      " dimensions; tandem's arena holds at most " +
+                      std::to_string(Shape::max_rank));
+  }
+}
+
+/// "[4, 3]", for messages and descriptions.
+inline std::string sizes_text(at::IntArrayRef sizes) {
+  std::string text = "[";
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    text += (i ? ", " : "") + std::to_string(sizes[i]);
+  }
+  return text + "]";
+}
+
+/// FNV-1a, 64 bits: the same text hashes the same on every rank.
+inline std::uint64_t text_hash(const std::string& text, std::uint64_t hash = 1469598103934665603ull) {
+  for (unsigned char c : text) {
+    hash ^= c;
+    hash *= 1099511628211ull;
+  }
+  return hash;
+}
+
+/// Collective: an Error on every rank unless all ranks hold the same `entries`; it names the
+/// first entry in which they differ and which ranks have what.
+template <Communicator Comm>
+void require_same_entries(Comm& comm, const std::vector<std::string>& entries,
+                          const char* operation) {
+  const auto n = static_cast<std::size_t>(comm.size());
+  std::uint64_t whole = 0;
+  for (const auto& entry : entries) whole = text_hash(entry + "\n", whole);
+  std::vector<std::int64_t> mine{static_cast<std::int64_t>(whole),
+                                 static_cast<std::int64_t>(entries.size())};
+  std::vector<std::int64_t> all(2 * n);
+  comm.all_gather(mine, all);
+  std::size_t common = entries.size();
+  bool same = true;
+  for (std::size_t r = 0; r < n; ++r) {
+    same = same && all[2 * r] == all[0] && all[2 * r + 1] == all[1];
+    common = std::min(common, static_cast<std::size_t>(all[2 * r + 1]));
+  }
+  if (same) return;
+
+  std::vector<std::int64_t> hashes(common);
+  for (std::size_t i = 0; i < common; ++i) {
+    hashes[i] = static_cast<std::int64_t>(text_hash(entries[i]));
+  }
+  std::vector<std::int64_t> all_hashes(common * n);
+  if (common > 0) comm.all_gather(hashes, all_hashes);
+  std::size_t first = common;
+  for (std::size_t i = 0; i < common && first == common; ++i) {
+    for (std::size_t r = 1; r < n; ++r) {
+      if (all_hashes[r * common + i] != all_hashes[i]) first = i;
+    }
+  }
+  constexpr std::size_t text_bytes = 240;
+  const std::string own = first < entries.size() ? entries[first] : "nothing (fewer entries)";
+  std::vector<std::uint8_t> text(text_bytes, 0);
+  std::memcpy(text.data(), own.data(), std::min(own.size(), text_bytes - 1));
+  std::vector<std::uint8_t> texts(text_bytes * n);
+  comm.all_gather(text, texts);
+
+  std::vector<std::string> seen(n);
+  for (std::size_t r = 0; r < n; ++r) {
+    seen[r] = reinterpret_cast<const char*>(texts.data() + r * text_bytes);
+  }
+  std::string cause = "the ranks' modules differ; first difference at entry " +
+                      std::to_string(first) + ":";
+  std::vector<bool> told(n, false);
+  for (std::size_t r = 0; r < n; ++r) {
+    if (told[r]) continue;
+    std::string ranks;
+    std::size_t count = 0;
+    for (std::size_t s = r; s < n; ++s) {
+      if (!told[s] && seen[s] == seen[r]) {
+        told[s] = true;
+        ranks += (count++ ? ", " : "") + std::to_string(s);
+      }
+    }
+    cause += (r ? ";" : "") + std::string(count > 1 ? " ranks " : " rank ") + ranks +
+             (count > 1 ? " have " : " has ") + seen[r];
+  }
+  throw Error(comm.rank(), operation, cause);
+}
+
+/// Calls owner->on_grad_ready(index) after autograd accumulated a parameter's gradient.
+template <class Owner>
+struct GradReadyHook final : ::torch::autograd::FunctionPostHook {
+  GradReadyHook(Owner* o, std::size_t i) : owner(o), index(i) {}
+  ::torch::autograd::variable_list operator()(
+      const ::torch::autograd::variable_list& grad_inputs,
+      const ::torch::autograd::variable_list& /*grad_outputs*/) override {
+    owner->on_grad_ready(index);
+    return grad_inputs;
+  }
+  Owner* owner;
+  std::size_t index;
+};
+
+}  // namespace detail
+
+/// Data-parallel training of a libtorch module over `Comm` (see the top of this header).
+/// Policies are tandem::DistributedDataParallel's. The communicator and the module must outlive
+/// it; it neither copies nor moves. On destruction the module gets its own storage back (copies
+/// of the arena's values and gradients).
+template <Communicator Comm, class... Policies>
+class DistributedDataParallel {
+  static_assert(host_accessible<typename Comm::memory_space>,
+                "tandem::torch::DistributedDataParallel: CUDA modules and device communicators "
+                "(NcclComm) are not supported yet; use a host communicator with a CPU module");
+
+ public:
+  /// The tandem DDP that reduces the arena.
+  using inner_type = tandem::DistributedDataParallel<Comm, Policies...>;
+  /// Its RAII guard for gradient accumulation (see no_sync()).
+  using NoSyncGuard = typename inner_type::NoSyncGuard;
+
+  /// Collective: checks, moves into the arena and broadcasts `module`'s parameters and buffers
+  /// (see the top of this header). An Error, on every rank, when the ranks' modules differ or a
+  /// parameter is not a float32 CPU tensor; the module is left untouched then.
+  template <class Module>
+  requires std::derived_from<Module, ::torch::nn::Module>
+  DistributedDataParallel(Comm& comm, std::shared_ptr<Module> module)
+      : comm_(&comm), module_(module) {
+    if (!module_) throw Error(comm.rank(), operation, "the module is null");
+    if constexpr (::torch::detail::has_forward<Module>::value) {
+      forward_ = ::torch::nn::AnyModule(module);
+    }
+    wrap();
+  }
+
+  /// The same for a module holder (torch::nn::Linear, a TORCH_MODULE type).
+  template <class Impl>
+  DistributedDataParallel(Comm& comm, const ::torch::nn::ModuleHolder<Impl>& module)
+      : DistributedDataParallel(comm, module.ptr()) {}
+
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+
+  /// Removes the hooks and gives the module its own storage again: copies of the arena's values,
+  /// buffers and gradients.
+  ~DistributedDataParallel() {
+    try {
+      inner_.reset();
+      at::NoGradGuard no_grad;
+      for (auto& slot : trained_) {
+        if (slot.accumulator) slot.accumulator->del_post_hook(slot.hook_key);
+        slot.tensor.set_data(slot.tensor.detach().clone());
+        auto& grad = slot.tensor.mutable_grad();
+        if (grad.defined()) grad = grad.detach().clone();
+      }
+      for (auto& slot : arena_buffers_) slot.tensor.set_data(slot.tensor.detach().clone());
+    } catch (...) {  // NOLINT(bugprone-empty-catch): a destructor must not throw
+    }
+  }
+
+  /// Runs the module's forward(args...) and returns what it returns (ReturnType, torch::Tensor
+  /// by default; through torch::nn::AnyModule, so argument types must match forward's exactly).
+  /// Before it, as before_forward(). An Error for a module without a single non-template
+  /// forward(): call before_forward() and the module's own forward then.
+  template <class ReturnType = at::Tensor, class... Args>
+  ReturnType forward(Args&&... args) {
+    before_forward();
+    if (forward_.is_empty()) {
+      throw Error(comm_->rank(), "torch::DistributedDataParallel::forward",
+                  "the module has no single non-template forward(); call ddp.before_forward() "
+                  "and then the module's forward yourself");
+    }
+    return forward_.template forward<ReturnType>(std::forward<Args>(args)...);
+  }
+
+  /// What forward() does before the module's forward: checks that no parameter was added,
+  /// replaced or moved since wrapping (an Error naming it), re-points the module's tensors at
+  /// the arena (after an EMA swap, or a zero_grad that set gradients to none: those count as
+  /// zero) and, in training mode, broadcasts the buffers from rank 0 (policy broadcast_buffers,
+  /// the default; collective).
+  void before_forward() {
+    check_unchanged("torch::DistributedDataParallel::forward");
+    attach();
+    attach_grads(/*undefined_is_zero=*/true);
+    if (module_->is_training()) {
+      inner_->before_forward();
+      if constexpr (inner_type::config::broadcasts_buffers) broadcast_other_buffers();
+    }
+  }
+
+  /// Re-points every parameter and buffer of the module at the arena's active value blocks (EMA
+  /// swaps them); forward() does it, call it to see the EMA weights through the module directly.
+  void attach() {
+    if (attached_values_ == arena_.values().data() &&
+        attached_buffers_ == arena_.buffer_values().data()) {
+      return;
+    }
+    at::NoGradGuard no_grad;
+    float* values = arena_.values().data();
+    float* buffers = arena_.buffer_values().data();
+    for (auto& slot : trained_) slot.tensor.set_data(blob(values + slot.entry->offset(), slot));
+    for (auto& slot : arena_buffers_) {
+      slot.tensor.set_data(blob(buffers + slot.entry->offset(), slot));
+    }
+    attached_values_ = values;
+    attached_buffers_ = buffers;
+  }
+
+  /// `auto guard = ddp.no_sync();` - backward passes accumulate gradients locally until the
+  /// guard ends; the first backward after it reduces the sum (gradient accumulation).
+  [[nodiscard]] NoSyncGuard no_sync() { return inner_->no_sync(); }
+
+  /// The arena (parameters, gradients, buffers): what tandem's optimizers, GradScaler and EMA
+  /// take. Its names are the module's named_parameters() / named_buffers() keys.
+  [[nodiscard]] Parameters<float>& parameters() noexcept { return arena_; }
+  /// The wrapped module.
+  [[nodiscard]] ::torch::nn::Module& module() const noexcept { return *module_; }
+  /// The wrapped module, shared.
+  [[nodiscard]] const std::shared_ptr<::torch::nn::Module>& module_ptr() const noexcept {
+    return module_;
+  }
+  /// The tandem DDP that reduces the arena (its buckets, for instance).
+  [[nodiscard]] inner_type& ddp() noexcept { return *inner_; }
+  /// The communicator.
+  [[nodiscard]] Comm& comm() const noexcept { return *comm_; }
+  /// Buffers that are not float32 (BatchNorm's num_batches_tracked), by name: the module's own
+  /// tensors, broadcast with the arena's buffers.
+  [[nodiscard]] std::vector<std::pair<std::string, at::Tensor>> other_buffers() const {
+    std::vector<std::pair<std::string, at::Tensor>> out;
+    for (const auto& [name, tensor] : other_buffers_) out.emplace_back(name, tensor);
+    return out;
+  }
+
+ private:
+  template <class>
+  friend struct detail::GradReadyHook;
+
+  static constexpr const char* operation = "torch::DistributedDataParallel";
+
+  struct Slot {
+    std::string name;
+    at::Tensor tensor;                          // the module's parameter or buffer
+    Parameters<float>::Parameter* entry = nullptr;
+    at::Tensor grad_view;                       // trained: the view of its arena gradient
+    std::shared_ptr<::torch::autograd::Node> accumulator;
+    std::uintptr_t hook_key = 0;
+  };
+
+  at::Tensor blob(float* data, const Slot& slot) const {
+    return at::from_blob(data, slot.tensor.sizes(),
+                         at::TensorOptions().dtype(at::kFloat).device(at::kCPU));
+  }
+
+  void wrap() {
+    const int rank = comm_->rank();
+    const auto params = module_->named_parameters(/*recurse=*/true);
+    const auto buffers = module_->named_buffers(/*recurse=*/true);
+
+    // The same entries on every rank, or an Error naming the first difference.
+    std::vector<std::string> entries;
+    for (const auto& item : params) {
+      const auto& t = item.value();
+      entries.push_back("parameter '" + item.key() + "' " + detail::sizes_text(t.sizes()) + " " +
+                        dtype_name(t.scalar_type()) + (t.requires_grad() ? "" : " frozen") +
+                        " on " + t.device().str());
+    }
+    for (const auto& item : buffers) {
+      const auto& t = item.value();
+      entries.push_back("buffer '" + item.key() + "' " + detail::sizes_text(t.sizes()) + " " +
+                        dtype_name(t.scalar_type()) + " on " + t.device().str());
+    }
+    detail::require_same_entries(*comm_, entries, operation);
+
+    // Same everywhere, so every rank raises the same Errors below.
+    std::unordered_map<const void*, std::string> seen;
+    for (const auto& item : params) {
+      const auto& t = item.value();
+      if (t.scalar_type() != at::kFloat || !t.is_cpu() || t.layout() != c10::kStrided) {
+        throw Error(rank, operation,
+                    "parameter '" + item.key() + "' is a " + dtype_name(t.scalar_type()) +
+                        " tensor on " + t.device().str() +
+                        "; tandem::torch::DistributedDataParallel supports dense float32 CPU "
+                        "parameters only (keep parameters float32; use autocast for 16-bit)");
+      }
+      const auto [where, fresh] = seen.emplace(t.unsafeGetTensorImpl(), item.key());
+      if (!fresh) continue;  // a shared (tied) parameter: its first name owns the slot
+      Slot slot{item.key(), t, nullptr, {}, {}, 0};
+      auto shape = detail::shape_of(t.sizes(), item.key(), rank);
+      if (t.requires_grad()) {
+        slot.entry = &arena_.add(item.key(), shape);
+        trained_.push_back(std::move(slot));
+      } else {
+        slot.entry = &arena_.add_buffer(item.key(), shape);
+        arena_buffers_.push_back(std::move(slot));
+      }
+    }
+    for (const auto& item : buffers) {
+      const auto& t = item.value();
+      if (auto problem = layout_problem(t); !problem.empty() || !t.is_cpu()) {
+        throw Error(rank, operation,
+                    "buffer '" + item.key() + "': " +
+                        (problem.empty() ? "it is on " + t.device().str() + ", not the CPU"
+                                         : problem));
+      }
+      if (!seen.emplace(t.unsafeGetTensorImpl(), item.key()).second) continue;
+      if (t.scalar_type() == at::kFloat) {
+        Slot slot{item.key(), t, nullptr, {}, {}, 0};
+        slot.entry = &arena_.add_buffer(item.key(), detail::shape_of(t.sizes(), item.key(), rank));
+        arena_buffers_.push_back(std::move(slot));
+      } else {
+        other_buffers_.emplace_back(item.key(), t);
+      }
+    }
+    arena_.finalize();
+    for (const auto& p : module_->parameters(/*recurse=*/true)) {
+      known_.push_back(p.unsafeGetTensorImpl());
+    }
+
+    // Into the arena: values, gradients (an undefined one is zero), then views everywhere.
+    {
+      at::NoGradGuard no_grad;
+      float* values = arena_.values().data();
+      float* grads = arena_.grads().data();
+      float* buffer_values = arena_.buffer_values().data();
+      for (auto& slot : trained_) {
+        blob(values + slot.entry->offset(), slot).copy_(slot.tensor);
+        slot.grad_view = blob(grads + slot.entry->offset(), slot);
+        const auto& grad = slot.tensor.grad();
+        if (grad.defined()) slot.grad_view.copy_(grad);
+      }
+      for (auto& slot : arena_buffers_) {
+        blob(buffer_values + slot.entry->offset(), slot).copy_(slot.tensor);
+      }
+    }
+    attach();
+    attach_grads(/*undefined_is_zero=*/false);
+    for (std::size_t i = 0; i < trained_.size(); ++i) {
+      auto& slot = trained_[i];
+      slot.accumulator = ::torch::autograd::impl::grad_accumulator(slot.tensor);
+      slot.hook_key = slot.accumulator->add_post_hook(
+          std::make_unique<detail::GradReadyHook<DistributedDataParallel>>(this, i));
+    }
+    // tandem's DDP checks its arena once more (cheap) and broadcasts rank 0's values and buffers.
+    inner_ = std::make_unique<inner_type>(*comm_, arena_);
+    broadcast_other_buffers();
+  }
+
+  /// Gradients into the arena: a .grad() that is not the arena view is copied in (undefined:
+  /// zero when `undefined_is_zero`, else the arena keeps what it has), then the view is set.
+  void attach_grads(bool undefined_is_zero) {
+    for (auto& slot : trained_) adopt_grad(slot, undefined_is_zero);
+  }
+
+  void adopt_grad(Slot& slot, bool undefined_is_zero) {
+    auto& grad = slot.tensor.mutable_grad();
+    if (grad.defined() && grad.data_ptr() == slot.grad_view.data_ptr()) return;
+    at::NoGradGuard no_grad;
+    if (grad.defined()) {
+      slot.grad_view.copy_(grad);
+    } else if (undefined_is_zero) {
+      slot.grad_view.zero_();
+    }
+    grad = slot.grad_view;
+  }
+
+  /// From the hook: parameter i's gradient is complete for this backward.
+  void on_grad_ready(std::size_t i) {
+    if (!callback_queued_) {
+      ::torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
+      callback_queued_ = true;
+    }
+    adopt_grad(trained_[i], /*undefined_is_zero=*/false);
+    inner_->grad_ready(*trained_[i].entry);
+  }
+
+  /// From the engine, as backward ends: the reduction finishes (collective), then the checks.
+  void finish_backward() {
+    callback_queued_ = false;
+    inner_->finish_gradient_sync();
+    attach_grads(/*undefined_is_zero=*/false);  // unused parameters get their reduced gradient
+    check_unchanged("torch::DistributedDataParallel (backward)");
+  }
+
+  /// An Error when the module's parameters are not the ones wrapped.
+  void check_unchanged(const char* where) {
+    const auto now = module_->parameters(/*recurse=*/true);
+    bool same = now.size() == known_.size();
+    for (std::size_t i = 0; same && i < now.size(); ++i) {
+      same = now[i].unsafeGetTensorImpl() == known_[i];
+    }
+    if (!same) {
+      std::string names;
+      for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+        const auto* impl = item.value().unsafeGetTensorImpl();
+        if (std::find(known_.begin(), known_.end(), impl) == known_.end()) {
+          names += (names.empty() ? "'" : ", '") + item.key() + "'";
+        }
+      }
+      throw Error(comm_->rank(), where,
+                  "the module's parameters changed after it was wrapped (added or replaced: " +
+                      (names.empty() ? std::string("some were removed") : names) +
+                      "); register every parameter before constructing DistributedDataParallel");
+    }
+    float* values = arena_.values().data();
+    for (const auto& slot : trained_) {
+      const void* data = slot.tensor.data_ptr();
+      if (data != attached_values_ + slot.entry->offset() && data != values + slot.entry->offset()) {
+        throw Error(comm_->rank(), where,
+                    "parameter '" + slot.name +
+                        "' no longer lies in the arena (set_data or .to() after wrapping?); "
+                        "move or convert the module before constructing DistributedDataParallel");
+      }
+    }
+  }
+
+  /// Rank 0's non-float32 buffers everywhere, packed into one broadcast of bytes.
+  void broadcast_other_buffers() {
+    if (other_buffers_.empty() || comm_->size() == 1) return;
+    std::size_t total = 0;
+    for (const auto& [name, t] : other_buffers_) total += t.nbytes();
+    std::vector<std::uint8_t> bytes(total);
+    std::size_t at = 0;
+    for (const auto& [name, t] : other_buffers_) {
+      if (!t.is_contiguous()) {
+        throw Error(comm_->rank(), operation, "buffer '" + name + "' is not contiguous");
+      }
+      std::memcpy(bytes.data() + at, t.data_ptr(), t.nbytes());
+      at += t.nbytes();
+    }
+    comm_->broadcast(bytes, 0);
+    at = 0;
+    for (const auto& [name, t] : other_buffers_) {
+      std::memcpy(t.data_ptr(), bytes.data() + at, t.nbytes());
+      at += t.nbytes();
+    }
+  }
+
+  Comm* comm_;
+  std::shared_ptr<::torch::nn::Module> module_;
+  ::torch::nn::AnyModule forward_;
+  Parameters<float> arena_;
+  std::vector<Slot> trained_;
+  std::vector<Slot> arena_buffers_;  // float32 buffers and frozen parameters
+  std::vector<std::pair<std::string, at::Tensor>> other_buffers_;
+  std::vector<const c10::TensorImpl*> known_;
+  float* attached_values_ = nullptr;
+  float* attached_buffers_ = nullptr;
+  bool callback_queued_ = false;
+  std::unique_ptr<inner_type> inner_;
+};
+
+/// `DistributedDataParallel ddp(comm, model)` with a shared_ptr to a module.
+template <Communicator Comm, class Module>
+DistributedDataParallel(Comm&, std::shared_ptr<Module>) -> DistributedDataParallel<Comm>;
+/// `DistributedDataParallel ddp(comm, linear)` with a module holder.
+template <Communicator Comm, class Impl>
+DistributedDataParallel(Comm&, const ::torch::nn::ModuleHolder<Impl>&)
+    -> DistributedDataParallel<Comm>;
+
+}  // namespace tandem::torch

@@ -1,0 +1,198 @@
+// tandem/torch/tensor.hpp - libtorch tensors on tandem's communicators: a checked typed view
+// (tandem::torch::view<float>(t)), collectives that dispatch on the tensor's run-time dtype
+// (tandem::torch::all_reduce(comm, t), broadcast), and reduce_mean / reduce_sum of a tensor.
+//   tandem::torch::all_reduce(comm, grads, tandem::ReduceOp::avg);      // any supported dtype
+//   comm.all_reduce(tandem::torch::view<float>(t));                    // the typed way
+//   torch::Tensor mean = tandem::reduce_mean(comm, loss.detach());     // PyTorch's reduce_tensor
+// Needs: libtorch (1.13 or 2.x; the tandem::torch CMake component) and a Communicator.
+//
+// Why a view and not `comm.all_reduce(t)` itself: tandem's Tensor concept fixes the element
+// type and memory space at compile time (that is how a backend picks its typed algorithm and a
+// wrong type fails to compile), while a torch::Tensor carries its dtype and device at run time.
+// So a torch::Tensor does not model Tensor by itself; view<T, Space>(t) checks dtype, layout,
+// contiguity and device once and gives a tandem::View that does, and the free functions below do
+// that check for whichever of tandem's seven element types the tensor holds. Anything else - an
+// undefined, sparse or non-contiguous tensor, a dtype tandem does not move (bool, int8, int16,
+// complex), a CUDA tensor on a host communicator or a CPU tensor on a device one - is a
+// tandem::Error that names the operation and the cause, never a silent copy.
+// CUDA tensors on a device communicator (NcclComm): libtorch's kernels run on its current stream,
+// which the communicator does not know, so the device is synchronised before the collective.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include <ATen/ATen.h>
+#include <torch/cuda.h>
+
+#include "tandem/comm/communicator.hpp"
+#include "tandem/core/error.hpp"
+#include "tandem/tensor/dtype.hpp"
+#include "tandem/tensor/memory.hpp"
+#include "tandem/tensor/tensor.hpp"
+
+namespace tandem::torch {
+
+/// libtorch's dtype for tandem's element type T (float -> kFloat, half -> kHalf, ...).
+template <element_type T>
+constexpr c10::ScalarType scalar_type_of() noexcept {
+  if constexpr (std::is_same_v<T, float>) return c10::ScalarType::Float;
+  if constexpr (std::is_same_v<T, double>) return c10::ScalarType::Double;
+  if constexpr (std::is_same_v<T, half>) return c10::ScalarType::Half;
+  if constexpr (std::is_same_v<T, bfloat16>) return c10::ScalarType::BFloat16;
+  if constexpr (std::is_same_v<T, std::int32_t>) return c10::ScalarType::Int;
+  if constexpr (std::is_same_v<T, std::int64_t>) return c10::ScalarType::Long;
+  if constexpr (std::is_same_v<T, std::uint8_t>) return c10::ScalarType::Byte;
+}
+
+/// The dtype's name as PyTorch prints it ("Float", "Long", ...), for messages.
+inline std::string dtype_name(c10::ScalarType type) { return c10::toString(type); }
+
+/// Why `t` cannot be seen as a flat tensor (empty when it can): undefined, not strided (sparse,
+/// mkldnn), not contiguous, or on a device other than the CPU or a CUDA GPU.
+inline std::string layout_problem(const at::Tensor& t) {
+  if (!t.defined()) return "the tensor is undefined";
+  if (t.layout() != c10::kStrided) return "the tensor is not dense (sparse or another layout)";
+  if (!t.is_contiguous()) {
+    return "the tensor is not contiguous (a transpose, slice or expand); call .contiguous() "
+           "first, and copy the result back if the collective must write into it";
+  }
+  if (!t.is_cpu() && !t.is_cuda()) {
+    return "the tensor is on " + t.device().str() + "; tandem moves CPU and CUDA tensors";
+  }
+  return {};
+}
+
+/// A tandem::View of `t`'s elements as T in memory space Space (host for CPU tensors, device
+/// for CUDA tensors): an Error naming `operation` (and `rank`, when known) when `t` is not
+/// dense and contiguous, its dtype is not T, or it does not live in Space.
+template <element_type T, memory_space Space = host>
+[[nodiscard]] View<T, Space> view(const at::Tensor& t, const char* operation = "torch::view",
+                                  int rank = unknown_rank) {
+  if (auto problem = layout_problem(t); !problem.empty()) throw Error(rank, operation, problem);
+  if (t.scalar_type() != scalar_type_of<T>()) {
+    throw Error(rank, operation,
+                "the tensor's dtype is " + dtype_name(t.scalar_type()) + ", the view's " +
+                    dtype_name(scalar_type_of<T>()) + " (" + dtype_traits<T>::name + ")");
+  }
+  if constexpr (host_accessible<Space>) {
+    if (!t.is_cpu()) {
+      throw Error(rank, operation,
+                  "a " + t.device().str() + " tensor cannot be seen in host memory; use a device "
+                  "communicator (NcclComm) or copy it with .cpu()");
+    }
+  } else {
+    if (!t.is_cuda()) {
+      throw Error(rank, operation,
+                  "a CPU tensor is not in device memory; a device communicator (NcclComm) moves "
+                  "CUDA tensors only: move it with .cuda() or use a host communicator");
+    }
+  }
+  // tandem::half and bfloat16 have c10::Half's and c10::BFloat16's bits.
+  return View<T, Space>(static_cast<T*>(t.data_ptr()), static_cast<std::size_t>(t.numel()));
+}
+
+/// Calls f(T{}) with tandem's element type for `t`'s dtype; an Error naming `operation` for a
+/// dtype tandem does not move.
+template <class F>
+decltype(auto) visit_dtype(const at::Tensor& t, const char* operation, int rank, F&& f) {
+  switch (t.scalar_type()) {
+    case c10::ScalarType::Float:
+      return f(float{});
+    case c10::ScalarType::Double:
+      return f(double{});
+    case c10::ScalarType::Half:
+      return f(half{});
+    case c10::ScalarType::BFloat16:
+      return f(bfloat16{});
+    case c10::ScalarType::Int:
+      return f(std::int32_t{});
+    case c10::ScalarType::Long:
+      return f(std::int64_t{});
+    case c10::ScalarType::Byte:
+      return f(std::uint8_t{});
+    default:
+      throw Error(rank, operation,
+                  "dtype " + dtype_name(t.scalar_type()) +
+                      " is not one tandem moves (Float, Double, Half, BFloat16, Int, Long, Byte)");
+  }
+}
+
+namespace detail {
+
+/// f(view) with the typed view of `t` in Comm's memory space (after the device's queued work
+/// has finished, for CUDA tensors).
+template <Communicator Comm, class F>
+decltype(auto) with_view(Comm& comm, const at::Tensor& t, const char* operation, F&& f) {
+  using Space = std::conditional_t<host_accessible<typename Comm::memory_space>, host,
+                                   typename Comm::memory_space>;
+  const int rank = comm.rank();
+  if (auto problem = layout_problem(t); !problem.empty()) throw Error(rank, operation, problem);
+  return visit_dtype(t, operation, rank, [&](auto tag) -> decltype(auto) {
+    using T = decltype(tag);
+    auto v = view<T, Space>(t, operation, rank);
+    if constexpr (!host_accessible<Space>) ::torch::cuda::synchronize(t.device().index());
+    return f(v);
+  });
+}
+
+}  // namespace detail
+
+/// In place: every rank's `t` becomes the reduction of all ranks' `t` (comm.all_reduce on its
+/// typed view). `t` must be dense, contiguous, of a dtype tandem moves, in comm's memory space.
+template <Communicator Comm>
+void all_reduce(Comm& comm, const at::Tensor& t, ReduceOp op = ReduceOp::sum) {
+  detail::with_view(comm, t, "torch::all_reduce", [&](auto v) { comm.all_reduce(v, op); });
+}
+
+/// all_reduce, started: `t` must stay alive and untouched until the Work completes.
+template <Communicator Comm>
+[[nodiscard]] Work all_reduce_async(Comm& comm, const at::Tensor& t, ReduceOp op = ReduceOp::sum) {
+  return detail::with_view(comm, t, "torch::all_reduce_async",
+                           [&](auto v) { return comm.all_reduce_async(v, op); });
+}
+
+/// In place: every rank's `t` becomes rank `root`'s.
+template <Communicator Comm>
+void broadcast(Comm& comm, const at::Tensor& t, int root) {
+  detail::with_view(comm, t, "torch::broadcast", [&](auto v) { comm.broadcast(v, root); });
+}
+
+/// broadcast, started: `t` must stay alive and untouched until the Work completes.
+template <Communicator Comm>
+[[nodiscard]] Work broadcast_async(Comm& comm, const at::Tensor& t, int root) {
+  return detail::with_view(comm, t, "torch::broadcast_async",
+                           [&](auto v) { return comm.broadcast_async(v, root); });
+}
+
+}  // namespace tandem::torch
+
+namespace tandem {
+
+/// The element-wise sum of `t` over the ranks, as a new tensor on every rank (`t` is untouched;
+/// a non-contiguous `t` is fine here, its copy is contiguous).
+template <Communicator Comm>
+[[nodiscard]] at::Tensor reduce_sum(Comm& comm, const at::Tensor& t) {
+  at::Tensor out = t.detach().clone(at::MemoryFormat::Contiguous);
+  torch::all_reduce(comm, out, ReduceOp::sum);
+  return out;
+}
+
+/// The element-wise mean of `t` over the ranks, as a new tensor on every rank: PyTorch's
+/// reduce_tensor (clone, all_reduce, divide). Floating dtypes only: an integer mean would
+/// truncate (use reduce_sum).
+template <Communicator Comm>
+[[nodiscard]] at::Tensor reduce_mean(Comm& comm, const at::Tensor& t) {
+  if (t.defined() && !at::isFloatingType(t.scalar_type())) {
+    throw Error(comm.rank(), "reduce_mean",
+                "dtype " + torch::dtype_name(t.scalar_type()) +
+                    " is not floating; an integer mean would truncate (use reduce_sum)");
+  }
+  at::Tensor out = t.detach().clone(at::MemoryFormat::Contiguous);
+  torch::all_reduce(comm, out, ReduceOp::avg);
+  return out;
+}
+
+}  // namespace tandem
