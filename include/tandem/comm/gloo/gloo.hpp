@@ -207,11 +207,12 @@ inline std::uint64_t payload_slot(int tag) {
 /// tasks may point at it while the GlooComm moves. Operations run one at a time (IssueOrder: on
 /// the caller's thread after the worker has drained, or on the worker); only the outbox thread
 /// runs beside them, and it touches nothing but its messages and `broken_`.
-class Rank : public IssueOrder {
+class Engine : public IssueOrder {
  public:
-  /// `checking`: options.check_agreement resolved (the same on every rank: see rendezvous).
-  Rank(Connected connected, std::shared_ptr<::gloo::transport::Device> device, AnyStore store,
-       std::string name, GlooCommOptions options, bool checking)
+  /// `checks_collectives`: options.check_agreement resolved (the same on every rank: see
+  /// rendezvous).
+  Engine(Connected connected, std::shared_ptr<::gloo::transport::Device> device, AnyStore store,
+         std::string name, GlooCommOptions options, bool checks_collectives)
       : graveyard_(),
         exchange_calls_(),
         exchange_buffer_(),
@@ -222,11 +223,11 @@ class Rank : public IssueOrder {
         store_(std::move(store)),
         name_(std::move(name)),
         options_(std::move(options)),
-        checking_(checking),
+        checks_collectives_(checks_collectives),
         rank_(context_->rank),
         size_(context_->size),
         outbox_([this](const std::string& cause) { mark_broken(cause); }) {}
-  ~Rank() {
+  ~Engine() {
     stop();  // runs what is still queued
     // The outbox (a member) waits for its sends next, each bounded by the timeout.
   }
@@ -235,7 +236,7 @@ class Rank : public IssueOrder {
   [[nodiscard]] int size() const noexcept { return size_; }
   [[nodiscard]] const GlooCommOptions& options() const noexcept { return options_; }
   [[nodiscard]] const AnyStore& store() const noexcept { return store_; }
-  [[nodiscard]] bool checking() const noexcept { return checking_; }
+  [[nodiscard]] bool checks_collectives() const noexcept { return checks_collectives_; }
 
   // --- the algorithms: raw pointers and element counts ---------------------------------------
 
@@ -393,7 +394,7 @@ class Rank : public IssueOrder {
 
   void barrier() {
     run(Op::barrier, make_fingerprint(Op::barrier, ++sequence_, dtype::float32, 0), [&] {
-      if (size_ == 1 || checking_) return;  // the exchange was a barrier
+      if (size_ == 1 || checks_collectives_) return;  // the exchange was a barrier
       ::gloo::BarrierOptions opts(context_);
       opts.setTag(next_tag());
       opts.setTimeout(options_.timeout);
@@ -402,7 +403,7 @@ class Rank : public IssueOrder {
   }
 
   /// The communicator state of this rank's new group; null for no_color.
-  std::unique_ptr<Rank> split(int color, int key) {
+  std::unique_ptr<Engine> split(int color, int key) {
     Call mine = make_fingerprint(Op::split, ++sequence_, dtype::float32, 0);
     mine.color = color;
     mine.key = key;
@@ -428,7 +429,8 @@ class Rank : public IssueOrder {
     check_usable("split");
     auto connected = connect(store_, name, new_rank, static_cast<int>(members.size()), device_,
                              options_.timeout);
-    return std::make_unique<Rank>(std::move(connected), device_, store_, name, options_, checking_);
+    return std::make_unique<Engine>(std::move(connected), device_, store_, name, options_,
+                                    checks_collectives_);
   }
 
   template <class T>
@@ -606,7 +608,7 @@ class Rank : public IssueOrder {
     const char* op_name = name(op);
     std::string disagree;
     guarded(op_name, [&] {
-      if (checking_) disagree = fingerprint_disagreement(exchange(mine));
+      if (checks_collectives_) disagree = fingerprint_disagreement(exchange(mine));
       if (disagree.empty()) body();
     });
     if (!disagree.empty()) throw Error(rank_, op_name, disagree);
@@ -685,7 +687,7 @@ class Rank : public IssueOrder {
   AnyStore store_;
   std::string name_;  ///< this context's prefix in the store; splits extend it
   GlooCommOptions options_;
-  bool checking_;
+  bool checks_collectives_;
   std::uint64_t sequence_ = 0;  ///< collectives made, split included
   int rank_;
   int size_;
@@ -729,11 +731,11 @@ class GlooComm : public detail::CollectiveFrontend<GlooComm, host> {
         store.add("gloo/rendezvous/rank" + std::to_string(world.rank), 1);
     const std::string name = "gloo/" + std::to_string(generation);
     auto device = detail::gloo_comm::make_device(world, options);
-    const bool checking = agree_on_check(store, name, world, options);
+    const bool checks_collectives = agree_on_check(store, name, world, options);
     auto connected = detail::gloo_comm::connect(store, name, world.rank, world.world_size, device,
                                                 options.timeout);
-    return GlooComm(std::make_unique<detail::gloo_comm::Rank>(std::move(connected), device, store,
-                                                              name, options, checking));
+    return GlooComm(std::make_unique<detail::gloo_comm::Engine>(std::move(connected), device, store,
+                                                                name, options, checks_collectives));
   }
 
   /// The options this group was made with.
@@ -742,12 +744,12 @@ class GlooComm : public detail::CollectiveFrontend<GlooComm, host> {
   [[nodiscard]] AnyStore store() const { return self().store(); }
   /// Whether every collective is checked first (options().check_agreement, resolved against
   /// TANDEM_CHECK_COLLECTIVES at rendezvous; the same on every rank).
-  [[nodiscard]] bool checks_collectives() const { return self().checking(); }
+  [[nodiscard]] bool checks_collectives() const { return self().checks_collectives(); }
 
  private:
   friend class detail::CollectiveFrontend<GlooComm, host>;
 
-  explicit GlooComm(std::unique_ptr<detail::gloo_comm::Rank> self) : self_(std::move(self)) {}
+  explicit GlooComm(std::unique_ptr<detail::gloo_comm::Engine> self) : self_(std::move(self)) {}
 
   /// Resolves options.check_agreement and compares it with every rank's through the store
   /// (detail/check_switch.hpp says why and what each rank raises). A rank whose
@@ -771,7 +773,7 @@ class GlooComm : public detail::CollectiveFrontend<GlooComm, host> {
         });
   }
 
-  detail::gloo_comm::Rank& self() const {
+  detail::gloo_comm::Engine& self() const {
     if (!self_) throw Error("GlooComm", "this communicator was moved from");
     return *self_;
   }
@@ -783,7 +785,7 @@ class GlooComm : public detail::CollectiveFrontend<GlooComm, host> {
     return GlooComm(std::move(made));
   }
 
-  std::unique_ptr<detail::gloo_comm::Rank> self_;
+  std::unique_ptr<detail::gloo_comm::Engine> self_;
 };
 
 static_assert(Communicator<GlooComm>);

@@ -71,10 +71,10 @@ namespace detail::local {
 /// One rank's view of a group: its rank, the shared group, and its async worker (IssueOrder).
 /// Heap-allocated and owned by the LocalComm, so the worker's tasks may point at it while the
 /// LocalComm moves.
-class Rank : public IssueOrder {
+class Engine : public IssueOrder {
  public:
-  Rank(std::shared_ptr<Group> group, int rank) : group_(std::move(group)), rank_(rank) {}
-  ~Rank() {
+  Engine(std::shared_ptr<Group> group, int rank) : group_(std::move(group)), rank_(rank) {}
+  ~Engine() {
     stop();  // runs what is still queued
     // Unwinding under run_local: the abort that follows tells the others why, so do not
     // report the plainer "rank r left" first.
@@ -307,7 +307,7 @@ class LocalComm : public detail::CollectiveFrontend<LocalComm, host> {
   friend void run_local(int n, Fn fn, LocalCommOptions options);
 
   LocalComm(std::shared_ptr<detail::local::Group> group, int rank)
-      : self_(std::make_unique<detail::local::Rank>(std::move(group), rank)) {}
+      : self_(std::make_unique<detail::local::Engine>(std::move(group), rank)) {}
 
   static std::vector<LocalComm> make_group(int n, LocalCommOptions options, bool managed) {
     if (n < 1) {
@@ -364,7 +364,7 @@ class LocalComm : public detail::CollectiveFrontend<LocalComm, host> {
     return groups;
   }
 
-  detail::local::Rank& self() const {
+  detail::local::Engine& self() const {
     if (!self_) throw Error("LocalComm", "this communicator was moved from");
     return *self_;
   }
@@ -376,7 +376,7 @@ class LocalComm : public detail::CollectiveFrontend<LocalComm, host> {
     return LocalComm(std::move(group), rank);
   }
 
-  std::unique_ptr<detail::local::Rank> self_;
+  std::unique_ptr<detail::local::Engine> self_;
 };
 
 static_assert(Communicator<LocalComm>);

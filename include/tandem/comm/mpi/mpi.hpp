@@ -135,13 +135,14 @@ std::shared_ptr<std::vector<T>> scratch_copy(const T* data, std::size_t count) {
   return std::make_shared<std::vector<T>>(data, data + count);
 }
 
-/// One communicator: the MPI handle, the collective worker and the progress engine.
+/// One communicator's engine: the MPI handle, the collective worker and the progress thread.
 /// Heap-allocated and owned by the MpiComm, so their threads may point at it while it moves.
-class State {
+class Engine {
  public:
-  /// `checking`: options.check_agreement resolved (the same on every rank: see duplicate()).
-  State(Runtime& runtime, MPI_Comm comm, MpiCommOptions options, bool checking)
-      : runtime_(runtime), comm_(comm), options_(options), checking_(checking) {
+  /// `checks_collectives`: options.check_agreement resolved (the same on every rank: see
+  /// duplicate()).
+  Engine(Runtime& runtime, MPI_Comm comm, MpiCommOptions options, bool checks_collectives)
+      : runtime_(runtime), comm_(comm), options_(options), checks_collectives_(checks_collectives) {
     runtime_.attach();
     {
       auto lock = runtime_.lock();
@@ -154,14 +155,14 @@ class State {
     }
     watchdog_ = std::make_unique<BlockingWatchdog>(runtime_, rank_, options_.timeout);
   }
-  State(const State&) = delete;
-  State& operator=(const State&) = delete;
-  ~State() {
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+  ~Engine() {
     // Both wait for their pending operations, at most the timeout each. A worker left inside a
     // blocking collective (detached) frees the communicator and releases the runtime itself.
     const bool worker_left = worker_ && !worker_->stop();
     worker_.reset();
-    engine_.reset();
+    progress_.reset();
     watchdog_.reset();
     if (worker_left) return;
     int finalized = 0;
@@ -179,13 +180,13 @@ class State {
   [[nodiscard]] const MpiCommOptions& options() const noexcept { return options_; }
   [[nodiscard]] Runtime& runtime() const noexcept { return runtime_; }
   [[nodiscard]] int tag_upper_bound() const noexcept { return tag_upper_bound_; }
-  [[nodiscard]] bool checking() const noexcept { return checking_; }
+  [[nodiscard]] bool checks_collectives() const noexcept { return checks_collectives_; }
 
   /// The next collective's fingerprint where this communicator checks collectives.
   std::optional<CollectiveFingerprint> fingerprint(CollectiveOp op, dtype type, std::size_t count,
                                                    int root = 0,
                                                    ReduceOp reduce_op = ReduceOp::sum) {
-    if (!checking_) return std::nullopt;
+    if (!checks_collectives_) return std::nullopt;
     return make_fingerprint(op, ++sequence_, type, count, root, reduce_op);
   }
 
@@ -204,14 +205,14 @@ class State {
   void check_usable(const char* operation) const {
     std::optional<std::string> cause;
     if (worker_) cause = worker_->broken();
-    if (!cause && engine_) cause = engine_->broken();
+    if (!cause && progress_) cause = progress_->broken();
     if (cause) throw Error(rank_, operation, "this communicator is unusable: " + *cause);
   }
 
   /// Waits for the pending `_async` collectives (a sync collective must not overtake them).
   void drain(const char* operation) {
     const bool drained = (!worker_ || worker_->wait_idle(options_.timeout)) &&
-                         (!engine_ || engine_->wait_for_collectives(options_.timeout));
+                         (!progress_ || progress_->wait_for_collectives(options_.timeout));
     check_usable(operation);
     if (!drained) {
       throw Error(
@@ -235,7 +236,7 @@ class State {
 
   /// Hands `call` on; its Work completes when MPI has: a collective to the worker (blocking
   /// form) where MPI provides MPI_THREAD_MULTIPLE, anything else started here (non-blocking
-  /// form) and completed by the progress engine; below MPI_THREAD_SERIALIZED, run here at once.
+  /// form) and completed by the progress thread; below MPI_THREAD_SERIALIZED, run here at once.
   Work launch(Call call) {
     check_usable(call.operation);
     auto state = std::make_shared<WorkState>();
@@ -265,8 +266,9 @@ class State {
         return Work(state);
       }
     }
-    // The engine first: once the request is started, nothing may throw before it is handed over.
-    if (!engine_) engine_ = std::make_unique<Engine>(runtime_, rank_, options_.timeout);
+    // The progress thread first: once the request is started, nothing may throw before it is handed
+    // over.
+    if (!progress_) progress_ = std::make_unique<Progress>(runtime_, rank_, options_.timeout);
     auto pending = std::make_unique<Pending>(std::move(call), state, Deadline(options_.timeout));
     int code = MPI_SUCCESS;
     {
@@ -277,7 +279,7 @@ class State {
       state->fail(std::make_exception_ptr(error(rank_, pending->call.operation, code)));
       return Work(state);
     }
-    engine_->add(std::move(pending));
+    progress_->add(std::move(pending));
     return Work(state);
   }
 
@@ -320,13 +322,13 @@ class State {
   Runtime& runtime_;
   MPI_Comm comm_;
   MpiCommOptions options_;
-  bool checking_;
+  bool checks_collectives_;
   std::uint64_t sequence_ = 0;  // collectives made, split included (one thread issues them)
   int rank_ = 0;
   int size_ = 1;
-  int tag_upper_bound_ = 32767;     // MPI's guaranteed minimum, where the attribute is missing
-  std::unique_ptr<Worker> worker_;  // started by the first `_async` collective
-  std::unique_ptr<Engine> engine_;  // started by the first non-blocking `_async` operation
+  int tag_upper_bound_ = 32767;         // MPI's guaranteed minimum, where the attribute is missing
+  std::unique_ptr<Worker> worker_;      // started by the first `_async` collective
+  std::unique_ptr<Progress> progress_;  // started by the first non-blocking `_async` operation
   std::unique_ptr<BlockingWatchdog> watchdog_;  // watches run()'s blocking calls
 };
 
@@ -366,15 +368,16 @@ class MpiComm : public detail::CollectiveFrontend<MpiComm, host> {
       if (copy != MPI_COMM_NULL) MPI_Comm_free(&copy);
       throw Error("MpiComm", "MPI_Comm_dup failed: " + detail::mpi::error_string(code));
     }
-    bool checking = true;
+    bool checks_collectives = true;
     try {
-      checking = agree_on_check(runtime, copy, options);
+      checks_collectives = agree_on_check(runtime, copy, options);
     } catch (...) {
       auto lock = runtime.lock();
       MPI_Comm_free(&copy);
       throw;
     }
-    return MpiComm(std::make_unique<detail::mpi::State>(runtime, copy, options, checking));
+    return MpiComm(
+        std::make_unique<detail::mpi::Engine>(runtime, copy, options, checks_collectives));
   }
 
   /// For init_process_group<MpiComm>: MPI has its own rendezvous (mpirun), so this checks that
@@ -407,7 +410,7 @@ class MpiComm : public detail::CollectiveFrontend<MpiComm, host> {
   [[nodiscard]] MPI_Comm native() const { return self().comm(); }
   /// Whether every collective is checked first (options().check_agreement, resolved against
   /// TANDEM_CHECK_COLLECTIVES when the communicator was made; the same on every rank).
-  [[nodiscard]] bool checks_collectives() const { return self().checking(); }
+  [[nodiscard]] bool checks_collectives() const { return self().checks_collectives(); }
 
   // The operations (all_reduce .. barrier, sync and `_async`) are the front end's
   // (comm/detail/frontend.hpp); MpiComm gives it the hooks below: run_now and run_later (the
@@ -434,8 +437,8 @@ class MpiComm : public detail::CollectiveFrontend<MpiComm, host> {
       auto lock = me.runtime().lock();
       code = MPI_Comm_set_errhandler(made, MPI_ERRORS_RETURN);
     }
-    auto state =
-        std::make_unique<detail::mpi::State>(me.runtime(), made, me.options(), me.checking());
+    auto state = std::make_unique<detail::mpi::Engine>(me.runtime(), made, me.options(),
+                                                       me.checks_collectives());
     if (code != MPI_SUCCESS) throw detail::mpi::error(rank(), "split", code);
     return MpiComm(std::move(state));
   }
@@ -444,7 +447,7 @@ class MpiComm : public detail::CollectiveFrontend<MpiComm, host> {
   friend class detail::CollectiveFrontend<MpiComm, host>;
   using Call = detail::mpi::Call;
 
-  explicit MpiComm(std::unique_ptr<detail::mpi::State> state) : self_(std::move(state)) {}
+  explicit MpiComm(std::unique_ptr<detail::mpi::Engine> state) : self_(std::move(state)) {}
 
   /// Resolves options.check_agreement and compares it with every rank's (one MPI_Allgather on
   /// `comm`; detail/check_switch.hpp says why and what each rank raises).
@@ -494,7 +497,7 @@ class MpiComm : public detail::CollectiveFrontend<MpiComm, host> {
     return self().launch(build());
   }
 
-  detail::mpi::State& self() const {
+  detail::mpi::Engine& self() const {
     if (!self_) throw Error("MpiComm", "this communicator was moved from");
     return *self_;
   }
@@ -791,7 +794,7 @@ class MpiComm : public detail::CollectiveFrontend<MpiComm, host> {
                    detail::CollectiveOp::barrier, dtype::float32, 0);
   }
 
-  std::unique_ptr<detail::mpi::State> self_;
+  std::unique_ptr<detail::mpi::Engine> self_;
 };
 
 static_assert(Communicator<MpiComm>);

@@ -218,9 +218,9 @@ inline ncclComm_t init_rank(const ncclUniqueId& id, int rank, int size, Timeout 
 /// abort and `_async` bookkeeping may point at it while the NcclComm moves. One thread issues
 /// operations at a time (NCCL communicators are not thread-safe); the watchdog thread runs
 /// beside it, and mutex_ keeps the two from calling NCCL on the communicator at once.
-class Rank {
+class Engine {
  public:
-  Rank(ncclComm_t comm, int device, NcclCommOptions options)
+  Engine(ncclComm_t comm, int device, NcclCommOptions options)
       : comm_(comm), device_(device), options_(options), caller_(options.stream) {
     try {
       DeviceGuard guard(device_);
@@ -238,10 +238,10 @@ class Rank {
     }
   }
 
-  Rank(const Rank&) = delete;
-  Rank& operator=(const Rank&) = delete;
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
 
-  ~Rank() {
+  ~Engine() {
     {
       std::lock_guard lock(mutex_);
       stopping_ = true;
@@ -442,7 +442,7 @@ class Rank {
   /// split's collective part: ncclCommSplit on the nonblocking parent, following NCCL's rules
   /// for such communicators (the notes on nonblocking communicators in nccl_support.hpp). Returns
   /// null for no_color. The parent finishes its operations first (NCCL: none may be outstanding).
-  std::unique_ptr<Rank> split(int color, int key) {
+  std::unique_ptr<Engine> split(int color, int key) {
     if (group_depth_ > 0) throw Error(rank_, "split", "split cannot run inside an NcclGroup");
     check_call<std::int32_t>(detail::CollectiveOp::split, 0);
     synchronize();
@@ -474,8 +474,8 @@ class Rank {
       own = settle_locked(lock, made, own, deadline);
       if (own == ncclSuccess && !failure_) {
         lock.unlock();
-        auto child = std::make_unique<Rank>(made, device_, options_);
-        child->checking_ = checking_;  // every rank of the parent agreed on it
+        auto child = std::make_unique<Engine>(made, device_, options_);
+        child->checks_collectives_ = checks_collectives_;  // every rank of the parent agreed on it
         return child;
       }
       const std::string why = "the new communicator failed: " + error_text(own, made);
@@ -505,7 +505,7 @@ class Rank {
   /// ranks that differ would otherwise hang at the first check). create() calls it once the
   /// communicator is whole; split's children inherit the parent's.
   void agree_on_checks() {
-    checking_ = detail::agree_on_check_switch(
+    checks_collectives_ = detail::agree_on_check_switch(
         rank_, "NcclComm", options_.check_agreement, false, [&](int mine) {
           detail::CollectiveFingerprint fingerprint;
           fingerprint.op = static_cast<std::int64_t>(detail::CollectiveOp::barrier);
@@ -520,7 +520,7 @@ class Rank {
   }
 
   /// Whether every collective is compared across ranks first.
-  [[nodiscard]] bool checking() const noexcept { return checking_; }
+  [[nodiscard]] bool checks_collectives() const noexcept { return checks_collectives_; }
 
   // --- beyond the Communicator concept ----------------------------------------------------
 
@@ -686,7 +686,7 @@ class Rank {
   template <class E>
   void check_call(detail::CollectiveOp op, std::size_t count, int root = 0,
                   ReduceOp reduce = ReduceOp::sum) {
-    if (!checking_ || group_depth_ > 0) return;
+    if (!checks_collectives_ || group_depth_ > 0) return;
     const auto mine = detail::make_fingerprint<E>(op, ++checked_calls_, count, root, reduce);
     const auto all = gather_fingerprints(mine, "collective check");
     if (auto text = detail::fingerprint_disagreement(all); !text.empty()) {
@@ -1019,7 +1019,7 @@ class Rank {
   std::optional<cuda::Stream> stream_;
   std::optional<cuda::Event> start_;      ///< re-recorded per operation: a wait copies its state
   cudaStream_t newest_stream_ = nullptr;  ///< where the newest operation was queued
-  bool checking_ = false;                 ///< compare fingerprints before each collective
+  bool checks_collectives_ = false;       ///< compare fingerprints before each collective
   std::uint64_t checked_calls_ = 0;       ///< collectives checked so far (the fingerprint's count)
   detail::CollectiveFingerprint* check_host_ = nullptr;    ///< pinned: every rank's fingerprint
   detail::CollectiveFingerprint* check_device_ = nullptr;  ///< the all-gather's buffer
@@ -1123,7 +1123,7 @@ class NcclComm : public detail::CollectiveFrontend<NcclComm, device> {
   /// Whether every collective is compared across ranks first (options().check_agreement,
   /// resolved against TANDEM_CHECK_COLLECTIVES when the communicator was made; the same on
   /// every rank).
-  [[nodiscard]] bool checks_collectives() const { return self().checking(); }
+  [[nodiscard]] bool checks_collectives() const { return self().checks_collectives(); }
 
  private:
   friend class detail::CollectiveFrontend<NcclComm, tandem::device>;
@@ -1132,7 +1132,7 @@ class NcclComm : public detail::CollectiveFrontend<NcclComm, device> {
   requires std::invocable<Fn&, NcclComm&>
   friend void run_local_nccl(int n, Fn fn, NcclCommOptions options);
 
-  explicit NcclComm(std::shared_ptr<detail::nccl::Rank> self) : self_(std::move(self)) {}
+  explicit NcclComm(std::shared_ptr<detail::nccl::Engine> self) : self_(std::move(self)) {}
 
   /// create(), giving up early once `stop` is set (run_local_nccl: another rank failed).
   static NcclComm create(const ncclUniqueId& id, int rank, int size, const NcclCommOptions& options,
@@ -1146,12 +1146,12 @@ class NcclComm : public detail::CollectiveFrontend<NcclComm, device> {
     if (device < 0) device = cuda::current_device();
     detail::nccl::DeviceGuard guard(device);
     ncclComm_t comm = detail::nccl::init_rank(id, rank, size, options.timeout, stop);
-    auto made = std::make_shared<detail::nccl::Rank>(comm, device, options);
+    auto made = std::make_shared<detail::nccl::Engine>(comm, device, options);
     made->agree_on_checks();
     return NcclComm(std::move(made));
   }
 
-  detail::nccl::Rank& self() const {
+  detail::nccl::Engine& self() const {
     if (!self_) throw Error("NcclComm", "this communicator was moved from");
     return *self_;
   }
@@ -1160,10 +1160,10 @@ class NcclComm : public detail::CollectiveFrontend<NcclComm, device> {
   std::optional<NcclComm> split_group(int color, int key) {
     auto made = self().split(color, key);
     if (!made) return std::nullopt;
-    return NcclComm(std::shared_ptr<detail::nccl::Rank>(std::move(made)));
+    return NcclComm(std::shared_ptr<detail::nccl::Engine>(std::move(made)));
   }
 
-  std::shared_ptr<detail::nccl::Rank> self_;
+  std::shared_ptr<detail::nccl::Engine> self_;
 };
 
 static_assert(Communicator<NcclComm>);
@@ -1228,7 +1228,7 @@ class NcclGroup {
     if (first && raise) std::rethrow_exception(first);
   }
 
-  std::vector<detail::nccl::Rank*> ranks_;
+  std::vector<detail::nccl::Engine*> ranks_;
   bool ended_ = false;
 };
 
@@ -1257,7 +1257,7 @@ void run_local_nccl(int n, Fn fn, NcclCommOptions options) {
   std::atomic<bool> stop{false};
   detail::FirstFailure failures;
   std::mutex ranks_mutex;
-  std::vector<std::weak_ptr<detail::nccl::Rank>> ranks(static_cast<std::size_t>(n));
+  std::vector<std::weak_ptr<detail::nccl::Engine>> ranks(static_cast<std::size_t>(n));
   detail::run_rank_threads(
       n, "run_local_nccl", failures,
       [&](int r) {
@@ -1277,7 +1277,7 @@ void run_local_nccl(int n, Fn fn, NcclCommOptions options) {
       },
       [&](int rank, const std::string& what) {
         stop = true;  // ranks still creating their communicators give up
-        std::vector<std::shared_ptr<detail::nccl::Rank>> others;
+        std::vector<std::shared_ptr<detail::nccl::Engine>> others;
         {
           std::lock_guard lock(ranks_mutex);
           for (int r = 0; r < n; ++r) {

@@ -1,9 +1,9 @@
 // tandem/comm/mpi/detail/mpi_engine.hpp - how MpiComm runs one MPI operation: a Call (its blocking
 // and non-blocking forms and what follows completion), the Worker, a per-communicator thread that
-// runs `_async` collectives in MPI's blocking form one at a time, and the Engine, a progress
+// runs `_async` collectives in MPI's blocking form one at a time, and the Progress, a progress
 // thread that completes the Work of non-blocking requests (point to point; and collectives too
 // where MPI calls are serialized) by testing them.
-//   worker.add(std::move(call), state);   engine.add(std::make_unique<Pending>(...));
+//   worker.add(std::move(call), state);   progress.add(std::make_unique<Pending>(...));
 // Needs: an MPI (C API, MPI-3) and threads.
 #pragma once
 
@@ -106,20 +106,20 @@ struct Pending {
 /// its Work, in any order. An operation pending longer than its deadline fails its Work with a
 /// tandem::Error and breaks the communicator: MPI cannot cancel a collective, so it stays pending
 /// (its request and scratch kept) and nothing more may be issued.
-class Engine {
+class Progress {
  public:
-  Engine(Runtime& runtime, int rank, Timeout timeout)
+  Progress(Runtime& runtime, int rank, Timeout timeout)
       : runtime_(runtime), rank_(rank), timeout_(timeout) {
     thread_ = std::thread([this] { loop(); });
   }
 
-  Engine(const Engine&) = delete;
-  Engine& operator=(const Engine&) = delete;
+  Progress(const Progress&) = delete;
+  Progress& operator=(const Progress&) = delete;
 
   /// Waits for the pending operations, at most the timeout; ones still pending then are
   /// abandoned: their requests and scratch buffers are leaked on purpose, since MPI may still
   /// write to them.
-  ~Engine() {
+  ~Progress() {
     {
       std::lock_guard lock(mutex_);
       stopping_ = true;
