@@ -281,9 +281,9 @@ class JsonWalk {
 
 }  // namespace detail
 
-/// The message of a torchrun error file (what write_error_file or Python's @record wrote):
-/// message.message, or message itself when it is a string ("TYPE: WHAT"). Nothing when the file
-/// is missing, empty or in another layout. Never throws.
+/// The message of a torchrun error file (what write_error_file or Python's `record` decorator
+/// wrote): message.message, or message itself when it is a string ("TYPE: WHAT"). Nothing when the
+/// file is missing, empty or in another layout. Never throws.
 [[nodiscard]] inline std::optional<std::string> read_error_file(const std::string& path) noexcept {
   try {
     std::ifstream file(path, std::ios::binary);

@@ -411,15 +411,16 @@ struct WorkerFailure {
   pid_t pid = 0;                               ///< its process id
   std::string host;                            ///< the node it ran on
   std::chrono::system_clock::time_point time;  ///< when its failure was seen
-  /// What it wrote to its TORCHELASTIC_ERROR_FILE (tandem::run_main, torch's @record): "TYPE:
-  /// WHAT"; empty when it wrote nothing.
+  /// What it wrote to its TORCHELASTIC_ERROR_FILE (tandem::run_main, or Python's
+  /// `record` decorator): "TYPE: WHAT"; empty when it wrote nothing.
   std::string message{};
 };
 
 /// How one attempt of a worker group ended (what run_attempt returns).
 struct GroupOutcome {
   /// Every worker exited 0; one failed; a signal stopped the group; or the deadline passed.
-  enum class Kind { succeeded, failed, interrupted, timed_out } kind = Kind::succeeded;
+  enum class Kind { succeeded, failed, interrupted, timed_out };
+  Kind kind = Kind::succeeded;          ///< how the attempt ended
   std::vector<WorkerFailure> failures;  ///< root cause first
   int signal = 0;                       ///< the one forwarded, for interrupted
 };

@@ -455,12 +455,12 @@ class SyncBatchNormImpl : public ::torch::nn::Cloneable<SyncBatchNormImpl> {
     return group_;
   }
 
-  ::torch::nn::BatchNormOptions options;
-  at::Tensor weight;
-  at::Tensor bias;
-  at::Tensor running_mean;
-  at::Tensor running_var;
-  at::Tensor num_batches_tracked;
+  ::torch::nn::BatchNormOptions options;  ///< as torch::nn::BatchNorm's (affine, momentum, ...)
+  at::Tensor weight;                      ///< the scale (affine only), registered as "weight"
+  at::Tensor bias;                        ///< the shift (affine only), registered as "bias"
+  at::Tensor running_mean;                ///< buffer (track_running_stats only)
+  at::Tensor running_var;                 ///< buffer (track_running_stats only)
+  at::Tensor num_batches_tracked;         ///< int64 buffer (track_running_stats only)
 
  private:
   /// Once per module: every rank's num_features must agree, or the statistics' all_gather would
@@ -500,7 +500,7 @@ class SyncBatchNormImpl : public ::torch::nn::Cloneable<SyncBatchNormImpl> {
 class SyncBatchNorm : public ::torch::nn::ModuleHolder<SyncBatchNormImpl> {
  public:
   using ::torch::nn::ModuleHolder<SyncBatchNormImpl>::ModuleHolder;
-  using Impl = SyncBatchNormImpl;
+  using Impl = SyncBatchNormImpl;  ///< the module type the holder owns
 };
 
 /// What convert_sync_batchnorm does with a BatchNorm that a struct member also holds.
@@ -511,14 +511,14 @@ enum class MemberHeldBatchNorm {
 
 /// convert_sync_batchnorm's options.
 struct ConvertSyncBatchNormOptions {
-  MemberHeldBatchNorm member_held = MemberHeldBatchNorm::error;
+  MemberHeldBatchNorm member_held = MemberHeldBatchNorm::error;  ///< error, or skip them
 };
 
 /// The dotted names (as named_modules() spells them) that convert_sync_batchnorm replaced, and
 /// those it left as plain BatchNorm because a struct member holds them.
 struct ConvertedBatchNorms {
-  std::vector<std::string> converted;
-  std::vector<std::string> skipped;
+  std::vector<std::string> converted;  ///< now SyncBatchNorm
+  std::vector<std::string> skipped;    ///< left as BatchNorm (MemberHeldBatchNorm::skip)
 };
 
 namespace detail::sync_batch_norm {
