@@ -22,32 +22,48 @@
 namespace tandem::test {
 
 /// Runs functors where fake_device memory lives, as cuda_exec would on a GPU: each index once,
-/// in an order the caller must not rely on (reverse here), and counts the host's waits.
+/// in an order the caller must not rely on (reverse here), and counts the host's waits (in all,
+/// and on the calling thread: one rank of a LocalComm group) and its passes over memory.
 struct fake_device_exec {
   using memory_space = fake_device;
+
+  /// The fake stream its work is queued on, as cuda_exec's stream (a stream-ordered
+  /// communicator compares it with its caller stream).
+  int stream = 0;
 
   template <class F>
   void for_each_index(std::size_t n, F&& f) const {
     static_assert(std::is_trivially_copyable_v<std::decay_t<F>>,
                   "cuda_exec copies functors into kernels: they must be trivially copyable");
+    ++passes_here;
     for (std::size_t i = n; i-- > 0;) f(i);
   }
   template <class T, class Map, class Combine>
   [[nodiscard]] T transform_reduce(std::size_t n, T init, Map&& map, Combine&& combine) const {
     ++host_waits;
+    ++host_waits_here;
+    ++passes_here;
     T accumulator = init;
     for (std::size_t i = 0; i < n; ++i) accumulator = combine(accumulator, map(i));
     return accumulator;
   }
   template <class T, class Map, class Combine>
   void transform_reduce_into(T* out, std::size_t n, T init, Map&& map, Combine&& combine) const {
+    ++passes_here;
     T accumulator = init;
     for (std::size_t i = 0; i < n; ++i) accumulator = combine(accumulator, map(i));
     *out = accumulator;
   }
-  void synchronize() const noexcept { ++host_waits; }
+  void synchronize() const noexcept {
+    ++host_waits;
+    ++host_waits_here;
+  }
 
   static inline std::atomic<int> host_waits{0};
+  /// host_waits of the calling thread only.
+  static inline thread_local int host_waits_here = 0;
+  /// Kernels the calling thread launched (element-wise passes and reductions).
+  static inline thread_local int passes_here = 0;
 };
 
 /// Host reads of fake device memory (space_copy to the host).

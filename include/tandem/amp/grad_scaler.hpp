@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "tandem/comm/communicator.hpp"
@@ -100,6 +101,8 @@ struct load_flag {
 /// the optimizer's executor; the inf flag stays in that executor's memory (Space) and only step()
 /// reads it to decide whether to skip. Given a communicator, the flag is all-reduced (max) so
 /// that every rank makes the same decision (needed without DDP or with sharded gradients).
+/// Under DDP, `ddp.defer_average_to(scaler, opt)` folds DDP's division by world size into that
+/// pass (divide_at_next_unscale): one multiplier pass over the gradients for both.
 /// enabled=false makes every call a no-op except step(), which simply steps.
 template <memory_space Space = host>
 class GradScaler {
@@ -158,7 +161,7 @@ class GradScaler {
     }
     if (state.where == stage::stepped) fail("unscale_", "unscale_() is being called after step()");
 
-    const float inv_scale = inverse_scale();
+    const float inv_scale = inverse_scale(std::exchange(state.pending_divisor, 1.0));
     auto exec = opt.executor();
     View<typename O::value_type, Space> grads = opt.grads();
     using detail::amp::inf_flag;
@@ -219,7 +222,7 @@ class GradScaler {
     }
     float inv_scale = 1.0f;
     if (state.where == stage::ready) {
-      inv_scale = inverse_scale();
+      inv_scale = inverse_scale(std::exchange(state.pending_divisor, 1.0));
       record_inf_check(state, opt.executor(), check);
     }
     const bool skip = found_inf_of(state) != 0;
@@ -227,6 +230,33 @@ class GradScaler {
     state.where = stage::stepped;
     last_step_skipped_ = skip;
     return !skip;
+  }
+
+  /// For DistributedDataParallel::defer_average_to: the next unscale of `opt`'s gradients
+  /// (unscale_(), step() or fused_step()) also divides them by `divisor` (the world size), in
+  /// the same pass: it multiplies by 1/(scale * divisor) instead of 1/scale; the inf check is
+  /// unchanged. An Error when disabled (it would never unscale), for a divisor that is not a
+  /// positive finite number, or while a division handed over earlier is still pending (the
+  /// gradients were reduced again before the optimizer was unscaled).
+  template <Optimizer O>
+  void divide_at_next_unscale(O& opt, double divisor) {
+    const char* operation = "divide_at_next_unscale";
+    if (!options_.enabled) {
+      fail(operation,
+           "a disabled GradScaler never unscales, so it cannot take the division by world size");
+    }
+    if (!(divisor > 0.0) || !detail::amp::is_finite(divisor)) {
+      fail(operation,
+           "the divisor must be a positive finite number, got " + std::to_string(divisor));
+    }
+    auto& state = state_of(&opt);
+    if (state.pending_divisor != 1.0) {
+      fail(operation,
+           "the gradients were reduced again before the division by world size handed over "
+           "after the last reduction was applied: unscale_() or step() the optimizer after each "
+           "finish_gradient_sync()");
+    }
+    state.pending_divisor = divisor;
   }
 
   /// Updates the scale from this iteration's inf checks: backoff on inf/NaN, growth after
@@ -332,6 +362,7 @@ class GradScaler {
     Buffer<detail::amp::inf_flag, Space> found_inf;
     std::function<detail::amp::inf_flag()> read_found_inf;
     std::optional<detail::amp::inf_flag> found_inf_value;
+    double pending_divisor = 1.0;  // divide_at_next_unscale's, until the next unscale takes it
   };
 
   void validate() const {
@@ -359,10 +390,11 @@ class GradScaler {
     return *states_.back();
   }
 
-  /// 1/scale as unscale_() multiplies by it. PyTorch takes the reciprocal in double: float
-  /// division can be imprecise under some flags.
-  [[nodiscard]] float inverse_scale() const {
-    return static_cast<float>(1.0 / static_cast<double>(scale_));
+  /// 1/(scale * divisor) as unscale_() multiplies by it (divisor: a division handed over by
+  /// divide_at_next_unscale, else 1). PyTorch takes the reciprocal in double: float division can
+  /// be imprecise under some flags. The product is exact in double (24 + 31 bits).
+  [[nodiscard]] float inverse_scale(double divisor = 1.0) const {
+    return static_cast<float>(1.0 / (static_cast<double>(scale_) * divisor));
   }
 
   /// The inf check of one optimizer's gradients, shared by unscale_() and fused_step():

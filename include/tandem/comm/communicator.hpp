@@ -121,6 +121,14 @@ inline constexpr bool supports_element = element_type<T>;
 template <class Comm>
 inline constexpr bool detects_mismatched_collectives = false;
 
+/// Capability trait: whether every operation of Comm, `_async` ones included, is ordered on the
+/// device after the work already queued on its caller's stream, `comm.caller_stream()` (which a
+/// communicator that sets it true must have): a producer on that stream needs no host wait before
+/// handing its tensors over. False (the default) promises no stream order: the caller's work must
+/// have finished, on the host's clock, when an operation is issued. True for NcclComm.
+template <class Comm>
+inline constexpr bool orders_after_caller_stream = false;
+
 /// The subgroup of `ranks` (in that order: ranks[i] becomes rank i of the group). Collective:
 /// every rank of `comm` calls it with the same list; ranks not in it get nullopt.
 template <Communicator C>

@@ -13,7 +13,8 @@
 //                              any order. With `overlap` a bucket's all_reduce starts as soon as
 //                              its gradients are all ready and every bucket before it started;
 //   3. finish_gradient_sync()  starts the buckets not started yet, waits for all of them and
-//                              leaves every rank with the same gradients (their mean by default).
+//                              leaves every rank with the same gradients (their mean by default;
+//                              their sum until GradScaler's unscale after defer_average_to).
 // A parameter not marked ready in a step (unused by this rank's forward) contributes zeros: no
 // find_unused_parameters flag is needed. Marking one twice in one step is an Error naming it.
 // Buckets start in the same order on every rank, whatever order the ranks mark gradients in.
@@ -25,10 +26,29 @@
 // communicator through pinned host memory (several processes sharing one GPU). A host arena on a
 // device-only communicator (NcclComm) does not compile.
 // Device arenas: the numeric passes (pre-division, 16-bit casts, zeroing) run on the executor
-// (cuda_exec); before a bucket or the buffers are handed to the communicator the executor is
-// synchronised, since the Communicator concept promises no stream order (and staging copies on
-// the legacy default stream) - so each launch waits, on the host, for the backward queued before
-// it.
+// (cuda_exec), and what it wrote must be written before the communicator reads it:
+// - a communicator that orders its operations after its caller's stream on the GPU
+//   (orders_after_caller_stream in comm/communicator.hpp; NcclComm), when its caller_stream() is
+//   the executor's stream, gets each bucket and the buffers with no host wait: the backward goes
+//   on being queued while the buckets are reduced. finish_gradient_sync() then waits on the host
+//   for the reductions only; a compress<W> arena's write-back is left queued on that stream, in
+//   the stream order the communicator's own results have (later work on the stream sees it; a
+//   host read through another stream needs exec.synchronize() first). Make the two streams one:
+//   NcclCommOptions::stream = s with cuda_exec{s}, or the defaults of both (the calling thread's
+//   default stream);
+// - any other communicator (the Communicator concept promises no stream order, and the host
+//   communicators stage device tensors with copies on the legacy default stream), or an
+//   executor on another stream, gets them after a host wait for the executor: each launch waits
+//   for the backward queued before it.
+//
+// Mixed precision: `ddp.defer_average_to(scaler, optimizer)` makes the average and GradScaler's
+// unscale one multiplier pass over the gradients: float buckets travel undivided (their sum) and
+// the scaler's next unscale of that optimizer (unscale_, step, or amp::FusedStep's update)
+// multiplies by 1/(scale * world size) where it multiplied by 1/scale, instead of a division
+// pass per bucket before the reduction. The gradients are the same bit for bit when the world
+// size n is a power of two (whatever the scale: only an exact factor moves), and otherwise
+// within 4n float roundings of the mean's magnitude (4n * 2^-24 * sum|g| / (n * scale)); a sum
+// of scaled gradients past float's range is an inf that the scaler skips and backs off from.
 #pragma once
 
 #include <algorithm>
@@ -36,6 +56,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -151,6 +172,23 @@ class ControlArray {
 /// Stands in for the wire buffer when no compress<W> policy is given.
 struct no_wire {};
 
+/// Whether `comm` orders its operations after the work already queued on `exec`'s stream: it
+/// says so (orders_after_caller_stream) and its caller stream is the executor's. Executors
+/// without a stream (host_exec) finish their work before returning and need no such order.
+template <class Comm, class Exec>
+[[nodiscard]] bool ordered_after(const Comm& comm, const Exec& exec) {
+  if constexpr (orders_after_caller_stream<Comm>) {
+    static_assert(
+        requires(const Comm& c) { c.caller_stream(); },
+        "tandem: a communicator with orders_after_caller_stream must say which stream "
+        "it orders after: caller_stream()");
+    if constexpr (requires(const Comm& c, const Exec& e) { e.stream == c.caller_stream(); }) {
+      return exec.stream == comm.caller_stream();
+    }
+  }
+  return false;
+}
+
 /// What DistributedDataParallel does to the arena's memory in a step. Behind this interface the
 /// arena's element type, memory space and executor are chosen by the constructor, not by the
 /// class's type; it is called once per bucket (and once per unused parameter), never per element.
@@ -164,13 +202,15 @@ class ArenaAccess {
 
   /// Writes zeros over `count` gradients from `offset`, on the executor.
   virtual void zero_grads(std::size_t offset, std::size_t count) = 0;
-  /// Pre-divides (or compresses) the bucket, waits for the executor, starts its all_reduce.
-  virtual Work launch(Comm& comm, const Bucket& bucket) = 0;
+  /// Pre-divides (unless `pre_divide` is false) or compresses the bucket, hands it to the
+  /// communicator once the executor's writes are ordered before it, and starts its all_reduce.
+  virtual Work launch(Comm& comm, const Bucket& bucket, bool pre_divide) = 0;
   /// Writes the reduced 16-bit buckets back in the gradients' precision (compress<W> only).
   virtual void expand(const std::vector<Bucket>& buckets) = 0;
   /// Broadcasts the buffers from rank 0, and the trained values too when `values_too`.
   virtual void broadcast(Comm& comm, bool values_too) = 0;
-  virtual void synchronize() = 0;
+  /// Ends a synchronisation whose Works have been waited for (see finish_gradient_sync()).
+  virtual void finish(const Comm& comm) = 0;
 };
 
 /// ArenaAccess for an arena of T in Space, processed on Exec, under the policies of Config.
@@ -186,20 +226,20 @@ class ArenaAccessFor final : public ArenaAccess<Comm> {
     for_each_index(exec_, count, fill_zero<T>{grads() + offset});
   }
 
-  Work launch(Comm& comm, const Bucket& bucket) override {
+  Work launch(Comm& comm, const Bucket& bucket, bool pre_divide) override {
     const int n = comm.size();
     T* g = grads() + bucket.offset;
     if constexpr (Config::compressed) {
       wire_type* wire = wire_.data() + bucket.offset;
       const float divisor = Config::averaged ? static_cast<float>(n) : 1.0f;
       for_each_index(exec_, bucket.count, compress_into<T, wire_type>{g, wire, divisor});
-      exec_.synchronize();  // the communicator reads what the executor wrote
+      hand_over(comm);
       return comm.all_reduce_async(View<wire_type, Space>(wire, bucket.count), ReduceOp::sum);
     } else {
-      if (Config::averaged && n > 1) {
+      if (Config::averaged && pre_divide && n > 1) {
         for_each_index(exec_, bucket.count, divide<T>{g, static_cast<opmath_t<T>>(n)});
       }
-      exec_.synchronize();
+      hand_over(comm);
       return comm.all_reduce_async(View<T, Space>(g, bucket.count), ReduceOp::sum);
     }
   }
@@ -215,18 +255,33 @@ class ArenaAccessFor final : public ArenaAccess<Comm> {
   }
 
   void broadcast(Comm& comm, bool values_too) override {
-    exec_.synchronize();  // what the forward (or the caller) queued is written
+    hand_over(comm);  // what the forward (or the caller) queued is written first
     if (values_too) comm.broadcast(params_->values(), 0);
     if (params_->buffer_numel() > 0) comm.broadcast(params_->buffer_values(), 0);
   }
 
-  void synchronize() override { exec_.synchronize(); }
+  /// The reductions have finished (their Works were waited for); what remains queued on the
+  /// executor is expand()'s pass. On a communicator ordered after the executor's stream the
+  /// gradients are left final in that stream's order, as the communicator leaves its own
+  /// results; otherwise the host waits, so that they are final for any reader.
+  void finish(const Comm& comm) override {
+    if (!ordered_after(comm, exec_)) exec_.synchronize();
+  }
 
  private:
   using wire_type = std::conditional_t<Config::compressed, typename Config::wire_type, float>;
   using wire_storage = std::conditional_t<Config::compressed, Buffer<wire_type, Space>, no_wire>;
 
   [[nodiscard]] T* grads() const { return params_->grads().data(); }
+
+  /// Before the communicator reads what the executor wrote. Where the communicator orders its
+  /// work after the executor's stream, the GPU keeps that order and the host goes on queueing
+  /// the backward. Where the streams differ, the host waits: making the communicator's stream
+  /// wait on an event of the executor's would need CUDA events in this CPU header (and
+  /// use_stream() would change the communicator for its other callers).
+  void hand_over(const Comm& comm) {
+    if (!ordered_after(comm, exec_)) exec_.synchronize();
+  }
 
   Parameters<T, Space>* params_;
   Exec exec_;
@@ -293,6 +348,8 @@ class DistributedDataParallel {
     }
     numel_ = params.numel();
     buffer_numel_ = params.buffer_numel();
+    grads_address_ = params.grads().data();
+    average_deferrable_ = std::same_as<T, float>;
 
     std::vector<std::size_t> sizes;
     std::vector<std::string> descriptions{std::string("element type ") + dtype_traits<T>::name};
@@ -407,7 +464,14 @@ class DistributedDataParallel {
     if constexpr (config::compressed) {
       if (!failure) arena_->expand(plan_.buckets);
     }
-    arena_->synchronize();
+    if (!failure && hand_average_ && comm_->size() > 1) {
+      try {
+        hand_average_(static_cast<double>(comm_->size()));
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    }
+    arena_->finish(*comm_);
     touched_.assign(touched_.size(), 0);
     reset_step();
     if (failure) std::rethrow_exception(failure);
@@ -423,6 +487,52 @@ class DistributedDataParallel {
     }
     ++no_sync_depth_;
     return NoSyncGuard(this);
+  }
+
+  /// Leaves the division by world size to `scaler`, so that the average and the unscale are one
+  /// multiplier pass over the gradients: the buckets travel undivided (their sum) and, after each
+  /// finish_gradient_sync(), the scaler's next unscale of `opt` (unscale_(), step(), or
+  /// amp::FusedStep's update) multiplies by 1/(scale * world size) instead of 1/scale. Between
+  /// the two the gradients hold the (scaled) sum. `opt` must read exactly the arena's gradients;
+  /// the scaler and `opt` must outlive this object. Returns whether the scaler took the division,
+  /// which it does for float gradients and an enabled scaler. DDP keeps dividing each bucket
+  /// itself for 16-bit gradients (pre-division keeps their sum in range: half's ends at 65504),
+  /// double ones (GradScaler's factor is a float: 1/(scale * n) would lose double's precision)
+  /// and a disabled scaler (it never unscales). Bit for bit the two-pass gradients when the
+  /// world size is a power of two; see the top of this header.
+  template <class Scaler, class O>
+  requires requires(Scaler& scaler, O& opt) {
+    { scaler.is_enabled() } -> std::convertible_to<bool>;
+    scaler.divide_at_next_unscale(opt, 2.0);
+    opt.grads().data();
+    opt.grads().size();
+  }
+  bool defer_average_to(Scaler& scaler, O& opt) {
+    static_assert(config::averaged,
+                  "tandem: DistributedDataParallel::defer_average_to: under the sum policy there "
+                  "is no division by world size to hand over");
+    static_assert(
+        !config::compressed,
+        "tandem: DistributedDataParallel::defer_average_to: compress<W> divides before "
+        "the 16-bit wire (to keep the sum in range), so it cannot hand the division over");
+    const char* operation = "DistributedDataParallel::defer_average_to";
+    if (in_step_) {
+      throw Error(comm_->rank(), operation,
+                  "called in the middle of a step: finish_gradient_sync() first");
+    }
+    auto grads = opt.grads();
+    if (static_cast<const void*>(grads.data()) != grads_address_ || grads.size() != numel_) {
+      throw Error(comm_->rank(), operation,
+                  "the optimizer's gradients (" + std::to_string(grads.size()) +
+                      " elements) are not the wrapped arena's (" + std::to_string(numel_) +
+                      " elements): the scaler would divide other gradients than DDP reduced");
+    }
+    hand_average_ = nullptr;
+    if (!average_deferrable_ || !scaler.is_enabled()) return false;
+    hand_average_ = [&scaler, &opt](double divisor) {
+      scaler.divide_at_next_unscale(opt, divisor);
+    };
+    return true;
   }
 
   /// The buckets, in launch order (bucket 0 holds the last-registered parameters).
@@ -477,7 +587,7 @@ class DistributedDataParallel {
   void launch(std::size_t k) {
     const Bucket& bucket = plan_.buckets[k];
     if (bucket.count == 0) return;
-    works_.push_back(arena_->launch(*comm_, bucket));
+    works_.push_back(arena_->launch(*comm_, bucket, /*pre_divide=*/!hand_average_));
   }
 
   void reset_step() {
@@ -571,6 +681,9 @@ class DistributedDataParallel {
   std::unique_ptr<detail::ddp::ArenaAccess<Comm>> arena_;
   std::size_t numel_ = 0;
   std::size_t buffer_numel_ = 0;
+  const void* grads_address_ = nullptr;       // the arena's gradients, for defer_average_to's check
+  bool average_deferrable_ = false;           // float gradients (see defer_average_to)
+  std::function<void(double)> hand_average_;  // set by defer_average_to: tells the scaler
   std::vector<const void*> identity_;
   std::vector<std::string> names_;
   std::map<std::string, std::size_t, std::less<>> index_of_;

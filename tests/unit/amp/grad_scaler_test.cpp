@@ -313,3 +313,33 @@ TEST_CASE("GradScaler names the rank in errors when it has a communicator") {
     CHECK(error_of([&] { scaler.update(); }).rfind("tandem: rank 0: GradScaler::update", 0) == 0);
   });
 }
+
+TEST_CASE("GradScaler folds a division handed over by DDP into its next unscale, once") {
+  using tandem::test::contains;
+  CountingOptimizer<float> opt(3);
+  GradScaler scaler;
+  (void)scaler.scale(1.0f);
+  fill(opt, {65536.0 * 8, -65536.0 * 4, 3.0});
+  scaler.divide_at_next_unscale(opt, 4.0);  // DDP's average over 4 ranks
+  CHECK(scaler.step(opt));
+  CHECK(opt.grads()[0] == 2.0f);
+  CHECK(opt.grads()[1] == -1.0f);
+  CHECK(opt.grads()[2] == 3.0f / 262144.0f);
+  scaler.update();
+
+  (void)scaler.scale(1.0f);
+  fill(opt, {65536.0, 0.0, 0.0});
+  scaler.unscale_(opt);  // the division was taken once
+  CHECK(opt.grads()[0] == 1.0f);
+  CHECK(scaler.step(opt));
+  scaler.update();
+
+  scaler.divide_at_next_unscale(opt, 2.0);
+  CHECK(contains(error_of([&] { scaler.divide_at_next_unscale(opt, 2.0); },
+                          "GradScaler::divide_at_next_unscale"),
+                 "reduced again"));
+  CountingOptimizer<float> other(1);
+  CHECK(contains(error_of([&] { scaler.divide_at_next_unscale(other, 0.0); }), "positive finite"));
+  GradScaler disabled(GradScalerOptions{.enabled = false});
+  CHECK(contains(error_of([&] { disabled.divide_at_next_unscale(opt, 2.0); }), "disabled"));
+}

@@ -8,21 +8,31 @@
 // Checked on 1 to 4 ranks: the DDP theorem and bitwise identical parameters across ranks, each
 // rank's result bitwise equal to DDP over a host arena; exact reductions with unused parameters,
 // float / half / bfloat16 / double, average and sum, bucket caps, compress<W> (bitwise equal to
-// the host arena's); errors; and nothing left in pinned memory.
+// the host arena's); errors; and nothing left in pinned memory. On a communicator ordered after
+// its caller stream (orders_after_caller_stream), DDP's executor waits on the host in no step
+// when the streams are one, and as before when they differ. defer_average_to: the average and
+// GradScaler's unscale are one pass, with the two-pass gradients.
 #include "support/fake_device_space.hpp"  // first: it specialises templates the headers use
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <map>
+#include <optional>
 #include <string>
 #include <thread>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "ddp_suite.hpp"
 #include "support/runners.hpp"
+#include "tandem/amp/grad_scaler.hpp"
 #include "tandem/comm/local/local.hpp"
 #if defined(TANDEM_TEST_GLOO)
 #include "tandem/comm/gloo/gloo.hpp"
@@ -331,6 +341,359 @@ std::size_t check_reductions_on_device(Runner& run, int n) {
   return failed;
 }
 
+// --- stream-ordered communicators ---------------------------------------------------------------
+
+/// LocalComm declaring, as NcclComm does, that its operations wait for the work queued before
+/// them on its caller stream (a fake stream id, as fake_device_exec's). Device-only like NcclComm
+/// (LocalComm stages its fake-device tensors). Everything runs at once on the host here, so the
+/// host waits DDP asks of its executor are what tells the orders apart.
+class StreamOrderedComm : public tandem::LocalComm {
+ public:
+  using memory_space = fake_device;
+
+  StreamOrderedComm(tandem::LocalComm&& comm, int caller_stream)
+      : tandem::LocalComm(std::move(comm)), caller_stream_(caller_stream) {}
+
+  [[nodiscard]] int caller_stream() const noexcept { return caller_stream_; }
+
+  [[nodiscard]] std::optional<StreamOrderedComm> split(int color, int key) {
+    auto group = tandem::LocalComm::split(color, key);
+    if (!group) return std::nullopt;
+    return StreamOrderedComm(std::move(*group), caller_stream_);
+  }
+
+ private:
+  int caller_stream_;
+};
+
+}  // namespace
+
+template <>
+inline constexpr bool tandem::orders_after_caller_stream<StreamOrderedComm> = true;
+
+namespace {
+
+static_assert(tandem::Communicator<StreamOrderedComm>);
+static_assert(!tandem::orders_after_caller_stream<tandem::LocalComm>);
+
+enum class Order { none, same_stream, other_stream };
+
+const char* order_name(Order order) {
+  switch (order) {
+    case Order::none:
+      return "LocalComm, no stream order";
+    case Order::same_stream:
+      return "stream-ordered, the executor on its caller stream";
+    case Order::other_stream:
+      return "stream-ordered, the executor on another stream";
+  }
+  return "?";
+}
+
+/// What `steps` steps of DDP over a device arena (with a buffer) did on each rank.
+struct StreamRun {
+  PerRank grads;               ///< the reduced gradients after the last step
+  std::vector<int> waits;      ///< the executor's host waits in the steps
+  std::vector<int> unordered;  ///< what a communicator without stream order costs: one wait per
+                               ///< launched bucket, the buffer broadcast and the finish
+};
+
+constexpr int stream_steps = 3;
+
+template <class... Policies>
+StreamRun run_in_order(LocalRunner& run, int n, Order order) {
+  const std::vector<std::int64_t> sizes{7, 3, 4, 2};
+  const auto ranks = static_cast<std::size_t>(n);
+  StreamRun result{PerRank(ranks), std::vector<int>(ranks), std::vector<int>(ranks)};
+  run(n, [&](tandem::LocalComm& comm) {
+    const int me = comm.rank();
+    const auto slot = static_cast<std::size_t>(me);
+    Parameters<float> host_twin;
+    for (std::size_t p = 0; p < sizes.size(); ++p) {
+      host_twin.add("p" + std::to_string(p), {sizes[p]});
+    }
+    host_twin.add_buffer("stats", {2});
+    host_twin.finalize();
+    auto arena = mirror_of(host_twin);
+    to_device(arena.buffer_values(), host_twin.buffer_values());
+    const fake_device_exec exec{order == Order::other_stream ? 1 : 0};
+    auto train = [&](auto& any_comm) {
+      using Comm = std::remove_reference_t<decltype(any_comm)>;
+      DistributedDataParallel<Comm, Policies...> ddp(any_comm, arena, exec);
+      const auto launched = std::count_if(ddp.buckets().begin(), ddp.buckets().end(),
+                                          [](const auto& bucket) { return bucket.count > 0; });
+      result.unordered[slot] = stream_steps * (static_cast<int>(launched) + 1 + (n > 1 ? 1 : 0));
+      const int before = fake_device_exec::host_waits_here;
+      for (int k = 0; k < stream_steps; ++k) {
+        for (std::size_t p = 0; p < sizes.size(); ++p) {
+          auto g = host_twin["p" + std::to_string(p)].grad();
+          for (std::size_t i = 0; i < g.size(); ++i) {
+            g[i] = suite::exact_grad(me, n, p, i) * static_cast<float>(k + 1);
+          }
+        }
+        to_device(arena.grads(), host_twin.grads());
+        ddp.before_forward();
+        for (std::size_t p = sizes.size(); p-- > 0;) ddp.grad_ready(arena["p" + std::to_string(p)]);
+        ddp.finish_gradient_sync();
+      }
+      result.waits[slot] = fake_device_exec::host_waits_here - before;
+    };
+    if (order == Order::none) {
+      train(comm);
+    } else {
+      auto group = comm.split(0, me);
+      StreamOrderedComm ordered(std::move(*group), 0);
+      train(ordered);
+    }
+    to_host(host_twin.grads(), arena.grads());
+    result.grads[slot] = bytes_of(host_twin.grads());
+  });
+  return result;
+}
+
+/// No host wait in any step where the communicator orders its work after the executor's stream;
+/// the same waits as without stream order where the streams differ; the same gradients.
+template <class... Policies>
+std::size_t check_stream_order(LocalRunner& run, int n) {
+  Failures failures;
+  const auto unordered = run_in_order<Policies...>(run, n, Order::none);
+  for (auto order : {Order::none, Order::same_stream, Order::other_stream}) {
+    const auto got = order == Order::none ? unordered : run_in_order<Policies...>(run, n, order);
+    for (std::size_t r = 0; r < static_cast<std::size_t>(n); ++r) {
+      const int want = order == Order::same_stream ? 0 : unordered.unordered[r];
+      failures.expect(got.waits[r] == want,
+                      suite::where(static_cast<int>(r), n, "the executor's host waits"), ": ",
+                      got.waits[r], " in ", stream_steps, " steps, expected ", want, " (",
+                      order_name(order), ", ", suite::policy_name<Policies...>(), ")");
+      failures.expect(got.grads[r] == unordered.grads[r],
+                      suite::where(static_cast<int>(r), n, "gradients differ from LocalComm's"),
+                      " (", order_name(order), ", ", suite::policy_name<Policies...>(), ")");
+    }
+  }
+  failures.expect(unordered.unordered[0] > 0, "nothing to compare: no waits without stream order");
+  failures.report();
+  return failures.count();
+}
+
+// --- the average folded into GradScaler's unscale ----------------------------------------------
+
+/// The smallest Optimizer over an arena's gradients (GradScaler unscales exactly grads()); its
+/// step only counts.
+template <class T, class Space, class Exec>
+struct ArenaOptimizer {
+  using value_type = T;
+  using memory_space = Space;
+
+  Parameters<T, Space>* params;
+  Exec exec;
+  int steps = 0;
+
+  void step() { ++steps; }
+  void zero_grad() { params->zero_grad(exec); }
+  [[nodiscard]] View<T, Space> grads() { return params->grads(); }
+  [[nodiscard]] Exec executor() const { return exec; }
+  [[nodiscard]] std::map<std::string, double> state_dict() const { return {}; }
+  void load_state_dict(const std::map<std::string, double>& /*state*/) {}
+};
+
+static_assert(tandem::Optimizer<ArenaOptimizer<float, fake_device, fake_device_exec>>);
+
+/// A scaled gradient that is no small integer, so that sums round.
+float scaled_grad(int rank, std::size_t p, std::size_t i, int step) {
+  return 65536.0f * (0.37f * static_cast<float>(rank + 1) -
+                     0.013f * static_cast<float>(i * 7 + p * 3) + 0.1f * static_cast<float>(step));
+}
+
+constexpr int fold_steps = 2;
+const std::vector<std::int64_t> fold_sizes{7, 3, 4, 2};
+
+/// What fold_run saw on each rank: the unscaled gradients after the last step, and the passes
+/// (kernels) that finish_gradient_sync() and scaler.step() launched over the device arena.
+struct FoldRun {
+  PerRank grads;
+  std::vector<int> passes;
+  std::vector<int> expected_passes;
+};
+
+/// fold_steps steps of DDP (averaging, small buckets) and GradScaler over a host arena or a
+/// device arena on LocalComm, with the average handed to the scaler (Deferred) or not.
+template <bool OnDevice, bool Deferred>
+FoldRun fold_run(LocalRunner& run, int n, Failures& failures) {
+  const auto ranks = static_cast<std::size_t>(n);
+  FoldRun result{PerRank(ranks), std::vector<int>(ranks), std::vector<int>(ranks)};
+  run(n, [&](tandem::LocalComm& comm) {
+    const int me = comm.rank();
+    const auto slot = static_cast<std::size_t>(me);
+    Parameters<float> host_arena;
+    for (std::size_t p = 0; p < fold_sizes.size(); ++p) {
+      host_arena.add("p" + std::to_string(p), {fold_sizes[p]});
+    }
+    host_arena.finalize();
+    auto train = [&](auto& arena, auto exec) {
+      using Exec = decltype(exec);
+      using Space = typename Exec::memory_space;
+      DistributedDataParallel<tandem::LocalComm, tandem::first_bucket_cap<16>,
+                              tandem::bucket_cap<16>>
+          ddp(comm, arena, exec);
+      ArenaOptimizer<float, Space, Exec> opt{&arena, exec};
+      tandem::GradScaler<Space> scaler;
+      if constexpr (Deferred) {
+        failures.expect(ddp.defer_average_to(scaler, opt),
+                        suite::where(me, n, "the scaler did not take the average"));
+      }
+      const auto launched = std::count_if(ddp.buckets().begin(), ddp.buckets().end(),
+                                          [](const auto& bucket) { return bucket.count > 0; });
+      // Per step: the unscale-and-check reduction and the read of its flag, plus a division per
+      // bucket unless the scaler took it (or there is one rank).
+      result.expected_passes[slot] =
+          fold_steps * (2 + (Deferred || n == 1 ? 0 : static_cast<int>(launched)));
+      for (int k = 0; k < fold_steps; ++k) {
+        (void)scaler.scale(1.0f);
+        for (std::size_t p = 0; p < fold_sizes.size(); ++p) {
+          auto g = host_arena["p" + std::to_string(p)].grad();
+          for (std::size_t i = 0; i < g.size(); ++i) g[i] = scaled_grad(me, p, i, k);
+        }
+        if constexpr (OnDevice) to_device(arena.grads(), host_arena.grads());
+        const int before = fake_device_exec::passes_here;
+        for (std::size_t p = 0; p < fold_sizes.size(); ++p) {
+          ddp.grad_ready(arena["p" + std::to_string(p)]);
+        }
+        ddp.finish_gradient_sync();
+        failures.expect(scaler.step(opt), suite::where(me, n, "the scaler skipped a step"));
+        result.passes[slot] += fake_device_exec::passes_here - before;
+        scaler.update();
+      }
+      if constexpr (OnDevice) to_host(host_arena.grads(), arena.grads());
+    };
+    if constexpr (OnDevice) {
+      auto arena = mirror_of(host_arena);
+      train(arena, fake_device_exec{});
+    } else {
+      train(host_arena, tandem::host_exec{});
+    }
+    result.grads[slot] = bytes_of(host_arena.grads());
+  });
+  return result;
+}
+
+/// The unscaled mean with the average handed to GradScaler, against DDP's own division: bitwise
+/// equal when n is a power of two (only an exact factor of 1/n moves from before the sum to
+/// after it); otherwise within 4n float roundings of the mean's magnitude,
+/// 4n * 2^-24 * sum_r |g_r| / (n * scale): each rank's quotient, both sums and both products
+/// round once each. On the device arena: one pass per step where there were 1 + buckets.
+template <bool OnDevice>
+std::size_t check_average_folded(LocalRunner& run, int n) {
+  Failures failures;
+  const char* space = OnDevice ? "device arena" : "host arena";
+  const auto two_pass = fold_run<OnDevice, false>(run, n, failures);
+  const auto folded = fold_run<OnDevice, true>(run, n, failures);
+  const bool power_of_two = (n & (n - 1)) == 0;
+  for (std::size_t r = 0; r < static_cast<std::size_t>(n); ++r) {
+    const auto& want_bytes = two_pass.grads[r];
+    const auto& got_bytes = folded.grads[r];
+    if (power_of_two) {
+      failures.expect(got_bytes == want_bytes,
+                      suite::where(static_cast<int>(r), n, "folded gradients differ bitwise"), " (",
+                      space, ")");
+    } else {
+      std::vector<float> want(want_bytes.size() / sizeof(float));
+      std::vector<float> got(got_bytes.size() / sizeof(float));
+      std::memcpy(want.data(), want_bytes.data(), want_bytes.size());
+      std::memcpy(got.data(), got_bytes.data(), got_bytes.size());
+      std::size_t offset = 0;
+      for (std::size_t p = 0; p < fold_sizes.size(); ++p) {
+        for (std::size_t i = 0; i < static_cast<std::size_t>(fold_sizes[p]); ++i, ++offset) {
+          double magnitude = 0.0;
+          for (int q = 0; q < n; ++q) magnitude += std::abs(scaled_grad(q, p, i, fold_steps - 1));
+          const double bound = 4.0 * n * std::ldexp(1.0, -24) * magnitude / (n * 65536.0);
+          const double error = std::abs(static_cast<double>(got[offset]) - want[offset]);
+          failures.expect(error <= bound,
+                          suite::where(static_cast<int>(r), n, "a folded gradient is off"), ": p",
+                          p, "[", i, "] = ", got[offset], ", two passes gave ", want[offset],
+                          " (bound ", bound, ", ", space, ")");
+        }
+      }
+    }
+    if constexpr (OnDevice) {
+      failures.expect(folded.passes[r] == folded.expected_passes[r] &&
+                          two_pass.passes[r] == two_pass.expected_passes[r],
+                      suite::where(static_cast<int>(r), n, "passes over the gradients: "),
+                      folded.passes[r], " folded (expected ", folded.expected_passes[r], "), ",
+                      two_pass.passes[r], " in two passes (expected ", two_pass.expected_passes[r],
+                      ")");
+    }
+  }
+  failures.report();
+  return failures.count();
+}
+
+/// When DDP keeps its own division (16-bit and double gradients, a disabled scaler), and the
+/// Errors: another optimizer's gradients, mid-step, a reduction before the last one's unscale.
+std::size_t check_average_folding_limits(LocalRunner& run) {
+  Failures failures;
+  const int n = 2;
+  run(n, [&](tandem::LocalComm& comm) {
+    const int me = comm.rank();
+    auto arena_of = [](auto zero) {
+      Parameters<decltype(zero)> arena;
+      arena.add("w", {4});
+      arena.finalize();
+      return arena;
+    };
+    auto half_arena = arena_of(tandem::half{});
+    DistributedDataParallel<tandem::LocalComm> half_ddp(comm, half_arena);
+    ArenaOptimizer<tandem::half, host, tandem::host_exec> half_opt{&half_arena, {}};
+    tandem::GradScaler<> scaler;
+    failures.expect(!half_ddp.defer_average_to(scaler, half_opt),
+                    suite::where(me, n, "half gradients handed their division over"));
+    auto double_arena = arena_of(0.0);
+    DistributedDataParallel<tandem::LocalComm> double_ddp(comm, double_arena);
+    ArenaOptimizer<double, host, tandem::host_exec> double_opt{&double_arena, {}};
+    failures.expect(!double_ddp.defer_average_to(scaler, double_opt),
+                    suite::where(me, n, "double gradients handed their division over"));
+
+    auto arena = arena_of(0.0f);
+    auto other = arena_of(0.0f);
+    DistributedDataParallel<tandem::LocalComm> ddp(comm, arena);
+    ArenaOptimizer<float, host, tandem::host_exec> opt{&arena, {}};
+    ArenaOptimizer<float, host, tandem::host_exec> other_opt{&other, {}};
+    tandem::GradScaler<> disabled(tandem::GradScalerOptions{.enabled = false});
+    failures.expect(!ddp.defer_average_to(disabled, opt),
+                    suite::where(me, n, "a disabled scaler took the division"));
+    try {
+      (void)ddp.defer_average_to(scaler, other_opt);
+      failures.add(suite::where(me, n, "another arena's optimizer raised no error"));
+    } catch (const tandem::Error& e) {
+      failures.expect(tandem::test::mentions(e.what(), "not the wrapped arena's"),
+                      suite::where(me, n, "unexpected text: "), e.what());
+    }
+    ddp.grad_ready(arena["w"]);
+    try {
+      (void)ddp.defer_average_to(scaler, opt);
+      failures.add(suite::where(me, n, "defer_average_to mid-step raised no error"));
+    } catch (const tandem::Error& e) {
+      failures.expect(tandem::test::mentions(e.what(), "middle of a step"),
+                      suite::where(me, n, "unexpected text: "), e.what());
+    }
+    ddp.finish_gradient_sync();
+    failures.expect(ddp.defer_average_to(scaler, opt),
+                    suite::where(me, n, "the scaler did not take the division"));
+    (void)scaler.scale(1.0f);
+    ddp.finish_gradient_sync();
+    try {
+      ddp.finish_gradient_sync();  // reduced again, and the last division still pending
+      failures.add(suite::where(me, n, "a second reduction before the unscale raised no error"));
+    } catch (const tandem::Error& e) {
+      failures.expect(tandem::test::mentions(e.what(), "reduced again"),
+                      suite::where(me, n, "unexpected text: "), e.what());
+    }
+    failures.expect(scaler.step(opt), suite::where(me, n, "the scaler skipped a clean step"));
+    scaler.update();
+  });
+  failures.report();
+  return failures.count();
+}
+
 // --- errors -------------------------------------------------------------------------------------
 
 /// Device arenas registered differently: the Error names the difference on every rank; a host
@@ -403,6 +766,26 @@ static_assert(std::constructible_from<DistributedDataParallel<tandem::LocalComm,
 TEST_CASE("DDP over a device arena on LocalComm: staged, bitwise equal to a host arena") {
   LocalRunner run;
   CHECK(check_all_on_device<tandem::LocalComm>(run, 4) == 0);
+}
+
+TEST_CASE("DDP on a stream-ordered communicator waits on the host only across streams") {
+  LocalRunner run;
+  for (int n = 1; n <= 3; ++n) {
+    CAPTURE(n);
+    CHECK(check_stream_order(run, n) == 0);
+    CHECK(check_stream_order<tandem::sync_at_end, tandem::bucket_cap<16>>(run, n) == 0);
+    CHECK(check_stream_order<tandem::compress<tandem::half>, tandem::bucket_cap<8>>(run, n) == 0);
+  }
+}
+
+TEST_CASE("DDP's average and GradScaler's unscale are one pass, with the same gradients") {
+  LocalRunner run;
+  for (int n = 1; n <= 4; ++n) {
+    CAPTURE(n);
+    CHECK(check_average_folded<false>(run, n) == 0);
+    CHECK(check_average_folded<true>(run, n) == 0);
+  }
+  CHECK(check_average_folding_limits(run) == 0);
 }
 
 #if defined(TANDEM_TEST_GLOO)
