@@ -594,28 +594,23 @@ inline void signal_all(std::vector<Worker>& workers, int signal) {
   for (auto& worker : workers) worker.child.signal(signal);
 }
 
-/// Watches a started group until every worker has ended: a monitor_interval poll() on the
-/// output pipes and the signal descriptor, waitpid(WNOHANG) on each worker. The first failure
-/// (or a caught signal, or the deadline) stops the rest: SIGTERM (or the signal), then SIGKILL
-/// after the grace period.
-inline GroupOutcome supervise(std::vector<Worker>& workers, const SuperviseOptions& options) {
+/// The state of one supervise() call: what has happened to the group so far and when the
+/// launcher escalates to SIGKILL.
+class Supervisor {
+ public:
   using clock = std::chrono::steady_clock;
-  GroupOutcome outcome;
-  std::optional<clock::time_point> kill_at;
-  bool killed = false;
-  const auto stop_all = [&](int signal) {
-    signal_all(workers, signal);
-    // A stopped worker (SIGSTOP, a debugger) acts on nothing but SIGKILL until it is continued.
-    if (signal != SIGKILL) signal_all(workers, SIGCONT);
-    kill_at = clock::now() + options.grace;
-  };
-  const std::string host = host_name();
 
-  for (;;) {
-    // Reap first, so that a worker that has ended has its output drained before anything else.
+  Supervisor(std::vector<Worker>& workers, const SuperviseOptions& options)
+      : workers_(workers), options_(options), host_(host_name()) {}
+
+  [[nodiscard]] GroupOutcome& outcome() noexcept { return outcome_; }
+
+  /// Reaps the workers that have ended (their output drained first, so that it comes before
+  /// anything else); the group's first failures stop the rest. Returns whether all have ended.
+  bool reap() {
     std::vector<WorkerFailure> failed_now;
     bool all_ended = true;
-    for (auto& worker : workers) {
+    for (auto& worker : workers_) {
       if (worker.child.ended()) continue;
       if (!worker.child.poll()) {
         all_ended = false;
@@ -625,69 +620,111 @@ inline GroupOutcome supervise(std::vector<Worker>& workers, const SuperviseOptio
       for (auto& stream : worker.streams) stream.drain();
       if (worker.child.status().failed()) {
         failed_now.push_back({worker.rank, worker.local_rank, worker.child.status(),
-                              worker.child.pid(), host, worker.ended_at});
+                              worker.child.pid(), host_, worker.ended_at});
       }
     }
-    if (!failed_now.empty() && !kill_at) {
+    if (!failed_now.empty() && !kill_at_) {
       // Only failures seen before the launcher stopped the group are the workers' own.
-      outcome.kind = GroupOutcome::Kind::failed;
-      outcome.failures = std::move(failed_now);
+      outcome_.kind = GroupOutcome::Kind::failed;
+      outcome_.failures = std::move(failed_now);
       stop_all(SIGTERM);
     }
-    if (all_ended) break;
+    return all_ended;
+  }
 
+  /// The deadline stops the group; the grace period's end kills what is left.
+  void enforce_deadlines() {
     const auto now = clock::now();
-    if (options.deadline && now >= *options.deadline && !kill_at) {
-      outcome.kind = GroupOutcome::Kind::timed_out;
+    if (options_.deadline && now >= *options_.deadline && !kill_at_) {
+      outcome_.kind = GroupOutcome::Kind::timed_out;
       stop_all(SIGTERM);
     }
-    if (kill_at && !killed && now >= *kill_at) {
-      signal_all(workers, SIGKILL);
-      killed = true;
-    }
+    if (kill_at_ && !killed_ && now >= *kill_at_) kill_all();
+  }
 
+  /// One poll() on the signal descriptor and the output pipes, at most monitor_interval (less
+  /// when a deadline comes sooner); forwards caught signals and pumps the pipes that are ready.
+  void wait_and_pump() {
     std::vector<pollfd> fds;
     std::vector<OutputStream*> readers;
-    if (options.signals != nullptr) fds.push_back({options.signals->fd(), POLLIN, 0});
-    for (auto& worker : workers) {
+    if (options_.signals != nullptr) fds.push_back({options_.signals->fd(), POLLIN, 0});
+    for (auto& worker : workers_) {
       for (auto& stream : worker.streams) {
         if (!stream.open()) continue;
         fds.push_back({stream.fd(), POLLIN, 0});
         readers.push_back(&stream);
       }
     }
-    auto wait = options.monitor_interval;
-    const auto until = [&](clock::time_point at) {
-      const auto left = std::chrono::ceil<std::chrono::milliseconds>(at - clock::now());
-      wait = std::clamp(left, std::chrono::milliseconds(0), wait);
-    };
-    if (kill_at && !killed) until(*kill_at);
-    if (options.deadline && !kill_at) until(*options.deadline);
-    const int ready = ::poll(fds.data(), fds.size(), static_cast<int>(wait.count()));
+    const int ready = ::poll(fds.data(), fds.size(), static_cast<int>(poll_wait().count()));
     if (ready < 0 && errno != EINTR) throw Error("supervise", "poll: " + errno_text(errno));
-    if (ready <= 0) continue;
+    if (ready <= 0) return;
 
-    const std::size_t first_stream = options.signals != nullptr ? 1 : 0;
-    if (options.signals != nullptr && fds[0].revents != 0) {
-      while (const auto signal = options.signals->take()) {
-        if (!kill_at) {
-          if (outcome.kind == GroupOutcome::Kind::succeeded) {
-            outcome.kind = GroupOutcome::Kind::interrupted;
-            outcome.signal = *signal;
-          }
-          stop_all(*signal);
-        } else if (!killed) {
-          // A second signal while the workers wind down: no more patience.
-          signal_all(workers, SIGKILL);
-          killed = true;
-        }
-      }
-    }
+    const std::size_t first_stream = options_.signals != nullptr ? 1 : 0;
+    if (options_.signals != nullptr && fds[0].revents != 0) forward_signals();
     for (std::size_t i = first_stream; i < fds.size(); ++i) {
       if (fds[i].revents != 0) readers[i - first_stream]->pump();
     }
   }
-  return outcome;
+
+ private:
+  void stop_all(int signal) {
+    signal_all(workers_, signal);
+    // A stopped worker (SIGSTOP, a debugger) acts on nothing but SIGKILL until it is continued.
+    if (signal != SIGKILL) signal_all(workers_, SIGCONT);
+    kill_at_ = clock::now() + options_.grace;
+  }
+
+  void kill_all() {
+    signal_all(workers_, SIGKILL);
+    killed_ = true;
+  }
+
+  [[nodiscard]] std::chrono::milliseconds poll_wait() const {
+    auto wait = options_.monitor_interval;
+    const auto until = [&](clock::time_point at) {
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(at - clock::now());
+      wait = std::clamp(left, std::chrono::milliseconds(0), wait);
+    };
+    if (kill_at_ && !killed_) until(*kill_at_);
+    if (options_.deadline && !kill_at_) until(*options_.deadline);
+    return wait;
+  }
+
+  /// The first caught signal stops the group with that signal; a second one while the workers
+  /// wind down kills them: no more patience.
+  void forward_signals() {
+    while (const auto signal = options_.signals->take()) {
+      if (!kill_at_) {
+        if (outcome_.kind == GroupOutcome::Kind::succeeded) {
+          outcome_.kind = GroupOutcome::Kind::interrupted;
+          outcome_.signal = *signal;
+        }
+        stop_all(*signal);
+      } else if (!killed_) {
+        kill_all();
+      }
+    }
+  }
+
+  std::vector<Worker>& workers_;
+  const SuperviseOptions& options_;
+  std::string host_;
+  GroupOutcome outcome_;
+  std::optional<clock::time_point> kill_at_;
+  bool killed_ = false;
+};
+
+/// Watches a started group until every worker has ended: a monitor_interval poll() on the
+/// output pipes and the signal descriptor, waitpid(WNOHANG) on each worker. The first failure
+/// (or a caught signal, or the deadline) stops the rest: SIGTERM (or the signal), then SIGKILL
+/// after the grace period.
+inline GroupOutcome supervise(std::vector<Worker>& workers, const SuperviseOptions& options) {
+  Supervisor supervisor(workers, options);
+  while (!supervisor.reap()) {
+    supervisor.enforce_deadlines();
+    supervisor.wait_and_pump();
+  }
+  return std::move(supervisor.outcome());
 }
 
 inline void make_directories(const std::string& path) {

@@ -193,105 +193,126 @@ struct Parsed {
   bool fatal = false;
 };
 
+/// Reads one request's fields against the limits. A field over its limit is skipped and the
+/// first such is remembered (the request is refused once the body is known to be well formed);
+/// a key count the body cannot hold makes the body malformed.
+class RequestFields {
+ public:
+  RequestFields(std::string_view body, const TcpStoreLimits& limits) : in_(body), limits_(limits) {}
+
+  [[nodiscard]] Reader& in() noexcept { return in_; }
+  [[nodiscard]] const std::string& too_long() const noexcept { return too_long_; }
+  [[nodiscard]] bool bad_count() const noexcept { return bad_count_; }
+  /// The key count alone was over max_keys_per_request: refused without reading the keys.
+  [[nodiscard]] bool count_refused() const noexcept { return count_refused_; }
+
+  void field(std::string& out, std::size_t limit, const char* what) {
+    const auto bytes = in_.view();
+    if (!in_.good()) return;
+    if (bytes.size() > limit) {
+      if (too_long_.empty()) {
+        too_long_ = std::string(what) + " of " + std::to_string(bytes.size()) +
+                    " bytes exceeds the store's limit of " + std::to_string(limit) + " bytes";
+      }
+      return;
+    }
+    out.assign(bytes);
+  }
+  void key(std::string& out) { field(out, limits_.max_key_bytes, "a key"); }
+  void value(std::string& out) { field(out, limits_.max_value_bytes, "a value"); }
+
+  void key_list(std::vector<std::string>& keys) {
+    const auto count = in_.u32();
+    if (!in_.good()) return;
+    if (count > limits_.max_keys_per_request) {
+      too_long_ = std::to_string(count) + " keys in one request exceed the store's limit of " +
+                  std::to_string(limits_.max_keys_per_request);
+      count_refused_ = true;
+      return;
+    }
+    if (count > in_.left() / 4) {  // each key takes at least its 4-byte length
+      bad_count_ = true;
+      return;
+    }
+    keys.reserve(count);
+    for (std::uint32_t i = 0; i < count && in_.good(); ++i) {
+      std::string one;
+      key(one);
+      keys.push_back(std::move(one));
+    }
+  }
+
+ private:
+  Reader in_;
+  const TcpStoreLimits& limits_;
+  std::string too_long_;
+  bool bad_count_ = false;
+  bool count_refused_ = false;
+};
+
+/// The fields of `request.op`, in the order the wire protocol (Op) lists them.
+inline void read_fields(RequestFields& fields, Request& request) {
+  switch (request.op) {
+    case Op::set:
+      fields.key(request.key);
+      fields.value(request.value);
+      break;
+    case Op::get:
+    case Op::add:
+      fields.key(request.key);
+      request.number = fields.in().u64();
+      break;
+    case Op::compare_set:
+      fields.key(request.key);
+      fields.value(request.value);
+      fields.value(request.desired);
+      break;
+    case Op::wait:
+      fields.key_list(request.keys);
+      if (!fields.count_refused()) request.number = fields.in().u64();
+      break;
+    case Op::check:
+      fields.key_list(request.keys);
+      break;
+    case Op::delete_key:
+      fields.key(request.key);
+      break;
+    case Op::num_keys:
+      break;
+    case Op::hello:
+      request.number = fields.in().u32();
+      fields.field(request.value, tcp_store_defaults::max_token_bytes, "a token");
+      break;
+  }
+}
+
 /// Parses one request body against `limits`. Pure: no state, and nothing is allocated from a
 /// length or count before it is checked against the body's size and the limits.
 inline Parsed parse_request(std::string_view body, const TcpStoreLimits& limits) {
   Parsed parsed;
   const auto malformed = [&](std::string why) {
-    parsed.request.reset();
     parsed.error = "malformed request: " + std::move(why);
     parsed.fatal = true;
     return parsed;
   };
   const auto refused = [&](std::string why) {
-    parsed.request.reset();
     parsed.error = std::move(why);
     return parsed;
   };
-  Reader in(body);
-  Request request;
-  const auto opcode = in.u8();
-  if (!in.good() || opcode < static_cast<std::uint8_t>(Op::set) ||
+  RequestFields fields(body, limits);
+  const auto opcode = fields.in().u8();
+  if (!fields.in().good() || opcode < static_cast<std::uint8_t>(Op::set) ||
       opcode > static_cast<std::uint8_t>(Op::hello)) {
     return malformed("unknown operation " + std::to_string(opcode));
   }
+  Request request;
   request.op = static_cast<Op>(opcode);
-  std::string too_long;    // the first field over its limit: refused once the body is known good
-  bool bad_count = false;  // a key count the body cannot hold
-  bool count_refused = false;  // a key count over max_keys_per_request
-  const auto field = [&](std::string& out, std::size_t limit, const char* what) {
-    const auto bytes = in.view();
-    if (!in.good()) return;
-    if (bytes.size() > limit) {
-      if (too_long.empty()) {
-        too_long = std::string(what) + " of " + std::to_string(bytes.size()) +
-                   " bytes exceeds the store's limit of " + std::to_string(limit) + " bytes";
-      }
-      return;
-    }
-    out.assign(bytes);
-  };
-  const auto key_list = [&] {
-    const auto count = in.u32();
-    if (!in.good()) return;
-    if (count > limits.max_keys_per_request) {
-      too_long = std::to_string(count) + " keys in one request exceed the store's limit of " +
-                 std::to_string(limits.max_keys_per_request);
-      count_refused = true;  // the keys are not read: refused from the count alone
-      return;
-    }
-    if (count > in.left() / 4) {  // each key takes at least its 4-byte length
-      bad_count = true;
-      return;
-    }
-    request.keys.reserve(count);
-    for (std::uint32_t i = 0; i < count && in.good(); ++i) {
-      std::string key;
-      field(key, limits.max_key_bytes, "a key");
-      request.keys.push_back(std::move(key));
-    }
-  };
-  switch (request.op) {
-    case Op::set:
-      field(request.key, limits.max_key_bytes, "a key");
-      field(request.value, limits.max_value_bytes, "a value");
-      break;
-    case Op::get:
-      field(request.key, limits.max_key_bytes, "a key");
-      request.number = in.u64();
-      break;
-    case Op::add:
-      field(request.key, limits.max_key_bytes, "a key");
-      request.number = in.u64();
-      break;
-    case Op::compare_set:
-      field(request.key, limits.max_key_bytes, "a key");
-      field(request.value, limits.max_value_bytes, "a value");
-      field(request.desired, limits.max_value_bytes, "a value");
-      break;
-    case Op::wait:
-      key_list();
-      if (count_refused) return refused(too_long);
-      request.number = in.u64();
-      break;
-    case Op::check:
-      key_list();
-      if (count_refused) return refused(too_long);
-      break;
-    case Op::delete_key:
-      field(request.key, limits.max_key_bytes, "a key");
-      break;
-    case Op::num_keys:
-      break;
-    case Op::hello:
-      request.number = in.u32();
-      field(request.value, tcp_store_defaults::max_token_bytes, "a token");
-      break;
-  }
-  if (bad_count) return malformed("more keys than the message can hold");
-  if (!in.good()) return malformed("a field runs past the end of the message");
-  if (!in.at_end()) return malformed("bytes left after the last field");
-  if (!too_long.empty()) return refused(too_long);
+  read_fields(fields, request);
+  if (fields.count_refused()) return refused(fields.too_long());
+  if (fields.bad_count()) return malformed("more keys than the message can hold");
+  if (!fields.in().good()) return malformed("a field runs past the end of the message");
+  if (!fields.in().at_end()) return malformed("bytes left after the last field");
+  if (!fields.too_long().empty()) return refused(fields.too_long());
   parsed.request = std::move(request);
   return parsed;
 }

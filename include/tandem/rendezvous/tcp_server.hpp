@@ -122,6 +122,39 @@ inline Outcome error_outcome(Status status, std::string_view message) {
   return outcome;
 }
 
+/// add: the counter under the key moved by the request's delta (a value that is not a decimal
+/// integer, or an overflow, is refused).
+inline Outcome execute_add(Table& table, const Request& request) {
+  Outcome outcome;
+  std::int64_t value = 0;
+  try {
+    value = added_value("TcpStore", request.key, table.find(request.key),
+                        static_cast<std::int64_t>(request.number));
+  } catch (const Error& error) {
+    return error_outcome(Status::error, error.cause());
+  }
+  if (auto full = table.put(request.key, std::to_string(value))) {
+    return error_outcome(Status::error, *full);
+  }
+  append_u64(outcome.fields, static_cast<std::uint64_t>(value));
+  outcome.added = request.key;
+  return outcome;
+}
+
+/// compare_set, by torch's rules (compare_set_outcome).
+inline Outcome execute_compare_set(Table& table, const Request& request) {
+  Outcome outcome;
+  auto result = compare_set_outcome(table.find(request.key), request.value, request.desired);
+  if (result.store) {
+    if (auto full = table.put(request.key, std::move(*result.store))) {
+      return error_outcome(Status::error, *full);
+    }
+    outcome.added = request.key;
+  }
+  put_string(outcome.fields, result.result);
+  return outcome;
+}
+
 /// Runs one request (not hello) on `table`: everything the server does but the sockets and
 /// the parking of a get/wait whose keys are missing (Outcome::Kind::park).
 inline Outcome execute(Table& table, const Request& request) {
@@ -140,32 +173,10 @@ inline Outcome execute(Table& table, const Request& request) {
         outcome.kind = Outcome::Kind::park;
       }
       return outcome;
-    case Op::add: {
-      std::int64_t value = 0;
-      try {
-        value = added_value("TcpStore", request.key, table.find(request.key),
-                            static_cast<std::int64_t>(request.number));
-      } catch (const Error& error) {
-        return error_outcome(Status::error, error.cause());
-      }
-      if (auto full = table.put(request.key, std::to_string(value))) {
-        return error_outcome(Status::error, *full);
-      }
-      append_u64(outcome.fields, static_cast<std::uint64_t>(value));
-      outcome.added = request.key;
-      return outcome;
-    }
-    case Op::compare_set: {
-      auto result = compare_set_outcome(table.find(request.key), request.value, request.desired);
-      if (result.store) {
-        if (auto full = table.put(request.key, std::move(*result.store))) {
-          return error_outcome(Status::error, *full);
-        }
-        outcome.added = request.key;
-      }
-      put_string(outcome.fields, result.result);
-      return outcome;
-    }
+    case Op::add:
+      return execute_add(table, request);
+    case Op::compare_set:
+      return execute_compare_set(table, request);
     case Op::wait:
       for (const auto& key : request.keys) {
         if (!table.contains(key)) {

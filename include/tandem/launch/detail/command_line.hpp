@@ -60,19 +60,9 @@ class TandemrunFormatter : public CLI::Formatter {
   }
 };
 
-inline ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
-  ParsedCommandLine parsed;
-  auto& o = parsed.options;
-  CLI::App app(
-      "tandemrun: starts PROGRAM as the workers of one node of a data-parallel job, "
-      "with torchrun's flags and environment.",
-      "tandemrun");
-  app.formatter(std::make_shared<TandemrunFormatter>());
-  app.prefix_command();
-  app.footer(tandemrun_footer);
-  app.get_formatter()->column_width(40);
-
-  bool no_python = false;
+/// Where the workers run and how they meet: node count and index, workers per node, node 0's
+/// address and port.
+inline void add_topology_options(CLI::App& app, LaunchOptions& o) {
   app.add_option("--nproc-per-node,--nproc_per_node", o.nproc_per_node,
                  "Workers on this node: N, cpu (one per core), gpu (one per GPU) or auto (gpu if "
                  "there are GPUs, else cpu)")
@@ -95,6 +85,10 @@ inline ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
       ->capture_default_str();
   app.add_flag("--standalone", o.standalone,
                "Single node: 127.0.0.1 and a free port, a unique run id");
+}
+
+/// How the launcher watches the workers and where their output goes.
+inline void add_supervision_options(CLI::App& app, LaunchOptions& o) {
   app.add_option("--max-restarts,--max_restarts", o.max_restarts,
                  "Restarts of the worker group after a failure")
       ->type_name("N")
@@ -114,6 +108,10 @@ inline ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
   app.add_option("--log-dir,--log_dir", o.log_dir,
                  "Directory of the log files (default: a new temporary directory)")
       ->type_name("DIR");
+}
+
+/// What names the job and what each worker is given: role, run id, devices, the job token.
+inline void add_job_options(CLI::App& app, LaunchOptions& o, bool& no_python) {
   app.add_option("--role", o.role, "Role name of the workers (ROLE_NAME)")
       ->type_name("NAME")
       ->capture_default_str();
@@ -133,6 +131,44 @@ inline ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
       ->type_name("FILE");
   app.add_flag("--no-python,--no_python", no_python,
                "Accepted for torchrun compatibility: tandemrun always runs PROGRAM directly");
+}
+
+/// PROGRAM and its arguments from what CLI11 left over (a leading "--" dropped); an empty
+/// program, or a flag CLI11 did not know where PROGRAM should be, ends the launch with exit 2.
+inline void take_program(std::vector<std::string> rest, ParsedCommandLine& parsed) {
+  if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
+  if (rest.empty()) {
+    parsed.exit_code = 2;
+    parsed.output =
+        "tandemrun: PROGRAM: no program to run was given\nUsage: tandemrun [OPTIONS] PROGRAM "
+        "[ARGS...]\nRun with --help for usage.\n";
+    return;
+  }
+  if (rest.front().size() > 1 && rest.front().front() == '-') {
+    parsed.exit_code = 2;
+    parsed.output = "tandemrun: " + rest.front() +
+                    ": unknown flag (the program comes after the flags)\nRun with --help for "
+                    "usage.\n";
+    return;
+  }
+  parsed.options.command = std::move(rest);
+}
+
+inline ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
+  ParsedCommandLine parsed;
+  CLI::App app(
+      "tandemrun: starts PROGRAM as the workers of one node of a data-parallel job, "
+      "with torchrun's flags and environment.",
+      "tandemrun");
+  app.formatter(std::make_shared<TandemrunFormatter>());
+  app.prefix_command();
+  app.footer(tandemrun_footer);
+  app.get_formatter()->column_width(40);
+
+  bool no_python = false;
+  add_topology_options(app, parsed.options);
+  add_supervision_options(app, parsed.options);
+  add_job_options(app, parsed.options, no_python);
 
   try {
     app.parse(argc, argv);
@@ -145,23 +181,7 @@ inline ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
     parsed.output = "tandemrun: " + std::string(error.what()) + "\nRun with --help for usage.\n";
     return parsed;
   }
-  auto rest = app.remaining();
-  if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
-  if (rest.empty()) {
-    parsed.exit_code = 2;
-    parsed.output =
-        "tandemrun: PROGRAM: no program to run was given\nUsage: tandemrun [OPTIONS] PROGRAM "
-        "[ARGS...]\nRun with --help for usage.\n";
-    return parsed;
-  }
-  if (rest.front().size() > 1 && rest.front().front() == '-') {
-    parsed.exit_code = 2;
-    parsed.output = "tandemrun: " + rest.front() +
-                    ": unknown flag (the program comes after the flags)\nRun with --help for "
-                    "usage.\n";
-    return parsed;
-  }
-  o.command = std::move(rest);
+  take_program(app.remaining(), parsed);
   return parsed;
 }
 
