@@ -1173,6 +1173,10 @@ static_assert(Communicator<NcclComm>);
 template <>
 inline constexpr bool detects_mismatched_collectives<NcclComm> = true;
 
+/// Each NcclComm operation waits on the GPU for the work queued on caller_stream() before it.
+template <>
+inline constexpr bool orders_after_caller_stream<NcclComm> = true;
+
 /// Several operations on one or more communicators issued as one NCCL group (ncclGroupStart at
 /// construction, ncclGroupEnd at end() or destruction): they are launched together and finish
 /// together, and sends and receives inside progress concurrently. The communicators' threads
