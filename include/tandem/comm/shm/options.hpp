@@ -1,0 +1,28 @@
+// tandem/comm/shm/options.hpp - tandem::ShmCommOptions, how a group of ShmComm ranks (processes of
+// one node meeting in shared memory) behaves.
+//   auto comm = tandem::init_process_group<tandem::ShmComm>("env://", {.timeout = 60s});
+// Needs: the standard library.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+
+#include "tandem/core/timeout.hpp"
+
+namespace tandem {
+
+/// How a group of ShmComm ranks behaves. Every rank of a group passes the same values.
+struct ShmCommOptions {
+  /// How long any wait (rendezvous, collective, send, recv) lasts before it raises tandem::Error.
+  Timeout timeout = default_timeout;
+  /// Bytes of each of a rank's two staging slots: a collective moves a larger tensor through in
+  /// pieces of this size. A group's segment holds 2 x slot_bytes per rank, plus 64 KiB per pair
+  /// of ranks for send and recv.
+  std::size_t slot_bytes = std::size_t{1} << 20;
+  /// How long a waiting rank polls before it sleeps on a futex. Negative (the default): 50 us
+  /// where the machine has a CPU for every rank of the group, else 0 (sleep at once, so that
+  /// ranks sharing a CPU do not take turns burning it).
+  std::chrono::microseconds spin{-1};
+};
+
+}  // namespace tandem

@@ -1,0 +1,156 @@
+// tandem/comm/shm/shm.hpp - tandem::ShmComm, the Communicator whose ranks are processes of one
+// host that meet in shared memory instead of over TCP (as NCCL, oneCCL and MPI do within a node).
+//   auto comm = tandem::init_process_group<tandem::ShmComm>();   // under tandemrun / torchrun
+//   comm.all_reduce(grads, tandem::ReduceOp::avg);
+// Needs: Linux (POSIX shared memory, futex, /proc); link tandem::shm.
+//
+// Design (docs/shm.md has the reasons and the numbers):
+// - Rendezvous through the job's store, as GlooComm's: every rank publishes its host and pid;
+//   rank 0 creates one segment per communicator (shm_open of a fresh name - its pid, a serial and
+//   64 random bits - then ftruncate, fallocate, so that a full /dev/shm is an Error and not a
+//   SIGBUS, and mmap) and announces the name in the store; the others map it; the last rank to
+//   map it unlinks the name. From then on nothing of the job is in /dev/shm, whatever happens to
+//   its processes (SIGKILL included). A creator killed before that leaves one name, which the
+//   next segment created on the host removes (its pid is gone).
+// - The segment: a control block (the futex word, the failure record), one record per rank (its
+//   pid, its barrier arrivals, its calls), a 64 KiB byte ring per ordered pair of ranks (send and
+//   recv), and two staging slots of options.slot_bytes per rank.
+// - A collective runs in rounds: each rank writes its piece of the input into its slot (the root
+//   writes every rank's, for scatter), arrives at a barrier, then reads what it needs from the
+//   others' slots. Reductions use LocalComm's code (comm/detail/reduction.hpp) over the slots in
+//   rank order, so every rank gets the same bits - the bits LocalComm gives. By default every
+//   rank reduces the whole piece (one barrier a round); above 32 KiB a piece in groups of more
+//   than two ranks, each reduces 1/n of it into its own slot and all copy the n parts after a
+//   second barrier. A tensor larger than a slot goes through in pieces of slot_bytes. Rounds
+//   alternate between a slot's two halves: a rank writes a half again only after the barrier of
+//   the round between, which no rank passes before it has read that half, so an operation needs
+//   no barrier at its end.
+// - The barrier: each rank counts its arrivals in its record. A waiter polls for a while
+//   (options.spin: 50 us where the machine has a CPU per rank, else none), then sleeps on the
+//   futex word (FUTEX_WAIT on shared memory), which every arrival, message or failure bumps (and
+//   wakes, where a rank sleeps).
+// - Mismatch check, always on, as LocalComm's (it costs a 64-byte write and compare per
+//   operation, and without it a mismatch would read past a slot's data): each rank publishes its
+//   call's fingerprint (tandem/comm/checked.hpp) with its first arrival, and every rank compares
+//   all of them after that barrier, before reading anything. Ranks that disagree all raise the
+//   same tandem::Error and the group stays usable. TANDEM_CHECK_COLLECTIVES is read (a bad value
+//   is an Error here as on every backend) but 0 does not turn the check off.
+// - Faults: a sleeping rank wakes at least every 100 ms to look at the ranks it waits for. One
+//   whose process is gone (kill(pid, 0), or a zombie in /proc) or whose ShmComm was destroyed,
+//   or a failure another rank recorded in the segment, raises a tandem::Error naming that rank;
+//   so does a rank that does not arrive within options.timeout (saying so where its process is
+//   stopped by SIGSTOP). The first failure is recorded for the others; the group is unusable
+//   after it, and every later call raises at once. No rank copies out of a round whose barrier
+//   did not complete, so a half-written buffer is never taken as a result.
+// - send is eager while the 64 KiB ring to the receiver has room; beyond that it waits until the
+//   receiver takes earlier bytes, which it does in every call it makes on this communicator
+//   (recv, any collective), bounded by the timeout. recv matches by (source, tag), first in
+//   first out, and checks the element type and count against the sender's.
+// - `_async` operations run in issue order on a per-communicator worker thread (IssueOrder, as
+//   on LocalComm and GlooComm); a sync operation waits for the pending ones first. The tensors
+//   must stay alive and untouched until the Work completes.
+// - split and new_group make a group with a segment of its own, through the same store.
+// - Every rank of a group runs on one host: rendezvous compares the ranks' host names and raises
+//   a tandem::Error otherwise. Across nodes use GlooComm or MpiComm (the hierarchical
+//   communicator that joins ShmComm within nodes to an engine between them is not built yet).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "tandem/comm/checked.hpp"
+#include "tandem/comm/communicator.hpp"
+#include "tandem/comm/detail/frontend.hpp"
+#include "tandem/comm/init.hpp"
+#include "tandem/comm/shm/detail/engine.hpp"
+#include "tandem/comm/shm/options.hpp"
+#include "tandem/core/error.hpp"
+#include "tandem/core/world.hpp"
+#include "tandem/rendezvous/store.hpp"
+#include "tandem/tensor/memory.hpp"
+
+namespace tandem {
+
+/// A communicator whose ranks are processes of one host meeting in shared memory. Models
+/// tandem::Communicator and tandem::ProcessGroupBackend; see the top of this header. Its public
+/// operations (and memory_space, host) come from detail::CollectiveFrontend; split's new group
+/// has a segment of its own.
+class ShmComm : public detail::CollectiveFrontend<ShmComm, host> {
+ public:
+  /// What init_process_group<ShmComm> and rendezvous take besides the World and the store.
+  using options_type = ShmCommOptions;
+
+  /// Moves the group's mapping; the moved-from ShmComm may only be destroyed or assigned.
+  ShmComm(ShmComm&&) noexcept = default;
+  /// Moves the group's mapping; the moved-from ShmComm may only be destroyed or assigned.
+  ShmComm& operator=(ShmComm&&) noexcept = default;
+  ~ShmComm() = default;
+
+  /// Joins this rank with the others of `world`, meeting them in `store` (every rank passes the
+  /// same store; init_process_group gives one of its own). Collective. A copy of the store is
+  /// kept for split. Each call on one store makes a new group. Every rank must run on this host.
+  [[nodiscard]] static ShmComm rendezvous(const World& world, AnyStore& store,
+                                          const ShmCommOptions& options = {}) {
+    world.validate();
+    constexpr const char* operation = "ShmComm rendezvous";
+    if (world.nnodes > 1 && world.local_world_size != world.world_size) {
+      throw Error(world.rank, operation,
+                  "this job spans " + std::to_string(world.nnodes) +
+                      " nodes, and ShmComm joins the processes of one: use GlooComm or MpiComm "
+                      "across nodes");
+    }
+    // A bad value is an Error on every rank (see the top of this header).
+    std::optional<Error> unreadable;
+    try {
+      (void)check_collectives_from_environment();
+    } catch (const Error& e) {
+      unreadable = e;
+    }
+    // Ranks call rendezvous on a store the same number of times, so this count names the group.
+    const std::int64_t generation =
+        store.add("shm/rendezvous/rank" + std::to_string(world.rank), 1);
+    return ShmComm(detail::shm::connect(store, "shm/" + std::to_string(generation), world.rank,
+                                        world.world_size, options, unreadable));
+  }
+
+  /// The options this group was made with.
+  [[nodiscard]] const ShmCommOptions& options() const { return self().options(); }
+  /// The store this group met in (shared: copies see the same keys).
+  [[nodiscard]] AnyStore store() const { return self().store(); }
+  /// Always true: every collective's calls are compared (see the top of this header).
+  [[nodiscard]] bool checks_collectives() const {
+    (void)self();
+    return true;
+  }
+
+ private:
+  friend class detail::CollectiveFrontend<ShmComm, host>;
+
+  explicit ShmComm(std::unique_ptr<detail::shm::Engine> self) : self_(std::move(self)) {}
+
+  detail::shm::Engine& self() const {
+    if (!self_) throw Error("ShmComm", "this communicator was moved from");
+    return *self_;
+  }
+
+  /// split's collective part (see CollectiveFrontend::split).
+  std::optional<ShmComm> split_group(int color, int key) {
+    auto made = self().split(color, key);
+    if (!made) return std::nullopt;
+    return ShmComm(std::move(made));
+  }
+
+  std::unique_ptr<detail::shm::Engine> self_;
+};
+
+static_assert(Communicator<ShmComm>);
+static_assert(ProcessGroupBackend<ShmComm>);
+
+/// Every rank compares the others' calls in shared memory, so disagreements are always caught.
+template <>
+inline constexpr bool detects_mismatched_collectives<ShmComm> = true;
+
+}  // namespace tandem

@@ -1,0 +1,125 @@
+// ShmComm across processes this test starts itself (shm_worker, one per rank, tcp:// on
+// 127.0.0.1): a rank that dies mid-way (the others raise an Error naming it, within seconds, long
+// before the timeout), and jobs killed with SIGKILL (nothing of theirs is left in /dev/shm). The
+// workers decide their own success; this test checks how each one ended.
+#include <doctest/doctest.h>
+
+#include <dirent.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tandem/launch/detail/process.hpp"
+
+#ifndef TANDEM_SHM_WORKER
+#error "TANDEM_SHM_WORKER must name the shm_worker executable"
+#endif
+
+namespace {
+
+using namespace std::chrono_literals;
+namespace launch = tandem::launch::detail;
+
+extern "C" char** environ;
+
+std::vector<launch::Child> start_workers(int n, int world_size, const std::string& mode,
+                                         const std::string& url) {
+  std::vector<launch::Child> children;
+  for (int r = 0; r < n; ++r) {
+    std::vector<std::string> env;
+    for (char** e = environ; *e; ++e) {
+      const std::string entry(*e);
+      if (entry.rfind("RANK=", 0) == 0 || entry.rfind("WORLD_SIZE=", 0) == 0) continue;
+      env.push_back(entry);
+    }
+    env.push_back("RANK=" + std::to_string(r));
+    env.push_back("WORLD_SIZE=" + std::to_string(world_size));
+    children.push_back(launch::exec_child({TANDEM_SHM_WORKER, mode, url}, env, {}));
+  }
+  return children;
+}
+
+/// Waits for every child (at most `deadline`; then kills them and fails).
+std::vector<launch::ExitStatus> wait_all(std::vector<launch::Child>& children,
+                                         std::chrono::seconds deadline = 90s) {
+  const auto end = std::chrono::steady_clock::now() + deadline;
+  for (;;) {
+    bool all = true;
+    for (auto& child : children) all = child.poll() && all;
+    if (all) break;
+    if (std::chrono::steady_clock::now() > end) {
+      FAIL_CHECK("workers still running after " << deadline.count() << " s: killing them");
+      for (auto& child : children) child.signal(SIGKILL);
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  std::vector<launch::ExitStatus> statuses;
+  for (auto& child : children) statuses.push_back(child.status());
+  return statuses;
+}
+
+std::string tcp_url() {
+  return "tcp://127.0.0.1:" + std::to_string(launch::free_port());
+}
+
+/// The names in /dev/shm of segments created by process `pid`.
+std::vector<std::string> segments_of(pid_t pid) {
+  const std::string prefix = "tandem-shm-" + std::to_string(pid) + "-";
+  std::vector<std::string> found;
+  if (DIR* dir = ::opendir("/dev/shm")) {
+    while (const dirent* entry = ::readdir(dir)) {
+      if (std::string(entry->d_name).rfind(prefix, 0) == 0) found.push_back(entry->d_name);
+    }
+    ::closedir(dir);
+  }
+  return found;
+}
+
+}  // namespace
+
+TEST_CASE("ShmComm: a rank that dies mid-way gives every other rank an Error naming it") {
+  for (int n : {2, 3}) {
+    CAPTURE(n);
+    auto children = start_workers(n, n, "dead-peer", tcp_url());
+    const auto statuses = wait_all(children);
+    for (int r = 0; r < n; ++r) {
+      CAPTURE(r);
+      const auto& status = statuses[static_cast<std::size_t>(r)];
+      if (r == n - 1) {
+        CHECK_MESSAGE(status.signal == SIGKILL, status.describe());
+      } else {
+        CHECK_MESSAGE(!status.failed(), status.describe());
+      }
+    }
+  }
+}
+
+TEST_CASE("ShmComm: a job killed with SIGKILL leaves nothing in /dev/shm") {
+  // A creator killed before its group had mapped the segment leaves its name behind ...
+  auto lonely = start_workers(1, 2, "alone", "-");
+  const auto lonely_pid = lonely.front().pid();
+  const auto end = std::chrono::steady_clock::now() + 30s;
+  while (segments_of(lonely_pid).empty() && std::chrono::steady_clock::now() < end) {
+    std::this_thread::sleep_for(10ms);
+  }
+  REQUIRE_MESSAGE(!segments_of(lonely_pid).empty(), "the lonely rank made no segment");
+  lonely.front().signal(SIGKILL);
+  (void)wait_all(lonely);
+  CHECK(segments_of(lonely_pid).size() == 1);
+
+  // ... which the next job's segments sweep away; that job, killed after its collectives, leaves
+  // nothing either (each segment's name is gone once its ranks have mapped it).
+  auto children = start_workers(3, 3, "killed", tcp_url());
+  const auto statuses = wait_all(children);
+  for (std::size_t r = 0; r < children.size(); ++r) {
+    CAPTURE(r);
+    CHECK_MESSAGE(statuses[r].signal == SIGKILL, statuses[r].describe());
+    CHECK(segments_of(children[r].pid()).empty());
+  }
+  CHECK(segments_of(lonely_pid).empty());
+}
