@@ -104,8 +104,11 @@
 #include "tandem/comm/detail/reduction.hpp"
 #include "tandem/comm/detail/staging.hpp"
 #include "tandem/comm/init.hpp"
+#include "tandem/comm/mpi/detail/calls.hpp"
+#include "tandem/comm/mpi/detail/engine.hpp"
 #include "tandem/comm/mpi/detail/mpi_engine.hpp"
 #include "tandem/comm/mpi/detail/mpi_runtime.hpp"
+#include "tandem/comm/mpi/options.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/core/timeout.hpp"
 #include "tandem/core/world.hpp"
@@ -114,225 +117,6 @@
 #include "tandem/tensor/tensor.hpp"
 
 namespace tandem {
-
-/// What MpiComm::world, duplicate and init_process_group<MpiComm> take.
-struct MpiCommOptions {
-  /// How long an `_async` operation may stay pending (queued or inside MPI) before its Work
-  /// fails and the communicator becomes unusable; also how long a sync collective waits for the
-  /// pending `_async` ones and the destructor for all pending ones. A sync operation's own
-  /// blocking MPI call that lasts longer ends the job (the watchdog: see tandem/comm/mpi/mpi.hpp).
-  Timeout timeout = default_timeout;
-  /// Exchange and compare every collective's fingerprint first (tandem/comm/checked.hpp).
-  /// Unset: TANDEM_CHECK_COLLECTIVES, else on. `= false` or `= true` wins over the variable.
-  CollectiveCheck check_agreement{};
-};
-
-namespace detail::mpi {
-
-/// A copy of `count` elements at `data` that lives as long as the closures holding it.
-template <class T>
-std::shared_ptr<std::vector<T>> scratch_copy(const T* data, std::size_t count) {
-  return std::make_shared<std::vector<T>>(data, data + count);
-}
-
-/// One communicator's engine: the MPI handle, the collective worker and the progress thread.
-/// Heap-allocated and owned by the MpiComm, so their threads may point at it while it moves.
-class Engine {
- public:
-  /// `checks_collectives`: options.check_agreement resolved (the same on every rank: see
-  /// duplicate()).
-  Engine(Runtime& runtime, MPI_Comm comm, MpiCommOptions options, bool checks_collectives)
-      : runtime_(runtime), comm_(comm), options_(options), checks_collectives_(checks_collectives) {
-    runtime_.attach();
-    {
-      auto lock = runtime_.lock();
-      MPI_Comm_rank(comm_, &rank_);
-      MPI_Comm_size(comm_, &size_);
-      void* value = nullptr;
-      int found = 0;
-      MPI_Comm_get_attr(comm_, MPI_TAG_UB, &value, &found);
-      if (found && value) tag_upper_bound_ = *static_cast<int*>(value);
-    }
-    watchdog_ = std::make_unique<BlockingWatchdog>(runtime_, rank_, options_.timeout);
-  }
-  Engine(const Engine&) = delete;
-  Engine& operator=(const Engine&) = delete;
-  ~Engine() {
-    // Both wait for their pending operations, at most the timeout each. A worker left inside a
-    // blocking collective (detached) frees the communicator and releases the runtime itself.
-    const bool worker_left = worker_ && !worker_->stop();
-    worker_.reset();
-    progress_.reset();
-    watchdog_.reset();
-    if (worker_left) return;
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized) {
-      auto lock = runtime_.lock();
-      MPI_Comm_free(&comm_);
-    }
-    runtime_.detach();
-  }
-
-  [[nodiscard]] int rank() const noexcept { return rank_; }
-  [[nodiscard]] int size() const noexcept { return size_; }
-  [[nodiscard]] MPI_Comm comm() const noexcept { return comm_; }
-  [[nodiscard]] const MpiCommOptions& options() const noexcept { return options_; }
-  [[nodiscard]] Runtime& runtime() const noexcept { return runtime_; }
-  [[nodiscard]] int tag_upper_bound() const noexcept { return tag_upper_bound_; }
-  [[nodiscard]] bool checks_collectives() const noexcept { return checks_collectives_; }
-
-  /// The next collective's fingerprint where this communicator checks collectives.
-  std::optional<CollectiveFingerprint> fingerprint(CollectiveOp op, dtype type, std::size_t count,
-                                                   int root = 0,
-                                                   ReduceOp reduce_op = ReduceOp::sum) {
-    if (!checks_collectives_) return std::nullopt;
-    return make_fingerprint(op, ++sequence_, type, count, root, reduce_op);
-  }
-
-  /// Compares `mine` with every rank's on this thread, under the watchdog; raises the mismatch.
-  void compare(const char* operation, const CollectiveFingerprint& mine) {
-    std::string mismatch;
-    watchdog_->begin(operation);
-    const int code =
-        compare_fingerprints(runtime_, comm_, size_, mine, runtime_.serialized(), mismatch);
-    watchdog_->end();
-    if (code != MPI_SUCCESS) throw error(rank_, operation, code);
-    if (!mismatch.empty()) throw Error(rank_, operation, mismatch);
-  }
-
-  /// Raises tandem::Error if an `_async` operation timed out earlier.
-  void check_usable(const char* operation) const {
-    std::optional<std::string> cause;
-    if (worker_) cause = worker_->broken();
-    if (!cause && progress_) cause = progress_->broken();
-    if (cause) throw Error(rank_, operation, "this communicator is unusable: " + *cause);
-  }
-
-  /// Waits for the pending `_async` collectives (a sync collective must not overtake them).
-  void drain(const char* operation) {
-    const bool drained = (!worker_ || worker_->wait_idle(options_.timeout)) &&
-                         (!progress_ || progress_->wait_for_collectives(options_.timeout));
-    check_usable(operation);
-    if (!drained) {
-      throw Error(
-          rank_, operation,
-          "earlier `_async` collectives did not complete within " + describe(options_.timeout));
-    }
-  }
-
-  /// Runs `call` to completion on this thread (a sync collective has drained first): MPI's
-  /// blocking form, or where MPI calls are serialized its non-blocking form and polling.
-  void run(Call& call) {
-    check_usable(call.operation);
-    if (call.fingerprint) compare(call.operation, *call.fingerprint);
-    MPI_Status status{};
-    watchdog_->begin(call.operation);
-    const int code = runtime_.serialized() ? start_and_wait(call, status) : call.blocking(&status);
-    watchdog_->end();
-    if (code != MPI_SUCCESS) throw error(rank_, call.operation, code);
-    if (call.finish) call.finish(status);
-  }
-
-  /// Hands `call` on; its Work completes when MPI has: a collective to the worker (blocking
-  /// form) where MPI provides MPI_THREAD_MULTIPLE, anything else started here (non-blocking
-  /// form) and completed by the progress thread; below MPI_THREAD_SERIALIZED, run here at once.
-  Work launch(Call call) {
-    check_usable(call.operation);
-    auto state = std::make_shared<WorkState>();
-    if (runtime_.eager()) {
-      try {
-        run(call);
-        state->complete();
-      } catch (...) {
-        state->fail(std::current_exception());
-      }
-      return Work(state);
-    }
-    if (call.collective && !runtime_.serialized()) {
-      if (!worker_) {
-        worker_ = std::make_unique<Worker>(runtime_, comm_, rank_, size_, options_.timeout);
-      }
-      worker_->add(std::move(call), state);
-      return Work(state);
-    }
-    if (call.fingerprint) {
-      // Serialized: the comparison, polled here, must come before the request starts; a
-      // mismatch fails the Work on every rank and nothing is started.
-      try {
-        compare(call.operation, *call.fingerprint);
-      } catch (...) {
-        state->fail(std::current_exception());
-        return Work(state);
-      }
-    }
-    // The progress thread first: once the request is started, nothing may throw before it is handed
-    // over.
-    if (!progress_) progress_ = std::make_unique<Progress>(runtime_, rank_, options_.timeout);
-    auto pending = std::make_unique<Pending>(std::move(call), state, Deadline(options_.timeout));
-    int code = MPI_SUCCESS;
-    {
-      auto lock = runtime_.lock();
-      code = pending->call.start(&pending->request);
-    }
-    if (code != MPI_SUCCESS) {
-      state->fail(std::make_exception_ptr(error(rank_, pending->call.operation, code)));
-      return Work(state);
-    }
-    progress_->add(std::move(pending));
-    return Work(state);
-  }
-
-  /// A blocking MPI call (MPI_Comm_split, MPI_Comm_dup), holding the lock where serialized.
-  template <class Fn>
-  void call_locked(const char* operation, Fn&& fn) {
-    int code = MPI_SUCCESS;
-    {
-      auto lock = runtime_.lock();
-      code = fn();
-    }
-    if (code != MPI_SUCCESS) throw error(rank_, operation, code);
-  }
-
- private:
-  /// A blocking call in its non-blocking form. Where MPI calls are serialized, the request is
-  /// tested without holding the MPI lock in between, so that other threads (the progress thread
-  /// among them) get their turns.
-  int start_and_wait(Call& call, MPI_Status& status) {
-    MPI_Request request = MPI_REQUEST_NULL;
-    int code = MPI_SUCCESS;
-    {
-      auto lock = runtime_.lock();
-      code = call.start(&request);
-    }
-    if (code == MPI_SUCCESS && !runtime_.serialized()) return MPI_Wait(&request, &status);
-    Backoff backoff;
-    while (code == MPI_SUCCESS) {
-      int flag = 0;
-      {
-        auto lock = runtime_.lock();
-        code = MPI_Test(&request, &flag, &status);
-      }
-      if (flag) break;
-      backoff.pause();
-    }
-    return code;
-  }
-
-  Runtime& runtime_;
-  MPI_Comm comm_;
-  MpiCommOptions options_;
-  bool checks_collectives_;
-  std::uint64_t sequence_ = 0;  // collectives made, split included (one thread issues them)
-  int rank_ = 0;
-  int size_ = 1;
-  int tag_upper_bound_ = 32767;         // MPI's guaranteed minimum, where the attribute is missing
-  std::unique_ptr<Worker> worker_;      // started by the first `_async` collective
-  std::unique_ptr<Progress> progress_;  // started by the first non-blocking `_async` operation
-  std::unique_ptr<BlockingWatchdog> watchdog_;  // watches run()'s blocking calls
-};
-
-}  // namespace detail::mpi
 
 /// The Communicator over MPI; see the top of this header for its semantics. Make one with
 /// MpiComm::world() (every process of the job) or MpiComm::duplicate(comm), subgroups with split.
@@ -473,13 +257,6 @@ class MpiComm : public detail::CollectiveFrontend<MpiComm, host> {
         });
   }
 
-  /// `call` with the fingerprint it is checked by, where this communicator checks collectives.
-  Call checked(Call call, detail::CollectiveOp op, dtype type, std::size_t count, int root = 0,
-               ReduceOp reduce_op = ReduceOp::sum) const {
-    call.fingerprint = self().fingerprint(op, type, count, root, reduce_op);
-    return call;
-  }
-
   /// A sync operation: after the pending `_async` collectives where it is one, so that its
   /// checks and copies see their results.
   template <class Build>
@@ -502,297 +279,51 @@ class MpiComm : public detail::CollectiveFrontend<MpiComm, host> {
     return *self_;
   }
 
-  [[nodiscard]] Error error(const char* op, const std::string& cause) const {
-    return Error(rank(), op, cause);
-  }
-
-  [[nodiscard]] int to_int(std::size_t count, const char* op) const {
-    if (count > static_cast<std::size_t>(INT_MAX)) {
-      throw error(op, std::to_string(count) + " elements per rank exceed MPI's limit of " +
-                          std::to_string(INT_MAX) + " in one call");
-    }
-    return static_cast<int>(count);
-  }
-
-  void check_tag(int tag, const char* op) const {
-    detail::check_tag(rank(), tag, tag_upper_bound(), "MPI's range", op);
-  }
-
-  [[nodiscard]] int tag_upper_bound() const { return self().tag_upper_bound(); }
-
-  /// The avg division after a sum, where `op` asks for it.
-  template <class E>
-  std::function<void(const MPI_Status&)> average(ReduceOp op, E* data, std::size_t count) const {
-    if (op != ReduceOp::avg || count == 0) return {};
-    const int ranks = size();
-    return [data, count, ranks](const MPI_Status&) { detail::divide(data, count, ranks); };
-  }
-
-  // --- the calls: checks here, on the calling thread, before anything is sent ------------------
+  /// The MPI calls of the operations, built and checked on the calling thread (the front end's
+  /// X_task hooks; detail/calls.hpp).
+  [[nodiscard]] detail::mpi::Calls calls() const { return detail::mpi::Calls(self()); }
 
   template <class In, class Out>
   Call all_reduce_task(In& in, Out& out, ReduceOp op) const {
-    using E = detail::elem_t<Out>;
-    const auto args = detail::all_reduce_args<host>(rank(), in, out, op);
-    const auto count = args.count;
-    const int n = to_int(count, "all_reduce");
-    const E* source = args.in;
-    E* target = args.out;
-    const void* sendbuf = source;
-    if (source == target) {
-      sendbuf = MPI_IN_PLACE;
-    } else if (detail::overlap(source, count, target, count)) {
-      std::memmove(target, source, count * sizeof(E));
-      sendbuf = MPI_IN_PLACE;
-    }
-    const MPI_Datatype type = detail::mpi::datatype<E>();
-    const MPI_Op mpi_op = detail::mpi::reduce_op<E>(self().runtime(), op);
-    const MPI_Comm comm = native();
-    return checked(
-        Call{"all_reduce", true,
-             [=](MPI_Status*) { return MPI_Allreduce(sendbuf, target, n, type, mpi_op, comm); },
-             [=](MPI_Request* r) {
-               return MPI_Iallreduce(sendbuf, target, n, type, mpi_op, comm, r);
-             },
-             average(op, target, count)},
-        detail::CollectiveOp::all_reduce, dtype_of<E>, count, 0, op);
+    return calls().all_reduce_task(in, out, op);
   }
-
   template <class T>
   Call reduce_task(T& t, int root, ReduceOp op) const {
-    using E = detail::elem_t<T>;
-    E* data = detail::rooted_args<host>(rank(), size(), t, root, op, "reduce");
-    const auto count = static_cast<std::size_t>(t.size());
-    const int n = to_int(count, "reduce");
-    const bool is_root = rank() == root;
-    const void* sendbuf = is_root ? MPI_IN_PLACE : static_cast<const void*>(data);
-    void* recvbuf = is_root ? data : nullptr;
-    const MPI_Datatype type = detail::mpi::datatype<E>();
-    const MPI_Op mpi_op = detail::mpi::reduce_op<E>(self().runtime(), op);
-    const MPI_Comm comm = native();
-    return checked(
-        Call{"reduce", true,
-             [=](MPI_Status*) { return MPI_Reduce(sendbuf, recvbuf, n, type, mpi_op, root, comm); },
-             [=](MPI_Request* r) {
-               return MPI_Ireduce(sendbuf, recvbuf, n, type, mpi_op, root, comm, r);
-             },
-             is_root ? average(op, data, count) : nullptr},
-        detail::CollectiveOp::reduce, dtype_of<E>, count, root, op);
+    return calls().reduce_task(t, root, op);
   }
-
   template <class T>
   Call broadcast_task(T& t, int root) const {
-    using E = detail::elem_t<T>;
-    E* data = detail::rooted_args<host>(rank(), size(), t, root, ReduceOp::sum, "broadcast");
-    const int n = to_int(static_cast<std::size_t>(t.size()), "broadcast");
-    const MPI_Datatype type = detail::mpi::datatype<E>();
-    const MPI_Comm comm = native();
-    return checked(
-        Call{"broadcast", true, [=](MPI_Status*) { return MPI_Bcast(data, n, type, root, comm); },
-             [=](MPI_Request* r) { return MPI_Ibcast(data, n, type, root, comm, r); }, nullptr},
-        detail::CollectiveOp::broadcast, dtype_of<E>, static_cast<std::size_t>(t.size()), root);
+    return calls().broadcast_task(t, root);
   }
-
-  /// The send buffer of a gather into `out` whose slot `slot` is this rank's: MPI_IN_PLACE when
-  /// `in` is that slot, a copy when `in` overlaps `out` elsewhere (kept alive in `keep`).
-  template <class E>
-  static const void* gather_source(const E* in, std::size_t count, E* out, std::size_t total,
-                                   std::size_t slot, std::shared_ptr<std::vector<E>>& keep) {
-    if (in == out + slot * count) return MPI_IN_PLACE;
-    if (!detail::overlap(in, count, static_cast<const E*>(out), total)) return in;
-    keep = detail::mpi::scratch_copy(in, count);
-    return keep->data();
-  }
-
   template <class In, class Out>
   Call all_gather_task(In& in, Out& out) const {
-    using E = detail::elem_t<Out>;
-    const auto args = detail::all_gather_args<host>(rank(), size(), in, out);
-    const auto count = args.count;
-    const int n = to_int(count, "all_gather");
-    E* target = args.out;
-    std::shared_ptr<std::vector<E>> keep;
-    const void* sendbuf =
-        gather_source(args.in, count, target, static_cast<std::size_t>(out.size()),
-                      static_cast<std::size_t>(rank()), keep);
-    const MPI_Datatype type = detail::mpi::datatype<E>();
-    const MPI_Comm comm = native();
-    return checked(
-        Call{"all_gather", true,
-             [=](MPI_Status*) { return MPI_Allgather(sendbuf, n, type, target, n, type, comm); },
-             [=](MPI_Request* r) {
-               return MPI_Iallgather(sendbuf, n, type, target, n, type, comm, r);
-             },
-             [keep](const MPI_Status&) {}},
-        detail::CollectiveOp::all_gather, dtype_of<E>, count);
+    return calls().all_gather_task(in, out);
   }
-
   template <class In, class Out>
   Call gather_task(In& in, Out& out, int root) const {
-    using E = detail::elem_t<Out>;
-    const auto args = detail::gather_args<host>(rank(), size(), in, out, root);
-    const bool is_root = rank() == root;
-    const auto count = args.count;
-    const int n = to_int(count, "gather");
-    const E* source = args.in;
-    E* target = is_root ? args.out : nullptr;
-    std::shared_ptr<std::vector<E>> keep;
-    const void* sendbuf =
-        is_root ? gather_source(source, count, target, static_cast<std::size_t>(out.size()),
-                                static_cast<std::size_t>(root), keep)
-                : source;
-    const MPI_Datatype type = detail::mpi::datatype<E>();
-    const MPI_Comm comm = native();
-    return checked(
-        Call{"gather", true,
-             [=](MPI_Status*) { return MPI_Gather(sendbuf, n, type, target, n, type, root, comm); },
-             [=](MPI_Request* r) {
-               return MPI_Igather(sendbuf, n, type, target, n, type, root, comm, r);
-             },
-             [keep](const MPI_Status&) {}},
-        detail::CollectiveOp::gather, dtype_of<E>, count, root);
+    return calls().gather_task(in, out, root);
   }
-
   template <class In, class Out>
   Call scatter_task(In& in, Out& out, int root) const {
-    using E = detail::elem_t<Out>;
-    const auto args = detail::scatter_args<host>(rank(), size(), in, out, root);
-    const bool is_root = rank() == root;
-    const auto count = args.count;
-    const int n = to_int(count, "scatter");
-    const E* source = is_root ? args.in : nullptr;
-    E* target = args.out;
-    void* recvbuf = target;
-    std::shared_ptr<std::vector<E>> keep;
-    if (is_root) {
-      const auto total = static_cast<std::size_t>(in.size());
-      if (target == source + static_cast<std::size_t>(root) * count) {
-        recvbuf = MPI_IN_PLACE;
-      } else if (detail::overlap(static_cast<const E*>(target), count, source, total)) {
-        keep = detail::mpi::scratch_copy(source, total);
-        source = keep->data();
-      }
-    }
-    const MPI_Datatype type = detail::mpi::datatype<E>();
-    const MPI_Comm comm = native();
-    return checked(Call{"scatter", true,
-                        [=](MPI_Status*) {
-                          return MPI_Scatter(source, n, type, recvbuf, n, type, root, comm);
-                        },
-                        [=](MPI_Request* r) {
-                          return MPI_Iscatter(source, n, type, recvbuf, n, type, root, comm, r);
-                        },
-                        [keep](const MPI_Status&) {}},
-                   detail::CollectiveOp::scatter, dtype_of<E>, count, root);
+    return calls().scatter_task(in, out, root);
   }
-
   template <class In, class Out>
   Call reduce_scatter_task(In& in, Out& out, ReduceOp op) const {
-    using E = detail::elem_t<Out>;
-    const auto args = detail::reduce_scatter_args<host>(rank(), size(), in, out, op);
-    const auto count = args.count;
-    const int n = to_int(count, "reduce_scatter");
-    const E* source = args.in;
-    E* target = args.out;
-    const MPI_Datatype type = detail::mpi::datatype<E>();
-    const MPI_Op mpi_op = detail::mpi::reduce_op<E>(self().runtime(), op);
-    const MPI_Comm comm = native();
-    const int ranks = size();
-    const bool average = op == ReduceOp::avg;
-    // MPI's in-place form leaves the result at the start of the buffer, not in this rank's slot:
-    // an output inside the input goes through scratch instead.
-    std::shared_ptr<std::vector<E>> keep;
-    E* result = target;
-    if (detail::overlap(static_cast<const E*>(target), count, source,
-                        static_cast<std::size_t>(in.size()))) {
-      keep = std::make_shared<std::vector<E>>(count);
-      result = keep->data();
-    }
-    return checked(Call{"reduce_scatter", true,
-                        [=](MPI_Status*) {
-                          return MPI_Reduce_scatter_block(source, result, n, type, mpi_op, comm);
-                        },
-                        [=](MPI_Request* r) {
-                          return MPI_Ireduce_scatter_block(source, result, n, type, mpi_op, comm,
-                                                           r);
-                        },
-                        [=](const MPI_Status&) {
-                          if (keep) std::memcpy(target, keep->data(), count * sizeof(E));
-                          if (average) detail::divide(target, count, ranks);
-                        }},
-                   detail::CollectiveOp::reduce_scatter, dtype_of<E>, count, 0, op);
+    return calls().reduce_scatter_task(in, out, op);
   }
-
   template <class In, class Out>
   Call all_to_all_task(In& in, Out& out) const {
-    using E = detail::elem_t<Out>;
-    const auto args = detail::all_to_all_args<host>(rank(), size(), in, out);
-    const auto total = args.count;
-    const int n = to_int(total / static_cast<std::size_t>(size()), "all_to_all");
-    const E* source = args.in;
-    E* target = args.out;
-    // In place (or overlapping) through a copy of the input: simpler and safer than relying on
-    // each MPI's in-place all-to-all.
-    std::shared_ptr<std::vector<E>> keep;
-    if (detail::overlap(source, total, static_cast<const E*>(target), total)) {
-      keep = detail::mpi::scratch_copy(source, total);
-      source = keep->data();
-    }
-    const MPI_Datatype type = detail::mpi::datatype<E>();
-    const MPI_Comm comm = native();
-    return checked(
-        Call{"all_to_all", true,
-             [=](MPI_Status*) { return MPI_Alltoall(source, n, type, target, n, type, comm); },
-             [=](MPI_Request* r) {
-               return MPI_Ialltoall(source, n, type, target, n, type, comm, r);
-             },
-             [keep](const MPI_Status&) {}},
-        detail::CollectiveOp::all_to_all, dtype_of<E>, total);
+    return calls().all_to_all_task(in, out);
   }
-
   template <class T>
   Call send_task(T& t, int peer, int tag) const {
-    using E = detail::elem_t<T>;
-    const E* data = detail::send_args<host>(rank(), size(), t, peer);
-    check_tag(tag, "send");
-    const int n = to_int(static_cast<std::size_t>(t.size()), "send");
-    const MPI_Datatype type = detail::mpi::datatype<E>();
-    const MPI_Comm comm = native();
-    return {"send", false, [=](MPI_Status*) { return MPI_Send(data, n, type, peer, tag, comm); },
-            [=](MPI_Request* r) { return MPI_Isend(data, n, type, peer, tag, comm, r); }, nullptr};
+    return calls().send_task(t, peer, tag);
   }
-
   template <class T>
   Call recv_task(T& t, int peer, int tag) const {
-    using E = detail::elem_t<T>;
-    E* data = detail::recv_args<host>(rank(), size(), t, peer);
-    check_tag(tag, "recv");
-    const int n = to_int(static_cast<std::size_t>(t.size()), "recv");
-    const MPI_Datatype type = detail::mpi::datatype<E>();
-    const MPI_Comm comm = native();
-    const int me = rank();
-    return {"recv", false,
-            [=](MPI_Status* status) { return MPI_Recv(data, n, type, peer, tag, comm, status); },
-            [=](MPI_Request* r) { return MPI_Irecv(data, n, type, peer, tag, comm, r); },
-            [=](const MPI_Status& status) {
-              int got = 0;
-              MPI_Get_count(&status, type, &got);
-              if (got != n) {
-                throw Error(me, "recv",
-                            "expected " + std::to_string(n) + " " + dtype_traits<E>::name +
-                                " elements from rank " + std::to_string(peer) + " with tag " +
-                                std::to_string(tag) + ", but the message held " +
-                                std::to_string(got));
-              }
-            }};
+    return calls().recv_task(t, peer, tag);
   }
-
-  Call barrier_task() const {
-    const MPI_Comm comm = native();
-    return checked(Call{"barrier", true, [=](MPI_Status*) { return MPI_Barrier(comm); },
-                        [=](MPI_Request* r) { return MPI_Ibarrier(comm, r); }, nullptr},
-                   detail::CollectiveOp::barrier, dtype::float32, 0);
-  }
+  Call barrier_task() const { return calls().barrier_task(); }
 
   std::unique_ptr<detail::mpi::Engine> self_;
 };
