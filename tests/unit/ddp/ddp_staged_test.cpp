@@ -379,15 +379,10 @@ static_assert(!tandem::orders_after_caller_stream<tandem::LocalComm>);
 enum class Order { none, same_stream, other_stream };
 
 const char* order_name(Order order) {
-  switch (order) {
-    case Order::none:
-      return "LocalComm, no stream order";
-    case Order::same_stream:
-      return "stream-ordered, the executor on its caller stream";
-    case Order::other_stream:
-      return "stream-ordered, the executor on another stream";
-  }
-  return "?";
+  constexpr const char* names[] = {"LocalComm, no stream order",
+                                   "stream-ordered, the executor on its caller stream",
+                                   "stream-ordered, the executor on another stream"};
+  return names[static_cast<int>(order)];
 }
 
 /// What `steps` steps of DDP over a device arena (with a buffer) did on each rank.
@@ -399,30 +394,42 @@ struct StreamRun {
 };
 
 constexpr int stream_steps = 3;
+const std::vector<std::int64_t> sizes_of_p{7, 3, 4, 2};
+
+/// A host arena of parameters p0, p1, ... of sizes_of_p, and a buffer when `with_buffer`.
+Parameters<float> host_arena_of_p(bool with_buffer) {
+  Parameters<float> arena;
+  for (std::size_t p = 0; p < sizes_of_p.size(); ++p) {
+    arena.add("p" + std::to_string(p), {sizes_of_p[p]});
+  }
+  if (with_buffer) arena.add_buffer("stats", {2});
+  arena.finalize();
+  return arena;
+}
+
+/// The buckets that a step launches (empty ones are skipped).
+template <class Ddp>
+int launched_buckets(const Ddp& ddp) {
+  return static_cast<int>(std::count_if(ddp.buckets().begin(), ddp.buckets().end(),
+                                        [](const auto& bucket) { return bucket.count > 0; }));
+}
 
 template <class... Policies>
 StreamRun run_in_order(LocalRunner& run, int n, Order order) {
-  const std::vector<std::int64_t> sizes{7, 3, 4, 2};
+  const auto& sizes = sizes_of_p;
   const auto ranks = static_cast<std::size_t>(n);
   StreamRun result{PerRank(ranks), std::vector<int>(ranks), std::vector<int>(ranks)};
   run(n, [&](tandem::LocalComm& comm) {
     const int me = comm.rank();
     const auto slot = static_cast<std::size_t>(me);
-    Parameters<float> host_twin;
-    for (std::size_t p = 0; p < sizes.size(); ++p) {
-      host_twin.add("p" + std::to_string(p), {sizes[p]});
-    }
-    host_twin.add_buffer("stats", {2});
-    host_twin.finalize();
+    auto host_twin = host_arena_of_p(true);
     auto arena = mirror_of(host_twin);
     to_device(arena.buffer_values(), host_twin.buffer_values());
     const fake_device_exec exec{order == Order::other_stream ? 1 : 0};
     auto train = [&](auto& any_comm) {
       using Comm = std::remove_reference_t<decltype(any_comm)>;
       DistributedDataParallel<Comm, Policies...> ddp(any_comm, arena, exec);
-      const auto launched = std::count_if(ddp.buckets().begin(), ddp.buckets().end(),
-                                          [](const auto& bucket) { return bucket.count > 0; });
-      result.unordered[slot] = stream_steps * (static_cast<int>(launched) + 1 + (n > 1 ? 1 : 0));
+      result.unordered[slot] = stream_steps * (launched_buckets(ddp) + 1 + (n > 1 ? 1 : 0));
       const int before = fake_device_exec::host_waits_here;
       for (int k = 0; k < stream_steps; ++k) {
         for (std::size_t p = 0; p < sizes.size(); ++p) {
@@ -505,7 +512,6 @@ float scaled_grad(int rank, std::size_t p, std::size_t i, int step) {
 }
 
 constexpr int fold_steps = 2;
-const std::vector<std::int64_t> fold_sizes{7, 3, 4, 2};
 
 /// What fold_run saw on each rank: the unscaled gradients after the last step, and the passes
 /// (kernels) that finish_gradient_sync() and scaler.step() launched over the device arena.
@@ -524,11 +530,7 @@ FoldRun fold_run(LocalRunner& run, int n, Failures& failures) {
   run(n, [&](tandem::LocalComm& comm) {
     const int me = comm.rank();
     const auto slot = static_cast<std::size_t>(me);
-    Parameters<float> host_arena;
-    for (std::size_t p = 0; p < fold_sizes.size(); ++p) {
-      host_arena.add("p" + std::to_string(p), {fold_sizes[p]});
-    }
-    host_arena.finalize();
+    auto host_arena = host_arena_of_p(false);
     auto train = [&](auto& arena, auto exec) {
       using Exec = decltype(exec);
       using Space = typename Exec::memory_space;
@@ -541,21 +543,19 @@ FoldRun fold_run(LocalRunner& run, int n, Failures& failures) {
         failures.expect(ddp.defer_average_to(scaler, opt),
                         suite::where(me, n, "the scaler did not take the average"));
       }
-      const auto launched = std::count_if(ddp.buckets().begin(), ddp.buckets().end(),
-                                          [](const auto& bucket) { return bucket.count > 0; });
       // Per step: the unscale-and-check reduction and the read of its flag, plus a division per
       // bucket unless the scaler took it (or there is one rank).
       result.expected_passes[slot] =
-          fold_steps * (2 + (Deferred || n == 1 ? 0 : static_cast<int>(launched)));
+          fold_steps * (2 + (Deferred || n == 1 ? 0 : launched_buckets(ddp)));
       for (int k = 0; k < fold_steps; ++k) {
         (void)scaler.scale(1.0f);
-        for (std::size_t p = 0; p < fold_sizes.size(); ++p) {
+        for (std::size_t p = 0; p < sizes_of_p.size(); ++p) {
           auto g = host_arena["p" + std::to_string(p)].grad();
           for (std::size_t i = 0; i < g.size(); ++i) g[i] = scaled_grad(me, p, i, k);
         }
         if constexpr (OnDevice) to_device(arena.grads(), host_arena.grads());
         const int before = fake_device_exec::passes_here;
-        for (std::size_t p = 0; p < fold_sizes.size(); ++p) {
+        for (std::size_t p = 0; p < sizes_of_p.size(); ++p) {
           ddp.grad_ready(arena["p" + std::to_string(p)]);
         }
         ddp.finish_gradient_sync();
@@ -601,8 +601,8 @@ std::size_t check_average_folded(LocalRunner& run, int n) {
       std::memcpy(want.data(), want_bytes.data(), want_bytes.size());
       std::memcpy(got.data(), got_bytes.data(), got_bytes.size());
       std::size_t offset = 0;
-      for (std::size_t p = 0; p < fold_sizes.size(); ++p) {
-        for (std::size_t i = 0; i < static_cast<std::size_t>(fold_sizes[p]); ++i, ++offset) {
+      for (std::size_t p = 0; p < sizes_of_p.size(); ++p) {
+        for (std::size_t i = 0; i < static_cast<std::size_t>(sizes_of_p[p]); ++i, ++offset) {
           double magnitude = 0.0;
           for (int q = 0; q < n; ++q) magnitude += std::abs(scaled_grad(q, p, i, fold_steps - 1));
           const double bound = 4.0 * n * std::ldexp(1.0, -24) * magnitude / (n * 65536.0);
@@ -660,33 +660,28 @@ std::size_t check_average_folding_limits(LocalRunner& run) {
     tandem::GradScaler<> disabled(tandem::GradScalerOptions{.enabled = false});
     failures.expect(!ddp.defer_average_to(disabled, opt),
                     suite::where(me, n, "a disabled scaler took the division"));
-    try {
-      (void)ddp.defer_average_to(scaler, other_opt);
-      failures.add(suite::where(me, n, "another arena's optimizer raised no error"));
-    } catch (const tandem::Error& e) {
-      failures.expect(tandem::test::mentions(e.what(), "not the wrapped arena's"),
-                      suite::where(me, n, "unexpected text: "), e.what());
-    }
+    auto expect_error = [&](const char* call, const char* phrase, auto&& fn) {
+      try {
+        fn();
+        failures.add(suite::where(me, n, call), ": no error");
+      } catch (const tandem::Error& e) {
+        failures.expect(tandem::test::mentions(e.what(), phrase), suite::where(me, n, call),
+                        ": unexpected text: ", e.what());
+      }
+    };
+    expect_error("another arena's optimizer", "not the wrapped arena's",
+                 [&] { (void)ddp.defer_average_to(scaler, other_opt); });
     ddp.grad_ready(arena["w"]);
-    try {
-      (void)ddp.defer_average_to(scaler, opt);
-      failures.add(suite::where(me, n, "defer_average_to mid-step raised no error"));
-    } catch (const tandem::Error& e) {
-      failures.expect(tandem::test::mentions(e.what(), "middle of a step"),
-                      suite::where(me, n, "unexpected text: "), e.what());
-    }
+    expect_error("defer_average_to mid-step", "middle of a step",
+                 [&] { (void)ddp.defer_average_to(scaler, opt); });
     ddp.finish_gradient_sync();
     failures.expect(ddp.defer_average_to(scaler, opt),
                     suite::where(me, n, "the scaler did not take the division"));
     (void)scaler.scale(1.0f);
     ddp.finish_gradient_sync();
-    try {
-      ddp.finish_gradient_sync();  // reduced again, and the last division still pending
-      failures.add(suite::where(me, n, "a second reduction before the unscale raised no error"));
-    } catch (const tandem::Error& e) {
-      failures.expect(tandem::test::mentions(e.what(), "reduced again"),
-                      suite::where(me, n, "unexpected text: "), e.what());
-    }
+    // Reduced again while the last reduction's division is still pending.
+    expect_error("a second reduction before the unscale", "reduced again",
+                 [&] { ddp.finish_gradient_sync(); });
     failures.expect(scaler.step(opt), suite::where(me, n, "the scaler skipped a clean step"));
     scaler.update();
   });
