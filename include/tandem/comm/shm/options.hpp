@@ -20,8 +20,8 @@ struct ShmCommOptions {
   /// of ranks for send and recv.
   std::size_t slot_bytes = std::size_t{1} << 20;
   /// How long a waiting rank polls before it sleeps on a futex. Negative (the default): 50 us
-  /// where the machine has a CPU for every rank of the group, else 0 (sleep at once, so that
-  /// ranks sharing a CPU do not take turns burning it).
+  /// where the machine has four CPUs for every rank of the group, else 0 (sleep at once: ranks
+  /// that share a CPU would take turns burning it).
   std::chrono::microseconds spin{-1};
 };
 

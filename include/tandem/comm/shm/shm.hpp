@@ -26,7 +26,7 @@
 //   the round between, which no rank passes before it has read that half, so an operation needs
 //   no barrier at its end.
 // - The barrier: each rank counts its arrivals in its record. A waiter polls for a while
-//   (options.spin: 50 us where the machine has a CPU per rank, else none), then sleeps on the
+//   (options.spin: 50 us where the machine has 4 CPUs per rank, else none), then sleeps on the
 //   futex word (FUTEX_WAIT on shared memory), which every arrival, message or failure bumps (and
 //   wakes, where a rank sleeps).
 // - Mismatch check, always on, as LocalComm's (it costs a 64-byte write and compare per

@@ -369,9 +369,12 @@ class Engine : public IssueOrder {
  private:
   static std::chrono::microseconds resolve_spin(std::chrono::microseconds asked, int ranks) {
     if (asked.count() >= 0) return asked;
+    // Polling pays only where every rank surely has a CPU of its own: where ranks share one,
+    // the poller burns the time slice its peer needs to arrive (measured on 2 loaded cores: 112
+    // us for a 4 KiB all_reduce with a 50 us poll, 9 us without).
     const unsigned cpus = std::thread::hardware_concurrency();
-    return cpus >= static_cast<unsigned>(ranks) ? std::chrono::microseconds(50)
-                                                : std::chrono::microseconds(0);
+    return cpus >= 4 * static_cast<unsigned>(ranks) ? std::chrono::microseconds(50)
+                                                    : std::chrono::microseconds(0);
   }
 
   /// Every operation starts here: a failed group refuses it; the deadline starts.
@@ -462,7 +465,7 @@ class Engine : public IssueOrder {
     const std::uint64_t target = ++barriers_;
     mine.arrivals.store(target, std::memory_order_release);
     notify();
-    wait([&] { return missing(target).empty(); }, [&] { return missing(target); },
+    wait([&] { return all_arrived(target); }, [&] { return missing(target); },
          [&] {
            std::vector<int> here;
            for (int r = 0; r < size_; ++r) {
@@ -472,6 +475,13 @@ class Engine : public IssueOrder {
                   rank_list(missing(target)) + " (arrived: " + rank_list(here) + ")";
          });
     if (call) check_calls(*call);
+  }
+
+  [[nodiscard]] bool all_arrived(std::uint64_t target) const noexcept {
+    for (int r = 0; r < size_; ++r) {
+      if (ranks_[r].arrivals.load(std::memory_order_acquire) < target) return false;
+    }
+    return true;
   }
 
   [[nodiscard]] std::vector<int> missing(std::uint64_t target) const {
@@ -523,7 +533,7 @@ class Engine : public IssueOrder {
         if (i % 64 == 0 && clock::now() >= until) break;
       }
     }
-    auto next_look = clock::now();
+    auto next_look = clock::now() + poll_interval;
     for (;;) {
       control_->sleepers.fetch_add(1);
       const std::uint32_t seen = control_->epoch.load();
