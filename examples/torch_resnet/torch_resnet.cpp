@@ -320,8 +320,10 @@ double train(Comm& comm, const Settings& settings) {
 
   std::int64_t step = 0;
   std::size_t batches_done = 0;
+  // The module's state_dict keys (num_batches_tracked included): Python loads the parameters with
+  // model.load_state_dict(..., strict=False) from a checkpoint, strict from a model-only file.
   tandem::TrainingState state;
-  state.model(params)
+  tandem::torch::model(state, ddp)
       .optimizer(optimizer)
       .ema(ema, params)
       .scheduler(schedule)

@@ -4,9 +4,11 @@
 //   tandem::torch::DistributedDataParallel ddp(comm, model);    // model: shared_ptr<Net>
 //   auto loss = torch::nn::functional::cross_entropy(ddp.forward(x), y);
 //   opt.zero_grad(); loss.backward(); opt.step();               // averaged when backward returns
+//   tandem::torch::model(state, ddp);                           // checkpoints with state_dict keys
 // Needs: libtorch 1.13 or 2.x (the tandem::torch CMake component).
 #pragma once
 
 #include "tandem/torch/ddp.hpp"
+#include "tandem/torch/state_dict.hpp"
 #include "tandem/torch/sync_batch_norm.hpp"
 #include "tandem/torch/tensor.hpp"

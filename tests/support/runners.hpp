@@ -3,7 +3,8 @@
 //   tandem::test::LocalRunner run;  tandem::test::check_conformance<tandem::LocalComm>(run, 4, m);
 // LocalRunner: n threads of this process on LocalComm. GlooThreadRunner (where TANDEM_TEST_GLOO
 // is defined): n threads, each with its own GlooComm, meeting in a HashStore. ProcessRunner: this
-// process is one rank of a group that exists already. Needs: doctest, tandem/comm/local (and
+// process is one rank of a group that exists already. SplitRunner: this process is one rank of a
+// job, and run(n, fn) splits ranks 0 .. n-1 off it. Needs: doctest, tandem/comm/local (and
 // tandem/comm/gloo with TANDEM_TEST_GLOO).
 #pragma once
 
@@ -11,6 +12,8 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <thread>
 #include <vector>
@@ -53,6 +56,29 @@ struct ProcessRunner {
   void operator()(int world_size, Fn&& fn) {
     REQUIRE(world_size == comm->size());
     fn(*comm);
+  }
+};
+
+/// This process is one rank of `job` (a job tandemrun or mpirun started): run(n, fn) calls fn on
+/// a group of the job's ranks 0 .. n-1 split off it, while the other ranks go on to the job's
+/// barrier. A rank that throws ends its process (the launcher then ends the job) instead of
+/// leaving the others inside a collective.
+template <class Comm>
+struct SplitRunner {
+  Comm* job;
+
+  template <class Fn>
+  void operator()(int n, Fn&& fn) {
+    const int me = job->rank();
+    try {
+      auto group = job->split(me < n ? 0 : tandem::no_color, me);
+      if (group) fn(*group);
+      job->barrier();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "rank %d: %s; exiting\n", me, e.what());
+      std::fflush(stderr);
+      std::_Exit(1);
+    }
   }
 };
 

@@ -53,12 +53,13 @@
 #include <torch/nn/modules/container/any.h>
 #include <torch/nn/pimpl.h>
 
+#include "tandem/arena/parameters.hpp"
 #include "tandem/comm/communicator.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/ddp/ddp.hpp"
-#include "tandem/arena/parameters.hpp"
 #include "tandem/ddp/policies.hpp"
 #include "tandem/tensor/tensor.hpp"
+#include "tandem/torch/state_dict.hpp"
 #include "tandem/torch/tensor.hpp"
 
 namespace tandem::torch {
@@ -105,7 +106,8 @@ inline std::string sizes_text(at::IntArrayRef sizes) {
 }
 
 /// FNV-1a, 64 bits: the same text hashes the same on every rank.
-inline std::uint64_t text_hash(const std::string& text, std::uint64_t hash = 1469598103934665603ull) {
+inline std::uint64_t text_hash(const std::string& text,
+                               std::uint64_t hash = 1469598103934665603ull) {
   for (unsigned char c : text) {
     hash ^= c;
     hash *= 1099511628211ull;
@@ -156,8 +158,8 @@ void require_same_entries(Comm& comm, const std::vector<std::string>& entries,
   for (std::size_t r = 0; r < n; ++r) {
     seen[r] = reinterpret_cast<const char*>(texts.data() + r * text_bytes);
   }
-  std::string cause = "the ranks' modules differ; first difference at entry " +
-                      std::to_string(first) + ":";
+  std::string cause =
+      "the ranks' modules differ; first difference at entry " + std::to_string(first) + ":";
   std::vector<bool> told(n, false);
   for (std::size_t r = 0; r < n; ++r) {
     if (told[r]) continue;
@@ -211,8 +213,8 @@ class DistributedDataParallel {
   /// (see the top of this header). An Error, on every rank, when the ranks' modules differ or a
   /// parameter is not a float32 CPU tensor; the module is left untouched then.
   template <class Module>
-  requires std::derived_from<Module, ::torch::nn::Module>
-  DistributedDataParallel(Comm& comm, std::shared_ptr<Module> module)
+  requires std::derived_from<Module, ::torch::nn::Module> DistributedDataParallel(
+      Comm& comm, std::shared_ptr<Module> module)
       : comm_(&comm), module_(module) {
     if (!module_) throw Error(comm.rank(), operation, "the module is null");
     if constexpr (::torch::detail::has_forward<Module>::value) {
@@ -318,6 +320,11 @@ class DistributedDataParallel {
     for (const auto& [name, tensor] : other_buffers_) out.emplace_back(name, tensor);
     return out;
   }
+  /// The module's state_dict entries that the arena does not hold, by element type: buffers that
+  /// are not float32 and the second names of tied parameters and buffers. With parameters(),
+  /// every key of named_parameters() and named_buffers() once; tandem::torch::model() registers
+  /// both with a checkpoint.
+  [[nodiscard]] NamedTensorSets& tensors_outside_arena() noexcept { return outside_; }
 
  private:
   template <class>
@@ -327,9 +334,9 @@ class DistributedDataParallel {
 
   struct Slot {
     std::string name;
-    at::Tensor tensor;                          // the module's parameter or buffer
+    at::Tensor tensor;  // the module's parameter or buffer
     Parameters<float>::Parameter* entry = nullptr;
-    at::Tensor grad_view;                       // trained: the view of its arena gradient
+    at::Tensor grad_view;  // trained: the view of its arena gradient
     std::shared_ptr<::torch::autograd::Node> accumulator;
     std::uintptr_t hook_key = 0;
   };
@@ -360,7 +367,12 @@ class DistributedDataParallel {
     detail::require_same_entries(*comm_, entries, operation);
 
     // Same everywhere, so every rank raises the same Errors below.
-    std::unordered_map<const void*, std::string> seen;
+    std::unordered_map<const void*, std::string> seen;  // a tensor's first name
+    struct Alias {
+      std::string name, first;
+      at::Tensor tensor;
+    };
+    std::vector<Alias> aliases;  // tied: a tensor's second and later names
     for (const auto& item : params) {
       const auto& t = item.value();
       if (t.scalar_type() != at::kFloat || !t.is_cpu() || t.layout() != c10::kStrided) {
@@ -371,7 +383,10 @@ class DistributedDataParallel {
                         "parameters only (keep parameters float32; use autocast for 16-bit)");
       }
       const auto [where, fresh] = seen.emplace(t.unsafeGetTensorImpl(), item.key());
-      if (!fresh) continue;  // a shared (tied) parameter: its first name owns the slot
+      if (!fresh) {  // a shared (tied) parameter: its first name owns the slot
+        aliases.push_back({item.key(), where->second, t});
+        continue;
+      }
       Slot slot{item.key(), t, nullptr, {}, {}, 0};
       auto shape = detail::shape_of(t.sizes(), item.key(), rank);
       if (t.requires_grad()) {
@@ -385,12 +400,15 @@ class DistributedDataParallel {
     for (const auto& item : buffers) {
       const auto& t = item.value();
       if (auto problem = layout_problem(t); !problem.empty() || !t.is_cpu()) {
-        throw Error(rank, operation,
-                    "buffer '" + item.key() + "': " +
-                        (problem.empty() ? "it is on " + t.device().str() + ", not the CPU"
-                                         : problem));
+        throw Error(
+            rank, operation,
+            "buffer '" + item.key() + "': " +
+                (problem.empty() ? "it is on " + t.device().str() + ", not the CPU" : problem));
       }
-      if (!seen.emplace(t.unsafeGetTensorImpl(), item.key()).second) continue;
+      if (const auto [where, fresh] = seen.emplace(t.unsafeGetTensorImpl(), item.key()); !fresh) {
+        aliases.push_back({item.key(), where->second, t});
+        continue;
+      }
       if (t.scalar_type() == at::kFloat) {
         Slot slot{item.key(), t, nullptr, {}, {}, 0};
         slot.entry = &arena_.add_buffer(item.key(), detail::shape_of(t.sizes(), item.key(), rank));
@@ -400,6 +418,16 @@ class DistributedDataParallel {
       }
     }
     arena_.finalize();
+    for (const auto& [name, t] : other_buffers_) outside_.add(name, t);
+    for (const auto& alias : aliases) {
+      if (const auto* first = arena_.find(alias.first)) {
+        const auto sizes = alias.tensor.sizes();
+        outside_.of<float>().add(alias.name, std::vector<std::int64_t>(sizes.begin(), sizes.end()),
+                                 [first] { return first->value(); });
+      } else {
+        outside_.add(alias.name, alias.tensor);
+      }
+    }
     for (const auto& p : module_->parameters(/*recurse=*/true)) {
       known_.push_back(p.unsafeGetTensorImpl());
     }
@@ -492,7 +520,8 @@ class DistributedDataParallel {
     float* values = arena_.values().data();
     for (const auto& slot : trained_) {
       const void* data = slot.tensor.data_ptr();
-      if (data != attached_values_ + slot.entry->offset() && data != values + slot.entry->offset()) {
+      if (data != attached_values_ + slot.entry->offset() &&
+          data != values + slot.entry->offset()) {
         throw Error(comm_->rank(), where,
                     "parameter '" + slot.name +
                         "' no longer lies in the arena (set_data or .to() after wrapping?); "
@@ -530,6 +559,7 @@ class DistributedDataParallel {
   std::vector<Slot> trained_;
   std::vector<Slot> arena_buffers_;  // float32 buffers and frozen parameters
   std::vector<std::pair<std::string, at::Tensor>> other_buffers_;
+  NamedTensorSets outside_;
   std::vector<const c10::TensorImpl*> known_;
   float* attached_values_ = nullptr;
   float* attached_buffers_ = nullptr;

@@ -48,7 +48,9 @@ constexpr c10::ScalarType scalar_type_of() noexcept {
 }
 
 /// The dtype's name as PyTorch prints it ("Float", "Long", ...), for messages.
-inline std::string dtype_name(c10::ScalarType type) { return c10::toString(type); }
+inline std::string dtype_name(c10::ScalarType type) {
+  return c10::toString(type);
+}
 
 /// Why `t` cannot be seen as a flat tensor (empty when it can): undefined, not strided (sparse,
 /// mkldnn), not contiguous, or on a device other than the CPU or a CUDA GPU.
@@ -80,8 +82,9 @@ template <element_type T, memory_space Space = host>
   if constexpr (host_accessible<Space>) {
     if (!t.is_cpu()) {
       throw Error(rank, operation,
-                  "a " + t.device().str() + " tensor cannot be seen in host memory; use a device "
-                  "communicator (NcclComm) or copy it with .cpu()");
+                  "a " + t.device().str() +
+                      " tensor cannot be seen in host memory; use a device "
+                      "communicator (NcclComm) or copy it with .cpu()");
     }
   } else {
     if (!t.is_cuda()) {

@@ -1,23 +1,35 @@
 // tandem::torch::DistributedDataParallel on LocalComm ranks (threads): gradients after
 // loss.backward() equal one process's gradients over the whole batch, with overlap and with
 // sync_at_end, an unused branch, no_sync accumulation, buffers from rank 0, the arena's names,
-// and the misuses that must be clear Errors.
+// the misuses that must be clear Errors, and (with the io component) checkpoints under the
+// module's state_dict keys: every key once, buffers of every dtype, an exact resume.
 // Tolerance: 1e-5 relative (plus 1e-6 absolute). The ranks' mean is (sum of per-rank float
 // gradients) / n in rank order, the reference a float sum over the same slices in another order:
 // the same numbers up to a few roundings of values of order 1.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include <torch/torch.h>
 
+#include "gradient_check.hpp"
 #include "support/error_of.hpp"
 #include "tandem/comm/local/local.hpp"
 #include "tandem/ddp/policies.hpp"
 #include "tandem/torch.hpp"
+#if TANDEM_TEST_IO
+#include "tandem/io/checkpoint.hpp"
+#include "tandem/io/safetensors.hpp"
+#include "tandem/optim/sgd.hpp"
+#endif
 
 using tandem::LocalComm;
 using tandem::test::contains;
@@ -25,87 +37,18 @@ using tandem::test::error_of;
 
 namespace {
 
-/// Two layers, a branch used only when asked (an unused parameter), a float buffer and an int64
-/// buffer (as BatchNorm has).
-struct NetImpl : torch::nn::Module {
-  NetImpl() {
-    fc1 = register_module("fc1", torch::nn::Linear(6, 8));
-    fc2 = register_module("fc2", torch::nn::Linear(8, 3));
-    spare = register_module("spare", torch::nn::Linear(8, 3));
-    scale = register_buffer("scale", torch::ones({8}));
-    count = register_buffer("count", torch::zeros({1}, torch::kLong));
-  }
-  torch::Tensor forward(torch::Tensor x) {
-    auto h = torch::tanh(fc1->forward(x)) * scale;
-    auto out = fc2->forward(h);
-    if (use_spare) out = out + spare->forward(h);
-    return out;
-  }
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, spare{nullptr};
-  torch::Tensor scale, count;
-  bool use_spare = false;
-};
-TORCH_MODULE(Net);
+using namespace torch_ddp_check;  // Net, Data, slice, reference_grads, ddp_grads
 
-constexpr int batch = 24;  // divides by 1, 2, 3 and 4 ranks
-
-struct Data {
-  torch::Tensor x = torch::randn({batch, 6});
-  torch::Tensor y = torch::randint(0, 3, {batch}, torch::kLong);
-};
-
-/// `n` copies of one freshly initialised Net (made on this thread: libtorch's generator is
-/// global, so ranks-as-threads must not draw from it concurrently).
+/// `n` copies of one freshly initialised Net, made on this thread (see net_from).
 std::vector<Net> copies(int n, std::uint64_t seed) {
   std::vector<Net> nets;
-  for (int r = 0; r < n; ++r) {
-    torch::manual_seed(seed);
-    nets.emplace_back();
-  }
+  for (int r = 0; r < n; ++r) nets.push_back(net_from(seed));
   return nets;
 }
 
-torch::Tensor loss_of(Net& net, const torch::Tensor& x, const torch::Tensor& y) {
-  return torch::nn::functional::cross_entropy(net->forward(x), y);
-}
-
-/// Rank r's slice of micro-batch m (of `micro`) when the batch is split over n ranks.
-std::pair<torch::Tensor, torch::Tensor> slice(const Data& d, int n, int r, int micro, int m) {
-  const int per = batch / n / micro;
-  const int from = r * (batch / n) + m * per;
-  return {d.x.slice(0, from, from + per), d.y.slice(0, from, from + per)};
-}
-
-/// What DDP must leave in every rank's gradients: the mean over ranks of each rank's summed
-/// micro-batch gradients, computed here by one process.
-std::vector<torch::Tensor> reference_grads(Net& net, const Data& d, int n, int micro, bool spare) {
-  net->use_spare = spare;
-  net->zero_grad();
-  for (int r = 0; r < n; ++r) {
-    for (int m = 0; m < micro; ++m) {
-      auto [x, y] = slice(d, n, r, micro, m);
-      (loss_of(net, x, y) / n).backward();
-    }
-  }
-  std::vector<torch::Tensor> grads;
-  for (auto& p : net->parameters()) {
-    grads.push_back(p.grad().defined() ? p.grad().clone() : torch::zeros_like(p));
-  }
-  return grads;
-}
-
-void check_close(const std::vector<torch::Tensor>& got, const std::vector<torch::Tensor>& want,
-                 const std::string& what) {
-  REQUIRE(got.size() == want.size());
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    const bool close = torch::allclose(got[i], want[i], 1e-5, 1e-6);
-    DOCTEST_CHECK_MESSAGE(close, what << ": gradient " << i << " differs by "
-                                      << (got[i] - want[i]).abs().max().item<float>());
-  }
-}
-
+/// On n LocalComm ranks, DDP's gradients after `micro` micro-batches equal one process's.
 template <class... Policies>
-void gradients_match(int n, int micro, bool spare) {
+void gradients_match(int n, int micro, const SpareUse& spare) {
   torch::set_num_threads(1);
   const Data data;
   auto nets = copies(n + 1, 7);
@@ -113,20 +56,8 @@ void gradients_match(int n, int micro, bool spare) {
   std::vector<std::vector<torch::Tensor>> got(n);
   tandem::run_local(n, [&](LocalComm& comm) {
     const int r = comm.rank();
-    Net net = nets[r];
-    net->use_spare = spare;
-    tandem::torch::DistributedDataParallel<LocalComm, Policies...> ddp(comm, net.ptr());
-    for (auto& p : net->parameters()) p.mutable_grad() = torch::Tensor();  // set_to_none
-    {
-      auto guard = ddp.no_sync();
-      for (int m = 0; m + 1 < micro; ++m) {
-        auto [x, y] = slice(data, n, r, micro, m);
-        torch::nn::functional::cross_entropy(ddp.forward(x), y).backward();
-      }
-    }
-    auto [x, y] = slice(data, n, r, micro, micro - 1);
-    torch::nn::functional::cross_entropy(ddp.forward(x), y).backward();
-    for (auto& p : net->parameters()) got[r].push_back(p.grad().clone());
+    nets[r]->use_spare = spare(r);
+    got[r] = ddp_grads<Policies...>(comm, nets[r], data, micro);
   });
   for (int r = 0; r < n; ++r) check_close(got[r], want, "rank " + std::to_string(r));
 }
@@ -136,19 +67,20 @@ void gradients_match(int n, int micro, bool spare) {
 TEST_CASE("gradients after backward() equal one process's over the whole batch (overlap)") {
   for (int n : {2, 3, 4}) {
     CAPTURE(n);
-    gradients_match<>(n, 1, false);
+    gradients_match<>(n, 1, nowhere);
   }
 }
 
 TEST_CASE("the same with sync_at_end, and with a branch one step leaves unused") {
-  gradients_match<tandem::sync_at_end>(2, 1, false);
-  gradients_match<>(3, 1, false);  // spare never used: its gradient is zero everywhere
-  gradients_match<>(2, 1, true);   // and used
+  gradients_match<tandem::sync_at_end>(2, 1, nowhere);
+  gradients_match<>(3, 1, nowhere);     // spare never used: its gradient is zero everywhere
+  gradients_match<>(2, 1, everywhere);  // and used
+  gradients_match<>(3, 1, [](int r) { return r == 1; });  // used by one rank only
 }
 
 TEST_CASE("no_sync accumulates: two local micro-batches, then one reduced backward") {
-  gradients_match<>(2, 2, false);
-  gradients_match<>(4, 3, false);
+  gradients_match<>(2, 2, nowhere);
+  gradients_match<>(4, 3, nowhere);
 }
 
 TEST_CASE(
@@ -216,6 +148,91 @@ TEST_CASE("misuse is a clear Error") {
       DOCTEST_CHECK(contains(e, "float32"));
     });
   }
+  SUBCASE("a rank with one parameter more: the others have 'nothing' there") {
+    std::vector<std::string> errors(3);
+    tandem::run_local(3, [&](LocalComm& comm) {
+      torch::nn::Sequential net(torch::nn::Linear(4, 3));
+      if (comm.rank() == 1) net->push_back(torch::nn::Linear(3, 2));
+      errors[comm.rank()] =
+          error_of([&] { tandem::torch::DistributedDataParallel ddp(comm, net.ptr()); });
+    });
+    for (const auto& e : errors) {
+      DOCTEST_CAPTURE(e);
+      DOCTEST_CHECK(contains(e, "differ"));
+      DOCTEST_CHECK(contains(e, "ranks 0, 2 have nothing (fewer entries)"));
+      DOCTEST_CHECK(contains(e, "rank 1 has parameter '1.weight'"));
+    }
+  }
+  SUBCASE("ranks whose parameters differ in dtype, or whose buffers differ") {
+    std::vector<std::string> dtypes(2), buffers(2);
+    tandem::run_local(2, [&](LocalComm& comm) {
+      torch::nn::Sequential net(torch::nn::Linear(4, 3));
+      if (comm.rank() == 1) net->to(torch::kDouble);
+      dtypes[comm.rank()] =
+          error_of([&] { tandem::torch::DistributedDataParallel ddp(comm, net.ptr()); });
+      Net other;
+      if (comm.rank() == 0) other->register_buffer("extra", torch::zeros({2}));
+      buffers[comm.rank()] =
+          error_of([&] { tandem::torch::DistributedDataParallel ddp(comm, other.ptr()); });
+    });
+    for (int r = 0; r < 2; ++r) {
+      DOCTEST_CAPTURE(dtypes[r]);
+      DOCTEST_CHECK(contains(dtypes[r], "rank 1 has parameter '0.weight' [3, 4] Double"));
+      DOCTEST_CHECK(contains(dtypes[r], "rank 0 has parameter '0.weight' [3, 4] Float"));
+      DOCTEST_CAPTURE(buffers[r]);
+      DOCTEST_CHECK(contains(buffers[r], "buffer 'extra'"));
+    }
+  }
+  SUBCASE("a parameter replaced or converted after wrapping") {
+    tandem::run_local(1, [](LocalComm& comm) {
+      Net net;
+      tandem::torch::DistributedDataParallel ddp(comm, net.ptr());
+      {
+        torch::NoGradGuard no_grad;
+        net->fc2->weight.set_data(torch::zeros({3, 8}));
+      }
+      auto e = error_of([&] { ddp.forward(torch::zeros({2, 6})); });
+      DOCTEST_CAPTURE(e);
+      DOCTEST_CHECK(contains(e, "'fc2.weight' no longer lies in the arena"));
+    });
+    tandem::run_local(1, [](LocalComm& comm) {
+      Net net;
+      tandem::torch::DistributedDataParallel ddp(comm, net.ptr());
+      net->to(torch::kDouble);
+      auto e = error_of([&] { ddp.forward(torch::zeros({2, 6}, torch::kDouble)); });
+      DOCTEST_CAPTURE(e);
+      DOCTEST_CHECK(contains(e, "no longer lies in the arena"));
+    });
+  }
+  SUBCASE("a parameter registered after wrapping, found when backward ends") {
+    tandem::run_local(1, [](LocalComm& comm) {
+      Net net;
+      tandem::torch::DistributedDataParallel ddp(comm, net.ptr());
+      auto out = ddp.forward(torch::ones({2, 6}));
+      net->fc1->register_parameter("late", torch::zeros({2}));
+      const auto e = error_of([&] { out.sum().backward(); });
+      DOCTEST_CAPTURE(e);
+      DOCTEST_CHECK(contains(e, "changed after it was wrapped"));
+      DOCTEST_CHECK(contains(e, "'fc1.late'"));
+    });
+  }
+  SUBCASE("a typed view of the wrong dtype, of a non-contiguous tensor, an integer mean") {
+    tandem::run_local(1, [](LocalComm& comm) {
+      const auto d = torch::zeros({4}, torch::kDouble);
+      auto e = error_of([&] { (void)tandem::torch::view<float>(d); });
+      DOCTEST_CHECK(contains(e, "the tensor's dtype is Double, the view's Float"));
+      const auto slice = torch::zeros({4, 4}).slice(1, 0, 2);
+      e = error_of([&] { (void)tandem::torch::view<float>(slice); });
+      DOCTEST_CHECK(contains(e, "not contiguous"));
+      e = error_of([&] { comm.all_reduce(tandem::torch::view<float>(d, "my_reduce", 0)); });
+      DOCTEST_CHECK(contains(e, "my_reduce"));
+      DOCTEST_CHECK(contains(e, "rank 0"));
+      e = error_of([&] { (void)tandem::reduce_mean(comm, torch::ones({2}, torch::kLong)); });
+      DOCTEST_CHECK(contains(e, "not floating"));
+      e = error_of([&] { tandem::torch::broadcast(comm, torch::Tensor(), 0); });
+      DOCTEST_CHECK(contains(e, "undefined"));
+    });
+  }
   SUBCASE("a non-contiguous or unsupported tensor in a collective") {
     tandem::run_local(1, [](LocalComm& comm) {
       auto t = torch::zeros({3, 4}).t();
@@ -240,3 +257,211 @@ TEST_CASE("reduce_mean and all_reduce take torch tensors") {
     DOCTEST_CHECK(l.item<std::int64_t>() == 2);
   });
 }
+
+#if TANDEM_TEST_IO
+namespace {
+
+/// The model that tests/unit/torch/load_state_dict.py builds in PyTorch: nested names, a
+/// BatchNorm (float running statistics, the int64 num_batches_tracked), a frozen parameter (in
+/// the arena's buffer block) and a tied one ("tied" and "head.weight", one tensor).
+struct TinyImpl : torch::nn::Module {
+  TinyImpl() {
+    body = register_module("body",
+                           torch::nn::Sequential(torch::nn::Linear(4, 6), torch::nn::BatchNorm1d(6),
+                                                 torch::nn::ReLU()));
+    head = register_module("head", torch::nn::Linear(6, 3));
+    tied = register_parameter("tied", head->weight);
+    body[0]->as<torch::nn::Linear>()->bias.set_requires_grad(false);
+  }
+  torch::Tensor forward(torch::Tensor x) { return head->forward(body->forward(x)); }
+  torch::nn::Sequential body{nullptr};
+  torch::nn::Linear head{nullptr};
+  torch::Tensor tied;
+};
+TORCH_MODULE(Tiny);
+
+/// Two ranks' batches for `steps` steps, drawn on this thread (libtorch's generator is global).
+struct Steps {
+  Steps(int steps, std::uint64_t seed) {
+    torch::manual_seed(seed);
+    for (int s = 0; s < steps; ++s) {
+      for (int r = 0; r < 2; ++r) {
+        x.push_back(torch::randn({5, 4}));
+        y.push_back(torch::randint(0, 3, {5}, torch::kLong));
+      }
+    }
+  }
+  std::vector<torch::Tensor> x, y;  // step s, rank r at 2 * s + r
+};
+
+template <class Ddp, class Optimizer>
+void train(Ddp& ddp, Optimizer& opt, const Steps& data, int rank, int from, int to) {
+  for (int s = from; s < to; ++s) {
+    const auto i = static_cast<std::size_t>(2 * s + rank);
+    auto loss = torch::nn::functional::cross_entropy(ddp.forward(data.x[i]), data.y[i]);
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+  }
+}
+
+/// Every state_dict key of the module, sorted.
+std::vector<std::string> state_dict_keys(torch::nn::Module& module) {
+  std::vector<std::string> keys;
+  for (const auto& item : module.named_parameters()) keys.push_back(item.key());
+  for (const auto& item : module.named_buffers()) keys.push_back(item.key());
+  std::sort(keys.begin(), keys.end());
+  return keys;
+}
+
+/// Clones of every parameter and buffer, in state_dict order.
+std::vector<torch::Tensor> snapshot(torch::nn::Module& module) {
+  std::vector<torch::Tensor> out;
+  for (const auto& item : module.named_parameters()) out.push_back(item.value().detach().clone());
+  for (const auto& item : module.named_buffers()) out.push_back(item.value().clone());
+  return out;
+}
+
+/// A fresh directory for this test's files; TANDEM_TORCH_STATE_DICT_DIR when set (the Python
+/// check, torch_state_dict_python, reads the files from there).
+std::filesystem::path test_directory(const char* name) {
+  if (const char* dir = std::getenv("TANDEM_TORCH_STATE_DICT_DIR")) {
+    std::filesystem::create_directories(dir);
+    return dir;
+  }
+  auto dir = std::filesystem::temp_directory_path() /
+             ("tandem-torch-" + std::string(name) + "-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+}  // namespace
+
+TEST_CASE("checkpoints: tensors under the module's state_dict keys, each once, every buffer") {
+  torch::set_num_threads(1);
+  const auto dir = test_directory("state-dict");
+  std::vector<Tiny> nets;
+  for (int r = 0; r < 2; ++r) {
+    torch::manual_seed(3);
+    nets.emplace_back();
+  }
+  const Steps data(3, 4);
+  torch::manual_seed(5);
+  const auto probe = torch::randn({7, 4});
+  tandem::run_local(2, [&](LocalComm& comm) {
+    const int r = comm.rank();
+    tandem::torch::DistributedDataParallel ddp(comm, nets[r].ptr());
+    tandem::optim::SGD opt(ddp.parameters(), {.lr = 0.1});
+    train(ddp, opt, data, r, 0, 3);
+    tandem::TrainingState state;
+    tandem::torch::model(state, ddp);  // a model-only file
+    tandem::save_checkpoint(comm, dir / "model.safetensors", state);
+    if (r == 0) {  // what the model computes, for the Python check to compare with
+      nets[r]->eval();
+      torch::NoGradGuard no_grad;
+      const auto y = ddp.forward(probe).contiguous();
+      tandem::SafetensorsWriter expected;
+      expected.add("x", tandem::torch::view<float>(probe), {7, 4});
+      expected.add("y", tandem::torch::view<float>(y), {7, 3});
+      expected.write(dir / "expected.safetensors");
+    }
+  });
+  Tiny& net = nets[0];  // unwrapped: its own copies of what the arena held
+  const auto file = tandem::SafetensorsFile::map(dir / "model.safetensors");
+  std::vector<std::string> in_file;
+  for (const auto& entry : file.tensors()) in_file.push_back(entry.name);
+  std::sort(in_file.begin(), in_file.end());
+  const auto keys = state_dict_keys(*net);
+  DOCTEST_CHECK(in_file == keys);
+  DOCTEST_CHECK(std::find(keys.begin(), keys.end(), "body.1.num_batches_tracked") != keys.end());
+  DOCTEST_CHECK(std::find(keys.begin(), keys.end(), "tied") != keys.end());
+  DOCTEST_CHECK(file.entry("body.1.num_batches_tracked").dtype == tandem::st_dtype::I64);
+  DOCTEST_CHECK(file.values<std::int64_t>("body.1.num_batches_tracked") ==
+                std::vector<std::int64_t>{3});
+  DOCTEST_CHECK(file.entry("body.1.running_var").shape == std::vector<std::int64_t>{6});
+  DOCTEST_CHECK(file.entry("head.weight").shape == std::vector<std::int64_t>{3, 6});
+  for (const auto& item : net->named_parameters()) {
+    auto values = file.values<float>(item.key());
+    DOCTEST_CHECK_MESSAGE(
+        torch::equal(torch::from_blob(values.data(), item.value().sizes()), item.value()),
+        item.key());
+  }
+  for (const auto& item : net->named_buffers()) {
+    if (item.value().scalar_type() != torch::kFloat) continue;
+    auto values = file.values<float>(item.key());
+    DOCTEST_CHECK_MESSAGE(
+        torch::equal(torch::from_blob(values.data(), item.value().sizes()), item.value()),
+        item.key());
+  }
+  if (!std::getenv("TANDEM_TORCH_STATE_DICT_DIR")) std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("checkpoints: a run resumed at step 3 ends bit-identical to the uninterrupted run") {
+  torch::set_num_threads(1);
+  const auto dir = test_directory("resume");
+  std::vector<Tiny> straight_nets, resumed_nets;
+  for (int r = 0; r < 2; ++r) {
+    torch::manual_seed(3);
+    straight_nets.emplace_back();
+    torch::manual_seed(11 + r);  // another start: everything must come from the file
+    resumed_nets.emplace_back();
+  }
+  const Steps data(5, 6);
+  std::vector<std::vector<torch::Tensor>> straight(2), resumed(2);
+  tandem::run_local(2, [&](LocalComm& comm) {
+    const int r = comm.rank();
+    {
+      tandem::torch::DistributedDataParallel ddp(comm, straight_nets[r].ptr());
+      tandem::optim::SGD opt(ddp.parameters(), {.lr = 0.1, .momentum = 0.9});
+      tandem::TrainingState state;
+      tandem::torch::model(state, ddp).optimizer(opt);
+      train(ddp, opt, data, r, 0, 3);
+      tandem::save_checkpoint(comm, dir / "step-3.safetensors", state);
+      train(ddp, opt, data, r, 3, 5);
+      straight[r] = snapshot(*straight_nets[r]);
+    }
+    {
+      tandem::torch::DistributedDataParallel ddp(comm, resumed_nets[r].ptr());
+      tandem::optim::SGD opt(ddp.parameters(), {.lr = 0.1, .momentum = 0.9});
+      tandem::TrainingState state;
+      tandem::torch::model(state, ddp).optimizer(opt);
+      tandem::load_checkpoint(comm, dir / "step-3.safetensors", state);
+      train(ddp, opt, data, r, 3, 5);
+      resumed[r] = snapshot(*resumed_nets[r]);
+    }
+  });
+  const auto keys = state_dict_keys(*straight_nets[0]);
+  for (int r = 0; r < 2; ++r) {
+    DOCTEST_REQUIRE(straight[r].size() == resumed[r].size());
+    std::size_t i = 0;
+    for (const auto& item : straight_nets[0]->named_parameters()) {
+      DOCTEST_CHECK_MESSAGE(torch::equal(straight[r][i], resumed[r][i]),
+                            "rank " << r << " " << item.key());
+      ++i;
+    }
+    for (const auto& item : straight_nets[0]->named_buffers()) {
+      DOCTEST_CHECK_MESSAGE(torch::equal(straight[r][i], resumed[r][i]),
+                            "rank " << r << " " << item.key());
+      ++i;
+    }
+  }
+  DOCTEST_CHECK(straight_nets[0]
+                    ->body[1]
+                    ->as<torch::nn::BatchNorm1d>()
+                    ->num_batches_tracked.item<std::int64_t>() == 5);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("checkpoints: a buffer of a dtype the file cannot hold is an Error naming it") {
+  tandem::run_local(1, [](LocalComm& comm) {
+    Net net;
+    net->register_buffer("mask", torch::ones({3}, torch::kBool));
+    tandem::torch::DistributedDataParallel ddp(comm, net.ptr());  // training does not mind
+    tandem::TrainingState state;
+    const auto e = error_of([&] { tandem::torch::model(state, ddp); });
+    DOCTEST_CAPTURE(e);
+    DOCTEST_CHECK(contains(e, "'mask' (Bool)"));
+  });
+}
+#endif
