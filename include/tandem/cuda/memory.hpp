@@ -4,10 +4,7 @@
 // Needs: the CUDA runtime; include from .cu translation units (nvcc).
 #pragma once
 
-#if !defined(__CUDACC__)
-#error \
-    "tandem's CUDA headers are for .cu translation units compiled by nvcc; CPU code includes <tandem/tandem.hpp>"
-#endif
+#include "tandem/cuda/detail/nvcc_only.hpp"  // first: stops a non-nvcc build here
 
 #include <concepts>
 #include <cstddef>

@@ -65,6 +65,7 @@
 #include "tandem/comm/communicator.hpp"
 #include "tandem/core/config.hpp"
 #include "tandem/core/error.hpp"
+#include "tandem/tensor/detail/scalar_math.hpp"
 #include "tandem/tensor/exec.hpp"
 #include "tandem/tensor/memory.hpp"
 #include "tandem/tensor/tensor.hpp"
@@ -222,15 +223,6 @@ struct input_gradient {
   }
 };
 
-/// The square root, correctly rounded on the host and on the device alike.
-TANDEM_HD inline double square_root(double x) {
-#if defined(__CUDA_ARCH__)
-  return ::sqrt(x);
-#else
-  return std::sqrt(x);
-#endif
-}
-
 /// data[i] = value.
 template <class T>
 struct fill {
@@ -271,7 +263,7 @@ struct channel_moments {
     const Acc v = squares / count;
     mean[c] = m;
     if (variance != nullptr) variance[c] = v;
-    invstd[c] = Acc{1} / square_root(v + eps);
+    invstd[c] = Acc{1} / square_root(static_cast<double>(v + eps));
   }
 };
 
@@ -312,7 +304,7 @@ struct merge_statistics {
     const Acc v = Acc{} < biased ? biased : Acc{};
     mean[c] = merged;
     variance[c] = v;
-    invstd[c] = Acc{1} / square_root(v + eps);
+    invstd[c] = Acc{1} / square_root(static_cast<double>(v + eps));
     if (c == 0) *total = n;
   }
 };
@@ -360,7 +352,7 @@ struct running_statistics {
   Acc* invstd;
   TANDEM_HD void operator()(std::size_t c) const {
     mean[c] = static_cast<Acc>(running_mean[c]);
-    invstd[c] = Acc{1} / square_root(static_cast<Acc>(running_var[c]) + eps);
+    invstd[c] = Acc{1} / square_root(static_cast<double>(static_cast<Acc>(running_var[c]) + eps));
   }
 };
 

@@ -21,6 +21,7 @@
 #include "tandem/core/config.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/tensor/exec.hpp"
+#include "tandem/tensor/detail/scalar_math.hpp"
 #include "tandem/tensor/memory.hpp"
 #include "tandem/tensor/tensor.hpp"
 
@@ -227,57 +228,10 @@ struct fill_zeros {
   TANDEM_HD void operator()(std::size_t i) const { data[i] = T{}; }
 };
 
-/// a * b + c rounded once (fused multiply-add). PyTorch's CPU kernels compute
-/// `add(x, alpha=a)` and `addcmul` with it, so matching them bitwise needs it too. The device has
-/// it natively; on the host it is an instruction where the code is compiled for one (-mfma,
-/// -march=native, or run_pass's FMA clone below) and a call to the C library otherwise.
-TANDEM_HD inline float fused_multiply_add(float a, float b, float c) {
-#if defined(__CUDA_ARCH__)
-  return ::fmaf(a, b, c);
-#else
-  return std::fma(a, b, c);
-#endif
-}
-TANDEM_HD inline double fused_multiply_add(double a, double b, double c) {
-#if defined(__CUDA_ARCH__)
-  return ::fma(a, b, c);
-#else
-  return std::fma(a, b, c);
-#endif
-}
-
-/// a * b rounded on its own. nvcc fuses a product into a following addition by default
-/// (--fmad=true); PyTorch stores the product first (`mul_`), so the device must not fuse it.
-TANDEM_HD inline float multiply(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-TANDEM_HD inline double multiply(double a, double b) {
-#if defined(__CUDA_ARCH__)
-  return __dmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-
-/// Square root on host and device alike.
-TANDEM_HD inline float square_root(float x) {
-#if defined(__CUDA_ARCH__)
-  return ::sqrtf(x);
-#else
-  return std::sqrt(x);
-#endif
-}
-TANDEM_HD inline double square_root(double x) {
-#if defined(__CUDA_ARCH__)
-  return ::sqrt(x);
-#else
-  return std::sqrt(x);
-#endif
-}
+// The optimizers' scalar arithmetic, rounded alike on the host and the device.
+using tandem::detail::fused_multiply_add;
+using tandem::detail::multiply;
+using tandem::detail::square_root;
 
 /// A checked lookup in a state_dict's option map.
 inline double option(const std::map<std::string, double>& options, const std::string& key,

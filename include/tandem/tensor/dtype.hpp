@@ -87,69 +87,69 @@ TANDEM_HD constexpr float bfloat16_bits_to_float(std::uint16_t b) noexcept {
 
 }  // namespace detail
 
-/// IEEE 754 binary16. Stores bits; arithmetic happens in float (convert, compute, convert back).
-struct half {
-  std::uint16_t bits = 0;  ///< the binary16 bit pattern
+/// A namespace of its own: argument-dependent lookup on half and bfloat16 looks into their base
+/// class's namespace, and must find nothing there but the base.
+namespace detail::float16 {
 
-  half() = default;
-  /// `value` rounded to the nearest binary16, ties to even (overflow gives infinity).
-  TANDEM_HD constexpr explicit half(float value) noexcept
-      : bits(detail::float_to_half_bits(value)) {}
-  /// The exact float of the same value.
-  TANDEM_HD constexpr operator float() const noexcept { return detail::half_bits_to_float(bits); }
+/// What half and bfloat16 share: their 16 bits, making one from a bit pattern, and equality as
+/// floats (so +0 equals -0 and NaN equals nothing). Self converts to float.
+template <class Self>
+struct storage {
+  std::uint16_t bits = 0;  ///< the bit pattern
 
-  /// The half with the bit pattern `raw`.
-  TANDEM_HD static constexpr half from_bits(std::uint16_t raw) noexcept {
-    half h;
-    h.bits = raw;
-    return h;
+  /// The value with the bit pattern `raw`.
+  TANDEM_HD static constexpr Self from_bits(std::uint16_t raw) noexcept {
+    Self value;
+    value.bits = raw;
+    return value;
   }
 
-#if defined(__CUDACC__)
-  // From CUDA's type implicitly; to it explicitly, or `a + b` would be ambiguous under nvcc
-  // (__half's operators against float's) where g++ picks float.
-  TANDEM_HD half(__half value) noexcept : bits(__half_as_ushort(value)) {}
-  TANDEM_HD explicit operator __half() const noexcept {
-    return __ushort_as_half(bits);
-  }
-#endif
-
-  friend TANDEM_HD constexpr bool operator==(half a, half b) noexcept {
+  friend TANDEM_HD constexpr bool operator==(Self a, Self b) noexcept {
     return static_cast<float>(a) == static_cast<float>(b);
   }
 };
 
-/// bfloat16: the top half of a binary32. Arithmetic happens in float.
-struct bfloat16 {
-  std::uint16_t bits = 0;  ///< the top 16 bits of the binary32
+}  // namespace detail::float16
 
+/// IEEE 754 binary16. Stores bits (`h.bits`, the binary16 bit pattern; half::from_bits(raw)
+/// makes one from them); arithmetic happens in float (convert, compute, convert back).
+struct half : detail::float16::storage<half> {
+  half() = default;
+  /// `value` rounded to the nearest binary16, ties to even (overflow gives infinity).
+  TANDEM_HD constexpr explicit half(float value) noexcept
+      : storage{detail::float_to_half_bits(value)} {}
+  /// The exact float of the same value.
+  TANDEM_HD constexpr operator float() const noexcept { return detail::half_bits_to_float(bits); }
+
+#if defined(__CUDACC__)
+  // From CUDA's type implicitly; to it explicitly, or `a + b` would be ambiguous under nvcc
+  // (__half's operators against float's) where g++ picks float.
+  TANDEM_HD half(__half value) noexcept : storage{__half_as_ushort(value)} {}
+  TANDEM_HD explicit operator __half() const noexcept {
+    return __ushort_as_half(bits);
+  }
+#endif
+};
+
+/// bfloat16: the top half of a binary32 (`b.bits`; bfloat16::from_bits(raw) makes one from
+/// them). Arithmetic happens in float.
+struct bfloat16 : detail::float16::storage<bfloat16> {
   bfloat16() = default;
   /// `value` rounded to the nearest bfloat16, ties to even (NaN stays NaN).
   TANDEM_HD constexpr explicit bfloat16(float value) noexcept
-      : bits(detail::float_to_bfloat16_bits(value)) {}
+      : storage{detail::float_to_bfloat16_bits(value)} {}
   /// The exact float of the same value.
   TANDEM_HD constexpr operator float() const noexcept {
     return detail::bfloat16_bits_to_float(bits);
   }
 
-  /// The bfloat16 with the bit pattern `raw`.
-  TANDEM_HD static constexpr bfloat16 from_bits(std::uint16_t raw) noexcept {
-    bfloat16 b;
-    b.bits = raw;
-    return b;
-  }
-
 #if defined(__CUDACC__)
   // From CUDA's type implicitly; to it explicitly (see half).
-  TANDEM_HD bfloat16(__nv_bfloat16 value) noexcept : bits(__bfloat16_as_ushort(value)) {}
+  TANDEM_HD bfloat16(__nv_bfloat16 value) noexcept : storage{__bfloat16_as_ushort(value)} {}
   TANDEM_HD explicit operator __nv_bfloat16() const noexcept {
     return __ushort_as_bfloat16(bits);
   }
 #endif
-
-  friend TANDEM_HD constexpr bool operator==(bfloat16 a, bfloat16 b) noexcept {
-    return static_cast<float>(a) == static_cast<float>(b);
-  }
 };
 
 static_assert(sizeof(half) == 2 && std::is_trivially_copyable_v<half>);

@@ -28,20 +28,7 @@ inline constexpr bool is_float16 = std::is_same_v<T, half> || std::is_same_v<T, 
 
 /// The type a reduction accumulates in: float for the 16-bit floats, T otherwise.
 template <class T>
-struct accumulator {
-  using type = T;
-};
-template <>
-struct accumulator<half> {
-  using type = float;
-};
-template <>
-struct accumulator<bfloat16> {
-  using type = float;
-};
-
-template <class T>
-using accumulator_t = typename accumulator<T>::type;
+using accumulator_t = std::conditional_t<is_float16<T>, float, T>;
 
 /// Integers are summed and multiplied in their unsigned twin (defined wrap-around).
 template <class T>
