@@ -206,7 +206,10 @@ TEST_CASE("ShmComm: no segment is left in /dev/shm once a group is made") {
 int main(int argc, char** argv) {
   doctest::Context context(argc, argv);
   try {
-    world_comm.emplace(tandem::init_process_group<tandem::ShmComm>("env://", {.timeout = 60s}));
+    // Small slots (the groups split off it inherit them): dozens of groups are made, and each
+    // reserves 2 slots per rank in /dev/shm.
+    world_comm.emplace(tandem::init_process_group<tandem::ShmComm>(
+        "env://", {.timeout = 60s, .slot_bytes = std::size_t{256} << 10}));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "shm_conformance: %s\n", e.what());
     return 1;

@@ -16,9 +16,10 @@ struct ShmCommOptions {
   /// How long any wait (rendezvous, collective, send, recv) lasts before it raises tandem::Error.
   Timeout timeout = default_timeout;
   /// Bytes of each of a rank's two staging slots: a collective moves a larger tensor through in
-  /// pieces of this size. A group's segment holds 2 x slot_bytes per rank, plus 64 KiB per pair
-  /// of ranks for send and recv.
-  std::size_t slot_bytes = std::size_t{1} << 20;
+  /// pieces of this size, one barrier each. A group's segment holds 2 x slot_bytes per rank, plus
+  /// 64 KiB per pair of ranks for send and recv; where /dev/shm has no room for it, rank 0 halves
+  /// the slots (down to 256 KiB) before it gives up.
+  std::size_t slot_bytes = std::size_t{4} << 20;
   /// How long a waiting rank polls before it sleeps on a futex. Negative (the default): 50 us
   /// where the machine has four CPUs for every rank of the group, else 0 (sleep at once: ranks
   /// that share a CPU would take turns burning it).

@@ -767,24 +767,36 @@ inline std::unique_ptr<Engine> connect(AnyStore& store, const std::string& prefi
                     " is too small for " + std::to_string(size) + " ranks (at least " +
                     std::to_string(size * 8) + ")");
   }
-  const Layout layout(size, options.slot_bytes);
+  // Rank 0 halves the slots while /dev/shm has no room for the segment (down to 256 KiB), and
+  // announces the size it made with the name.
+  std::optional<Layout> layout;
   std::optional<Segment> segment;
   if (rank == 0) {
+    const std::size_t smallest = std::min(options.slot_bytes, std::size_t{256} << 10);
     try {
-      segment.emplace(Segment::create(rank, layout, operation));
+      for (std::size_t slot = options.slot_bytes;; slot /= 2) {
+        bool no_room = false;
+        layout.emplace(size, slot);
+        segment.emplace(
+            Segment::create(rank, *layout, operation, slot / 2 >= smallest ? &no_room : nullptr));
+        if (!no_room) break;
+      }
     } catch (const Error& e) {
       scoped.set("segment", std::string("!") + e.what());  // the others raise it too
       throw;
     }
-    scoped.set("segment", segment->name());
+    scoped.set("segment", segment->name() + " " + std::to_string(layout->slot_bytes));
   } else {
-    const std::string name = scoped.get("segment", options.timeout);
-    if (!name.empty() && name.front() == '!') {
-      throw Error(rank, operation, "rank 0 could not make the group's segment: " + name.substr(1));
+    const std::string record = scoped.get("segment", options.timeout);
+    if (!record.empty() && record.front() == '!') {
+      throw Error(rank, operation,
+                  "rank 0 could not make the group's segment: " + record.substr(1));
     }
-    segment.emplace(Segment::open(rank, name, layout, operation));
+    const auto space = record.rfind(' ');
+    layout.emplace(size, static_cast<std::size_t>(std::atoll(record.c_str() + space + 1)));
+    segment.emplace(Segment::open(rank, record.substr(0, space), *layout, operation));
   }
-  auto engine = std::make_unique<Engine>(std::move(*segment), layout, rank, std::move(pids), store,
+  auto engine = std::make_unique<Engine>(std::move(*segment), *layout, rank, std::move(pids), store,
                                          prefix, options);
   engine->join();
   return engine;

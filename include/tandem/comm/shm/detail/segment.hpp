@@ -211,8 +211,10 @@ class Segment {
   }
 
   /// A new segment of `layout.total` bytes, its memory reserved (a full /dev/shm is an Error
-  /// here, not a SIGBUS later) and its control block and rank records constructed.
-  static Segment create(int rank, const Layout& layout, const char* operation) {
+  /// here, not a SIGBUS later) and its control block and rank records constructed. Where
+  /// /dev/shm has no room and `no_room` is given, sets it and returns an empty Segment instead.
+  static Segment create(int rank, const Layout& layout, const char* operation,
+                        bool* no_room = nullptr) {
     sweep_stale_segments();
     Segment segment;
     Fd fd;
@@ -233,6 +235,10 @@ class Segment {
     const int error =
         ::ftruncate(fd.get(), bytes) != 0 ? errno : ::posix_fallocate(fd.get(), 0, bytes);
     if (error != 0) {  // the destructor unlinks the name
+      if (no_room && (error == ENOSPC || error == ENOMEM || error == EFBIG)) {
+        *no_room = true;
+        return Segment();
+      }
       throw Error(rank, operation,
                   "cannot reserve " + std::to_string(layout.total >> 10) + " KiB in /dev/shm (" +
                       errno_text(error) +
