@@ -1,7 +1,8 @@
 # Conan 2 recipe for tandem, a header-only library, and its tools: the options gloo ... io only
 # decide which components a consumer gets, each one linking a library that the machine provides
 # (Debian's libgloo-dev, an MPI, the CUDA toolkit and NCCL, zlib for the data readers,
-# nlohmann-json for io). The tools option (on by default) builds tandemrun (with the machine's
+# nlohmann-json for io, libtorch for torch: Debian's libtorch-dev, or PyTorch's wheel through
+# CMAKE_PREFIX_PATH). The tools option (on by default) builds tandemrun (with the machine's
 # CLI11) and, with io, tandem-ckpt into bin/; with tools=False the package is headers only, one
 # package for every configuration (the package id is empty).
 #   conan create packaging/conan -s compiler.cppstd=20 [-o "tandem/*:gloo=True"]
@@ -25,8 +26,8 @@ class TandemConan(ConanFile):
     topics = ("distributed", "training", "ddp", "header-only")
     package_type = "header-library"
     settings = "os", "arch", "compiler", "build_type"
-    options = {"gloo": [True, False], "mpi": [True, False], "cuda": [True, False], "nccl": [True, False], "data": [True, False], "io": [True, False], "tools": [True, False]}
-    default_options = {"gloo": False, "mpi": False, "cuda": False, "nccl": False, "data": False, "io": False, "tools": True}
+    options = {"gloo": [True, False], "mpi": [True, False], "cuda": [True, False], "nccl": [True, False], "data": [True, False], "io": [True, False], "torch": [True, False], "tools": [True, False]}
+    default_options = {"gloo": False, "mpi": False, "cuda": False, "nccl": False, "data": False, "io": False, "torch": False, "tools": True}
     no_copy_source = True
 
     # The recipe lives two folders below the sources it packages.
@@ -76,7 +77,9 @@ class TandemConan(ConanFile):
             "TANDEM_BUILD_TOOLS": "ON",
             "TANDEM_WITH_IO": "ON" if self.options.io else "OFF",
             "TANDEM_WITH_DATA": "OFF", "TANDEM_WITH_GLOO": "OFF", "TANDEM_WITH_MPI": "OFF",
-            "TANDEM_WITH_CUDA": "OFF", "TANDEM_WITH_TORCH": "OFF",
+            "TANDEM_WITH_CUDA": "OFF",
+            # The tools do not use libtorch; ON checks at package time that it is found.
+            "TANDEM_WITH_TORCH": "ON" if self.options.torch else "OFF",
         })
         toolchain.generate()
 
@@ -99,7 +102,7 @@ class TandemConan(ConanFile):
 
     def package_info(self):
         # find_package(tandem CONFIG) gives the same targets as tandem's own CMake package:
-        # tandem::tandem, and tandem::gloo / mpi / cuda / nccl / data / io for the options that are on.
+        # tandem::tandem, and tandem::gloo / mpi / cuda / nccl / data / io / torch for the options that are on.
         bindirs = ["bin"] if self.options.tools else []
         self.cpp_info.bindirs = bindirs
         self.cpp_info.libdirs = []
@@ -115,7 +118,7 @@ class TandemConan(ConanFile):
         core.libdirs = []
         core.system_libs = ["pthread"]
 
-        engines = {"gloo": (["gloo"], ["core"]), "mpi": (["mpi"], ["core"]), "cuda": (["cudart"], ["core"]), "nccl": (["nccl"], ["cuda"]), "data": (["z"], ["core"]), "io": ([], ["core"])}
+        engines = {"gloo": (["gloo"], ["core"]), "mpi": (["mpi"], ["core"]), "cuda": (["cudart"], ["core"]), "nccl": (["nccl"], ["cuda"]), "data": (["z"], ["core"]), "io": ([], ["core"]), "torch": ([], ["core"])}
         for name, (system_libs, requires) in engines.items():
             if not self.options.get_safe(name):
                 continue

@@ -30,3 +30,7 @@ if(TARGET tandem::data)
   find_package(ZLIB REQUIRED)
   target_link_libraries(tandem::data INTERFACE ZLIB::ZLIB)
 endif()
+if(TARGET tandem::torch)
+  find_package(Torch REQUIRED)  # Debian's libtorch-dev, or PyTorch's wheel on CMAKE_PREFIX_PATH
+  target_link_libraries(tandem::torch INTERFACE ${TORCH_LIBRARIES})
+endif()

@@ -12,6 +12,7 @@ vcpkg_check_features(OUT_FEATURE_OPTIONS FEATURE_OPTIONS
     cuda TANDEM_WITH_CUDA
     data TANDEM_WITH_DATA
     io   TANDEM_WITH_IO
+    torch TANDEM_WITH_TORCH
     tools TANDEM_BUILD_TOOLS)
 
 vcpkg_cmake_configure(

@@ -1,8 +1,9 @@
 # cmake -DCONAN=<conan> -DTANDEM_SOURCE_DIR=.. -DWORK_DIR=.. -DGENERATOR=.. -DCXX_COMPILER=..
-#       [-DWITH_GLOO=ON] -P run_conan.cmake
+#       [-DWITH_GLOO=ON] [-DWITH_TORCH=ON] -P run_conan.cmake
 # `conan create packaging/conan` as a user runs it, offline: a Conan home of its own in WORK_DIR
 # (a detected profile, no remotes), C++20, and test_package built and run from a copy in WORK_DIR
-# so the source tree stays clean. With WITH_GLOO, the gloo option on and test_package's Gloo run.
+# so the source tree stays clean. With WITH_GLOO, the gloo option on and test_package's Gloo run;
+# with WITH_TORCH, the torch option on and test_package linked to tandem::torch (libtorch).
 cmake_minimum_required(VERSION 3.25)
 if(NOT CONAN)
   message("SKIPPED: no conan on PATH (scripts/setup.sh installs it)")
@@ -26,6 +27,9 @@ if(WITH_GLOO)
   list(APPEND options -o "tandem/*:gloo=True")
 endif()
 list(APPEND options -o "tandem/*:io=True")
+if(WITH_TORCH)
+  list(APPEND options -o "tandem/*:torch=True")
+endif()
 if(GENERATOR STREQUAL "Ninja")
   list(APPEND options -c tools.cmake.cmaketoolchain:generator=Ninja)
 endif()
@@ -43,6 +47,9 @@ if(NOT output MATCHES "LocalComm all_reduce over 4 ranks ok")
 endif()
 if(WITH_GLOO AND NOT output MATCHES "GlooComm all_reduce over 1 rank ok")
   message(FATAL_ERROR "test_package did not report its Gloo all_reduce")
+endif()
+if(WITH_TORCH AND NOT output MATCHES "the torch component found and linked")
+  message(FATAL_ERROR "test_package did not link tandem::torch (torch option)")
 endif()
 if(NOT output MATCHES "safetensors round trip ok")
   message(FATAL_ERROR "test_package did not report its safetensors round trip (io option)")

@@ -21,6 +21,7 @@ class TandemTestConan(ConanFile):
         toolchain = CMakeToolchain(self)
         toolchain.cache_variables["TEST_GLOO"] = bool(self.dependencies["tandem"].options.gloo)
         toolchain.cache_variables["TEST_IO"] = bool(self.dependencies["tandem"].options.io)
+        toolchain.cache_variables["TEST_TORCH"] = bool(self.dependencies["tandem"].options.torch)
         toolchain.generate()
 
     def build(self):

@@ -46,5 +46,8 @@ int main() {
   std::printf("tandem: safetensors round trip %s\n", io_ok ? "ok" : "WRONG");
   if (!io_ok) ++wrong;
 #endif
+#if defined(TEST_TORCH)
+  std::printf("tandem: the torch component found and linked\n");
+#endif
   return wrong == 0 ? 0 : 1;
 }
