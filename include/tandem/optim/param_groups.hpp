@@ -20,8 +20,8 @@
 #include "tandem/arena/parameters.hpp"
 #include "tandem/core/config.hpp"
 #include "tandem/core/error.hpp"
-#include "tandem/tensor/exec.hpp"
 #include "tandem/tensor/detail/scalar_math.hpp"
+#include "tandem/tensor/exec.hpp"
 #include "tandem/tensor/memory.hpp"
 #include "tandem/tensor/tensor.hpp"
 
