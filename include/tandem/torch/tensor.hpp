@@ -47,6 +47,10 @@ constexpr c10::ScalarType scalar_type_of() noexcept {
   if constexpr (std::is_same_v<T, std::uint8_t>) return c10::ScalarType::Byte;
 }
 
+// view<half> and view<bfloat16> reinterpret libtorch's 16-bit types as tandem's: the same bits.
+static_assert(sizeof(half) == sizeof(c10::Half) && sizeof(bfloat16) == sizeof(c10::BFloat16),
+              "tandem::half and bfloat16 must have the size of c10::Half and c10::BFloat16");
+
 /// The dtype's name as PyTorch prints it ("Float", "Long", ...), for messages.
 inline std::string dtype_name(c10::ScalarType type) {
   return c10::toString(type);
