@@ -27,6 +27,8 @@
 // schedules take ddp.parameters() (the arena); torch::optim on model->parameters() works too.
 // EMA's O(1) apply_shadow()/applied() swaps the arena's value block: the module's tensors follow
 // at the next ddp.forward() (or ddp.attach()), which re-points them at the active block.
+// Checkpoints: tandem::torch::model(state, ddp) (state_dict.hpp) registers the arena and the
+// tensors outside it (tensors_outside_arena()) with a TrainingState under the module's keys.
 // Only float32 CPU parameters are supported (an Error otherwise); CUDA modules are future work.
 // Parameters added to the module (or replaced, or moved with .to()) after wrapping are an Error at
 // the next forward or backward. A forward in eval mode (module->eval()) runs no collective, so

@@ -62,6 +62,20 @@ void gradients_match(int n, int micro, const SpareUse& spare) {
   for (int r = 0; r < n; ++r) check_close(got[r], want, "rank " + std::to_string(r));
 }
 
+/// Each rank's Error (no_error if none) from wrapping make(rank) on n LocalComm ranks (the
+/// modules are made here, on one thread: see net_from).
+template <class Make>
+std::vector<std::string> wrap_errors(int n, Make make) {
+  std::vector<decltype(make(0))> modules;
+  for (int r = 0; r < n; ++r) modules.push_back(make(r));
+  std::vector<std::string> errors(static_cast<std::size_t>(n));
+  tandem::run_local(n, [&](LocalComm& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    errors[r] = error_of([&] { tandem::torch::DistributedDataParallel ddp(comm, modules[r]); });
+  });
+  return errors;
+}
+
 }  // namespace
 
 TEST_CASE("gradients after backward() equal one process's over the whole batch (overlap)") {
@@ -115,13 +129,9 @@ TEST_CASE(
 TEST_CASE("misuse is a clear Error") {
   torch::set_num_threads(1);
   SUBCASE("ranks whose modules differ: every rank names the first difference") {
-    std::vector<std::string> errors(2);
-    tandem::run_local(2, [&](LocalComm& comm) {
-      torch::nn::Sequential net(torch::nn::Linear(4, comm.rank() == 0 ? 3 : 5));
-      errors[comm.rank()] =
-          error_of([&] { tandem::torch::DistributedDataParallel ddp(comm, net.ptr()); });
-    });
-    for (const auto& e : errors) {
+    for (const auto& e : wrap_errors(2, [](int r) {
+           return torch::nn::Sequential(torch::nn::Linear(4, r == 0 ? 3 : 5));
+         })) {
       CAPTURE(e);
       DOCTEST_CHECK(contains(e, "differ"));
       DOCTEST_CHECK(contains(e, "0.weight"));
@@ -149,14 +159,11 @@ TEST_CASE("misuse is a clear Error") {
     });
   }
   SUBCASE("a rank with one parameter more: the others have 'nothing' there") {
-    std::vector<std::string> errors(3);
-    tandem::run_local(3, [&](LocalComm& comm) {
-      torch::nn::Sequential net(torch::nn::Linear(4, 3));
-      if (comm.rank() == 1) net->push_back(torch::nn::Linear(3, 2));
-      errors[comm.rank()] =
-          error_of([&] { tandem::torch::DistributedDataParallel ddp(comm, net.ptr()); });
-    });
-    for (const auto& e : errors) {
+    for (const auto& e : wrap_errors(3, [](int r) {
+           torch::nn::Sequential net(torch::nn::Linear(4, 3));
+           if (r == 1) net->push_back(torch::nn::Linear(3, 2));
+           return net;
+         })) {
       DOCTEST_CAPTURE(e);
       DOCTEST_CHECK(contains(e, "differ"));
       DOCTEST_CHECK(contains(e, "ranks 0, 2 have nothing (fewer entries)"));
@@ -164,16 +171,15 @@ TEST_CASE("misuse is a clear Error") {
     }
   }
   SUBCASE("ranks whose parameters differ in dtype, or whose buffers differ") {
-    std::vector<std::string> dtypes(2), buffers(2);
-    tandem::run_local(2, [&](LocalComm& comm) {
+    const auto dtypes = wrap_errors(2, [](int r) {
       torch::nn::Sequential net(torch::nn::Linear(4, 3));
-      if (comm.rank() == 1) net->to(torch::kDouble);
-      dtypes[comm.rank()] =
-          error_of([&] { tandem::torch::DistributedDataParallel ddp(comm, net.ptr()); });
-      Net other;
-      if (comm.rank() == 0) other->register_buffer("extra", torch::zeros({2}));
-      buffers[comm.rank()] =
-          error_of([&] { tandem::torch::DistributedDataParallel ddp(comm, other.ptr()); });
+      if (r == 1) net->to(torch::kDouble);
+      return net;
+    });
+    const auto buffers = wrap_errors(2, [](int r) {
+      Net net;
+      if (r == 0) net->register_buffer("extra", torch::zeros({2}));
+      return net;
     });
     for (int r = 0; r < 2; ++r) {
       DOCTEST_CAPTURE(dtypes[r]);
