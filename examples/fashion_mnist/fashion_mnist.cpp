@@ -30,6 +30,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/run.hpp"
 #include "recipe.hpp"
 #include "tandem/arena/parameters.hpp"
 #include "tandem/comm/local/local.hpp"
@@ -229,17 +230,11 @@ double train(Comm& comm, const Settings& settings) {
       .sampler(sampler, batches_done)
       .counter("step", step)
       .rng("generator", generator);
-  if (settings.resume && !settings.checkpoint_dir.empty()) {
-    if (auto last = tandem::latest_checkpoint(settings.checkpoint_dir)) {
-      tandem::load_checkpoint(comm, *last, state);
-      loader.resume_at(batches_done);
-      tandem::log0(comm) << "resumed from " << last->string() << " at step " << step;
-    }
-  }
+  examples::resume_from_latest(comm, settings.resume, settings.checkpoint_dir, state, loader,
+                               batches_done, step);
   tandem::TensorBoardWriter board(settings.tensorboard.empty() ? "." : settings.tensorboard,
                                   comm.rank() == 0 && !settings.tensorboard.empty());
-  const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
-  const bool first_attempt = !restart || std::string_view(restart) == "0";
+  const bool first_attempt = examples::first_attempt();
 
   double accuracy = 0;
   double mean_loss = 0;
@@ -311,33 +306,14 @@ int main(int argc, char** argv) {
   const auto timeout = std::chrono::seconds(settings->timeout_seconds);
   // run_main prints an exception that ends the run and writes torchrun's error file.
   return tandem::run_main([&]() -> int {
-    double accuracy = 0;
-    if (settings->backend == "local") {
-      tandem::run_local(
-          settings->ranks,
-          [&](tandem::LocalComm& comm) {
-            const double a = train(comm, *settings);
-            if (comm.rank() == 0) accuracy = a;
-          },
-          tandem::LocalCommOptions{timeout});
-#if TANDEM_EXAMPLE_WITH_GLOO
-    } else if (settings->backend == "gloo") {
-      tandem::GlooCommOptions options;
-      options.timeout = timeout;
-      auto comm = tandem::init_process_group<tandem::GlooComm>("env://", options);
-      accuracy = train(comm, *settings);
-      comm.barrier();
-#endif
-#if TANDEM_EXAMPLE_WITH_MPI
-    } else if (settings->backend == "mpi") {
-      auto comm = tandem::MpiComm::world();
-      accuracy = train(comm, *settings);
-#endif
-    } else {
+    const auto accuracy =
+        examples::run_cpu_backend(settings->backend, settings->ranks, timeout,
+                                  [&](auto& comm) { return train(comm, *settings); });
+    if (!accuracy) {
       std::fprintf(stderr, "fashion_mnist: backend '%s' is not built in\n",
                    settings->backend.c_str());
       return fashion_mnist::usage(fashion_mnist::program::cpu);
     }
-    return std::isfinite(accuracy) ? 0 : 1;
+    return std::isfinite(*accuracy) ? 0 : 1;
   });
 }

@@ -41,6 +41,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/run.hpp"
 #include "recipe.hpp"
 #include "tandem/amp/grad_scaler.hpp"
 #include "tandem/amp/precision.hpp"
@@ -619,17 +620,11 @@ RunSummary train(Comm& comm, const Settings& settings, cudaStream_t stream) {
       .scheduler(schedule)
       .sampler(sampler, batches_done)
       .counter("step", step);
-  if (settings.resume && !settings.checkpoint_dir.empty()) {
-    if (auto last = tandem::latest_checkpoint(settings.checkpoint_dir)) {
-      tandem::load_checkpoint(comm, *last, state);
-      loader.resume_at(batches_done);
-      tandem::log0(comm) << "resumed from " << last->string() << " at step " << step;
-    }
-  }
+  examples::resume_from_latest(comm, settings.resume, settings.checkpoint_dir, state, loader,
+                               batches_done, step);
   tandem::TensorBoardWriter board(settings.tensorboard.empty() ? "." : settings.tensorboard,
                                   comm.rank() == 0 && !settings.tensorboard.empty());
-  const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
-  const bool first_attempt = !restart || std::string_view(restart) == "0";
+  const bool first_attempt = examples::first_attempt();
 
   RunSummary run;
   run.expected_steps =

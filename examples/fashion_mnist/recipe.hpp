@@ -16,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/run.hpp"
 #include "tandem/core/env.hpp"
 #include "tandem/data/mnist.hpp"
 #include "tandem/ema.hpp"
@@ -167,26 +168,8 @@ inline std::optional<Settings> parse(int argc, char** argv, program which) {
     } else if (arg == "--lr") {
       s.lr = std::atof(argv[++i]);
       if (!(s.lr > 0)) return std::nullopt;
-    } else {
-      std::optional<std::int64_t> v;
-      if (arg == "--ranks" && (v = number(1, 64)))
-        s.ranks = int(*v);
-      else if (arg == "--epochs" && (v = number(1, 1000)))
-        s.epochs = int(*v);
-      else if (arg == "--batch-size" && (v = number(1, 60000)))
-        s.batch_size = std::size_t(*v);
-      else if (arg == "--seed" && (v = number(0, INT64_MAX)))
-        s.seed = std::uint64_t(*v);
-      else if (arg == "--timeout" && (v = number(1, 86400)))
-        s.timeout_seconds = int(*v);
-      else if (arg == "--workers" && (v = number(0, 64)))
-        s.workers = int(*v);
-      else if (arg == "--max-steps" && (v = number(0, INT64_MAX)))
-        s.max_steps = *v;
-      else if (arg == "--crash-at-step" && (v = number(0, INT64_MAX)))
-        s.crash_at_step = *v;
-      else
-        return std::nullopt;
+    } else if (!examples::parse_run_number(arg, number, s)) {
+      return std::nullopt;
     }
   }
   return s;

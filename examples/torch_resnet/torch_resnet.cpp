@@ -42,6 +42,7 @@
 
 #include <torch/torch.h>
 
+#include "common/run.hpp"
 #include "tandem/comm/local/local.hpp"
 #include "tandem/core/env.hpp"
 #include "tandem/data/batches.hpp"
@@ -149,27 +150,11 @@ std::optional<Settings> parse(int argc, char** argv) {
       s.weight_decay = *x;
     else if (arg == "--min-accuracy" && (x = real(0)) && *x <= 100)
       s.min_accuracy = *x;
-    else if (arg == "--ranks" && (n = number(1, 64)))
-      s.ranks = int(*n);
-    else if (arg == "--epochs" && (n = number(1, 1000)))
-      s.epochs = int(*n);
-    else if (arg == "--batch-size" && (n = number(1, 60000)))
-      s.batch_size = std::size_t(*n);
     else if (arg == "--width" && (n = number(1, 1024)))
       s.width = *n;
-    else if (arg == "--seed" && (n = number(0, INT64_MAX)))
-      s.seed = std::uint64_t(*n);
-    else if (arg == "--timeout" && (n = number(1, 86400)))
-      s.timeout_seconds = int(*n);
-    else if (arg == "--workers" && (n = number(0, 64)))
-      s.workers = int(*n);
-    else if (arg == "--max-steps" && (n = number(0, INT64_MAX)))
-      s.max_steps = *n;
     else if (arg == "--checkpoint-every" && (n = number(0, INT64_MAX)))
       s.checkpoint_every = *n;
-    else if (arg == "--crash-at-step" && (n = number(0, INT64_MAX)))
-      s.crash_at_step = *n;
-    else
+    else if (!examples::parse_run_number(arg, number, s))
       return std::nullopt;
   }
   return s;
@@ -329,17 +314,11 @@ double train(Comm& comm, const Settings& settings) {
       .scheduler(schedule)
       .sampler(sampler, batches_done)
       .counter("step", step);
-  if (settings.resume && !settings.checkpoint_dir.empty()) {
-    if (auto last = tandem::latest_checkpoint(settings.checkpoint_dir)) {
-      tandem::load_checkpoint(comm, *last, state);
-      loader.resume_at(batches_done);
-      tandem::log0(comm) << "resumed from " << last->string() << " at step " << step;
-    }
-  }
+  examples::resume_from_latest(comm, settings.resume, settings.checkpoint_dir, state, loader,
+                               batches_done, step);
   tandem::TensorBoardWriter board(settings.tensorboard.empty() ? "." : settings.tensorboard,
                                   comm.rank() == 0 && !settings.tensorboard.empty());
-  const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
-  const bool first_attempt = !restart || std::string_view(restart) == "0";
+  const bool first_attempt = examples::first_attempt();
   auto checkpoint = [&] {
     if (!settings.checkpoint_dir.empty())
       tandem::save_checkpoint(comm, settings.checkpoint_dir, step, state);
@@ -419,33 +398,15 @@ int main(int argc, char** argv) {
   const auto timeout = std::chrono::seconds(settings->timeout_seconds);
   // run_main prints an exception that ends the run and writes torchrun's error file.
   return tandem::run_main([&]() -> int {
-    double accuracy = 0;
-    if (settings->backend == "local") {
-      tandem::run_local(
-          settings->ranks,
-          [&](tandem::LocalComm& comm) {
-            const double a = train(comm, *settings);
-            if (comm.rank() == 0) accuracy = a;
-          },
-          tandem::LocalCommOptions{timeout});
-#if TANDEM_EXAMPLE_WITH_GLOO
-    } else if (settings->backend == "gloo") {
-      tandem::GlooCommOptions options;
-      options.timeout = timeout;
-      auto comm = tandem::init_process_group<tandem::GlooComm>("env://", options);
-      accuracy = train(comm, *settings);
-      comm.barrier();
-#endif
-#if TANDEM_EXAMPLE_WITH_MPI
-    } else if (settings->backend == "mpi") {
-      auto comm = tandem::MpiComm::world();
-      accuracy = train(comm, *settings);
-#endif
-    } else {
+    const auto result =
+        examples::run_cpu_backend(settings->backend, settings->ranks, timeout,
+                                  [&](auto& comm) { return train(comm, *settings); });
+    if (!result) {
       std::fprintf(stderr, "torch_resnet: backend '%s' is not built in\n",
                    settings->backend.c_str());
       return usage();
     }
+    const double accuracy = *result;
     if (!std::isfinite(accuracy)) return 1;
     if (100 * accuracy < settings->min_accuracy) {
       std::fprintf(stderr, "torch_resnet: test accuracy %.2f %% is below --min-accuracy %.2f\n",
