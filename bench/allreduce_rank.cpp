@@ -2,7 +2,9 @@
 // beside the raw engine it wraps, run interleaved in the same processes on the same buffer.
 //   tandemrun --standalone --nproc-per-node 2 bench_allreduce_rank --mode gloo --store-dir DIR
 //   mpirun -n 2 --bind-to none bench_allreduce_rank --mode mpi
-// Needs: Gloo (tandem::gloo) for --mode gloo, an MPI (tandem::mpi) for --mode mpi.
+//   tandemrun --standalone --nproc-per-node 2 bench_allreduce_rank --mode shm
+// Needs: Gloo (tandem::gloo) for --mode gloo, an MPI (tandem::mpi) for --mode mpi, Linux
+// (tandem::shm) for --mode shm.
 //
 // Method (bench/run_allreduce.sh runs it and writes bench/results/allreduce-cpu.md): for every
 // size, each implementation is first checked (ranks hold rank + 1, the sum must arrive) and warmed
@@ -26,6 +28,10 @@
 #include <string_view>
 #include <vector>
 
+#ifndef TANDEM_BENCH_SHM
+#define TANDEM_BENCH_SHM 0
+#endif
+
 #if TANDEM_BENCH_GLOO
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
@@ -45,6 +51,9 @@
 #endif
 #if TANDEM_BENCH_MPI
 #include "tandem/comm/mpi/mpi.hpp"
+#endif
+#if TANDEM_BENCH_SHM
+#include "tandem/comm/shm/shm.hpp"
 #endif
 #include "tandem/core/world.hpp"
 
@@ -281,11 +290,40 @@ int run_mpi(const Settings& settings) {
 }
 #endif
 
+#if TANDEM_BENCH_SHM
+/// Under tandemrun: tandem-shm, ShmComm's in-place all_reduce with its default options (the ranks
+/// of one host meeting in shared memory), and tandem-shm-nospin, the same with options.spin = 0
+/// (waiters sleep on the futex at once). Their peers are in bench_allreduce: tandem-local
+/// (threads) and a single-thread memcpy of the same bytes.
+int run_shm(const Settings& settings) {
+  const tandem::World world = tandem::World::from_env();
+  auto comm = tandem::init_process_group<tandem::ShmComm>();
+  auto store = comm.store();
+  auto sleeper = tandem::ShmComm::rendezvous(world, store, {.spin = std::chrono::microseconds(0)});
+  std::vector<Impl> all;
+  all.push_back({"tandem-shm", [&] { comm.barrier(); },
+                 [&](float* p, std::size_t n) {
+                   comm.all_reduce(std::span<float>(p, n), tandem::ReduceOp::sum);
+                 }});
+  all.push_back({"tandem-shm-nospin", [&] { sleeper.barrier(); },
+                 [&](float* p, std::size_t n) {
+                   sleeper.all_reduce(std::span<float>(p, n), tandem::ReduceOp::sum);
+                 }});
+  auto impls = select(std::move(all), settings.impls);
+  Job job{world.rank, world.world_size,
+          [&](std::vector<double>& v) { comm.all_reduce(v, tandem::ReduceOp::max); }};
+  measure(impls, job, settings);
+  comm.barrier();
+  return 0;
+}
+#endif
+
 int usage(const char* program) {
-  std::fprintf(stderr,
-               "usage: %s --modes | --mode gloo|mpi [--impls a,b] [--sizes BYTES,...] [--runs N] "
-               "[--iters N] [--warmup N] [--store-dir DIR] [--mpi-thread multiple|single]\n",
-               program);
+  std::fprintf(
+      stderr,
+      "usage: %s --modes | --mode gloo|mpi|shm [--impls a,b] [--sizes BYTES,...] [--runs N] "
+      "[--iters N] [--warmup N] [--store-dir DIR] [--mpi-thread multiple|single]\n",
+      program);
   return 2;
 }
 
@@ -293,7 +331,8 @@ int usage(const char* program) {
 
 int main(int argc, char** argv) {
   if (argc == 2 && std::string_view(argv[1]) == "--modes") {  // what this build can run
-    std::printf("%s%s\n", TANDEM_BENCH_GLOO ? "gloo " : "", TANDEM_BENCH_MPI ? "mpi" : "");
+    std::printf("%s%s%s\n", TANDEM_BENCH_GLOO ? "gloo " : "", TANDEM_BENCH_MPI ? "mpi " : "",
+                TANDEM_BENCH_SHM ? "shm" : "");
     return 0;
   }
   Settings settings;
@@ -329,6 +368,9 @@ int main(int argc, char** argv) {
 #endif
 #if TANDEM_BENCH_MPI
     if (settings.mode == "mpi") return run_mpi(settings);
+#endif
+#if TANDEM_BENCH_SHM
+    if (settings.mode == "shm") return run_shm(settings);
 #endif
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_allreduce_rank: %s\n", e.what());

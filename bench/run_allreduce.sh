@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # bench/run_allreduce.sh - the CPU all_reduce benchmark in one go: tandem-local vs memcpy,
 # tandem-gloo (default options and check_agreement = false) vs raw gloo, tandem-mpi vs raw MPI,
-# and torch.distributed (gloo), 2 ranks on 127.0.0.1; prints the tables and writes them.
-#   bench/run_allreduce.sh [BUILD_DIR] [--runs N] [--iters N] [--out FILE]
-#   (BUILD_DIR defaults to build/release, FILE to bench/results/allreduce-cpu.md)
+# and torch.distributed (gloo), tandem-shm (ShmComm: processes in shared memory) vs memcpy and
+# tandem-local, 2 ranks on 127.0.0.1; prints the tables and writes them.
+#   bench/run_allreduce.sh [BUILD_DIR] [--runs N] [--iters N] [--out FILE] [--only PARTS]
+#   (BUILD_DIR defaults to build/release, FILE to bench/results/allreduce-cpu.md; PARTS is a
+#   comma list of local, gloo, mpi, torch, shm: the parts to run, default all)
 # Needs: a build with TANDEM_BUILD_BENCH, TANDEM_BUILD_TOOLS, TANDEM_WITH_GLOO, TANDEM_WITH_MPI
 # (this script builds nothing), OpenMPI's mpirun, and Debian's python3-torch for /usr/bin/python3.
 # A part whose program is missing is reported as not run.
@@ -15,13 +17,15 @@ build=build/release
 runs=11
 iters=21
 out=$root/bench/results/allreduce-cpu.md
+only=""
 command_line="bench/run_allreduce.sh $*"
 while (($#)); do
   case $1 in
     --runs) runs=$2; shift 2 ;;
     --iters) iters=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
-    -h | --help) sed -n '2,9p' "$0"; exit 0 ;;
+    --only) only=$2; shift 2 ;;
+    -h | --help) sed -n '2,12p' "$0"; exit 0 ;;
     -*) echo "unknown option $1" >&2; exit 2 ;;
     *) build=$1; shift ;;
   esac
@@ -37,10 +41,14 @@ notes=$tmp/notes.txt
 : >"$results"
 : >"$notes"
 
+# Whether --only names part $1 (or no --only was given).
+wanted() { [[ -z $only || ",$only," == *",$1,"* ]]; }
+
 # Runs one part with a time limit; its RESULT/RUNS lines go to $results, its output to the console.
 part() {
   local name=$1
   shift
+  wanted "${name%%-*}" || return 0
   echo "== $name: $*" >&2
   loads+="$name $(cut -d' ' -f1 /proc/loadavg), "
   if timeout 1200 "$@" >"$tmp/$name.out" 2>&1; then
@@ -55,6 +63,7 @@ part() {
 }
 
 missing() {
+  wanted "$1" || return 0
   echo "$1: not run ($2)" >>"$notes"
   echo "== $1: not run ($2)" >&2
 }
@@ -105,8 +114,19 @@ else
   missing mpi "no $rank_program or no mpirun"
 fi
 
-# 4. torch.distributed, backend gloo: 2 ranks started by hand (torchrun 1.13 on Debian crashes).
-if [[ -x /usr/bin/python3 ]] && /usr/bin/python3 -c 'import torch.distributed' 2>/dev/null; then
+# 4. tandem-shm: ShmComm under tandemrun, 2 processes of this host meeting in shared memory
+#    (its peers, tandem-local and memcpy, are part 1).
+if [[ " $modes " == *" shm "* && -x $tandemrun ]]; then
+  part shm "$tandemrun" --standalone --nproc-per-node 2 "$rank_program" --mode shm \
+    --runs "$runs" --iters "$iters"
+else
+  missing shm "no $rank_program with ShmComm, or no $tandemrun"
+fi
+
+# 5. torch.distributed, backend gloo: 2 ranks started by hand (torchrun 1.13 on Debian crashes).
+if ! wanted torch; then
+  :
+elif [[ -x /usr/bin/python3 ]] && /usr/bin/python3 -c 'import torch.distributed' 2>/dev/null; then
   port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   loads+="torch $(cut -d' ' -f1 /proc/loadavg), "
   echo "== torch: 2 x /usr/bin/python3 $here/allreduce_torch.py (MASTER_PORT=$port)" >&2
@@ -171,11 +191,12 @@ for line in open(sys.argv[1]):
         runs[(f[1], int(f[2]))] = [float(x) for x in f[3:]]
 
 SIZES = sorted({size for _, size in results})
-ORDER = ["tandem-local", "memcpy", "tandem-gloo", "tandem-gloo-nocheck", "raw-gloo", "torch-gloo",
+ORDER = ["tandem-local", "memcpy", "tandem-shm", "tandem-gloo", "tandem-gloo-nocheck", "raw-gloo", "torch-gloo",
          "tandem-mpi", "raw-mpi", "raw-mpi-single"]
 LABEL = {
     "tandem-local": "tandem-local (2 threads)",
     "memcpy": "memcpy (1 thread)",
+    "tandem-shm": "tandem-shm (2 processes, shared memory)",
     "tandem-gloo": "tandem-gloo (default options)",
     "tandem-gloo-nocheck": "tandem-gloo, check_agreement = false",
     "raw-gloo": "raw gloo::allreduce",
@@ -221,6 +242,13 @@ def show_ratio(r):
     if paired:
         text += f" ({min(paired):.2f}-{max(paired):.2f})"
     return text
+
+
+def shm_ratio(size):
+    """tandem-shm busbw / memcpy GB/s."""
+    if ("tandem-shm", size) not in results or ("memcpy", size) not in results:
+        return None
+    return busbw("tandem-shm", size) / algbw("memcpy", size)
 
 
 def local_ratio(size):
@@ -288,16 +316,20 @@ w("Ratios (time of tandem / time of its engine: below 1.03 is within 3 %; in bra
   "difference is noise):")
 w("")
 w("| size | tandem-gloo / raw gloo | tandem-gloo (no check) / raw gloo | torch / raw gloo | "
-  "tandem-mpi / raw MPI | raw MPI / plain-MPI_Init raw MPI | tandem-local busbw / memcpy GB/s |")
-w("|---|---|---|---|---|---|---|")
+  "tandem-mpi / raw MPI | raw MPI / plain-MPI_Init raw MPI | tandem-local busbw / memcpy GB/s | "
+  "tandem-shm busbw / memcpy GB/s | tandem-shm / tandem-local time |")
+w("|---|---|---|---|---|---|---|---|---|")
 for size in SIZES:
     lr = local_ratio(size)
+    sr = shm_ratio(size)
+    sl = ratio("tandem-shm", "tandem-local", size)
     w(f"| {size_name(size)} | {show_ratio(ratio('tandem-gloo', 'raw-gloo', size))} | "
       f"{show_ratio(ratio('tandem-gloo-nocheck', 'raw-gloo', size))} | "
       f"{show_ratio(ratio('torch-gloo', 'raw-gloo', size))} | "
       f"{show_ratio(ratio('tandem-mpi', 'raw-mpi', size))} | "
       f"{show_ratio(ratio('raw-mpi', 'raw-mpi-single', size))} | "
-      f"{'not run' if lr is None else f'{lr:.2f}'} |")
+      f"{'not run' if lr is None else f'{lr:.2f}'} | {'not run' if sr is None else f'{sr:.2f}'} | "
+      f"{'not run' if sl is None else f'{sl[0]:.3f}'} |")
 w("")
 w("## Targets")
 w("")
@@ -339,6 +371,23 @@ for size in [s for s in SIZES if s >= 4 << 20]:
                  f"memcpy {algbw('memcpy', size):.2f} GB/s ({'met' if lr >= 0.5 else 'not met'})")
 w("- tandem-local at 4 MiB and above reaching half of single-thread memcpy bandwidth: "
   f"{verdict(all_ok)} - " + "; ".join(parts) + ".")
+parts, all_ok = [], True
+for size in [s for s in SIZES if s >= 4 << 20]:
+    sr = shm_ratio(size)
+    if sr is None:
+        parts.append(f"{size_name(size)}: not run")
+        all_ok = False
+        continue
+    all_ok &= sr >= 0.6
+    parts.append(f"{size_name(size)}: busbw {busbw('tandem-shm', size):.2f} GB/s = {sr:.2f} x "
+                 f"memcpy ({'met' if sr >= 0.6 else 'not met'})")
+w("- tandem-shm at 4 MiB and above reaching 0.6 x single-thread memcpy bandwidth (issue 23): "
+  f"{verdict(all_ok)} - " + "; ".join(parts) + ".")
+small = [s for s in SIZES if s <= 4 << 10]
+if small and ("tandem-shm", small[0]) in results and ("tandem-local", small[0]) in results:
+    gap = results[("tandem-shm", small[0])]["us"] - results[("tandem-local", small[0])]["us"]
+    w(f"- tandem-shm at most 5 us over tandem-local's latency at {size_name(small[0])} (issue 23): "
+      f"{verdict(gap <= 5)} - {gap:+.1f} us.")
 notes = env("BENCH_NOTES", "").strip()
 if notes:
     w("")
