@@ -28,6 +28,13 @@
 #include <string_view>
 #include <vector>
 
+// tandem_use_built defines these only for the components a build has.
+#ifndef TANDEM_BENCH_GLOO
+#define TANDEM_BENCH_GLOO 0
+#endif
+#ifndef TANDEM_BENCH_MPI
+#define TANDEM_BENCH_MPI 0
+#endif
 #ifndef TANDEM_BENCH_SHM
 #define TANDEM_BENCH_SHM 0
 #endif
