@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # bench/fashion_mnist/run_fashion_mnist.sh - Fashion-MNIST, 3 epochs of the same recipe (SGD lr
 # 0.1, momentum 0.9, batch 64 per rank, the same data order) in one run: PyTorch DDP over gloo
-# with 2 processes, single-process PyTorch, and tandem on 2 ranks with Gloo, MPI and threads.
-# Writes seconds of training per epoch, final test accuracy and the ratios to
-# bench/results/fashion-mnist.md, and the accuracy-against-time plot beside it (matplotlib).
+# with 2 processes, single-process PyTorch, and tandem on 2 ranks with Gloo, shared memory
+# (ShmComm), MPI and threads. Writes seconds of training per epoch, final test accuracy and the
+# ratios to bench/results/fashion-mnist.md (or $FASHION_MNIST_OUT), and the accuracy-against-time
+# plot beside it (matplotlib).
 #   bench/fashion_mnist/run_fashion_mnist.sh [BUILD_DIR]     (default build/release)
 # Needs: fashion_mnist and tandemrun built (Release), OpenMPI, Debian's python3-torch and
 # python3-matplotlib for /usr/bin/python3, dataset-fashion-mnist.
@@ -16,8 +17,8 @@ program=$build/examples/fashion_mnist/fashion_mnist
 tandemrun=$build/tools/tandemrun
 for f in "$program" "$tandemrun"; do [[ -x $f ]] || { echo "missing $f" >&2; exit 1; }; done
 python=/usr/bin/python3
-out=$root/bench/results/fashion-mnist.md
-plot=$root/bench/results/fashion-mnist.png
+out=${FASHION_MNIST_OUT:-$root/bench/results/fashion-mnist.md}
+plot=${out%.md}.png
 tmp=$(mktemp -d /tmp/tandem-bench-fmnist.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 export GLOO_SOCKET_IFNAME=lo OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -35,11 +36,12 @@ port=$((29500 + RANDOM % 1000))
 run torch_ddp bash -c "for r in 0 1; do RANK=\$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port $python $here/fashion_mnist_torch.py & done; wait"
 run torch_single "$python" "$here/fashion_mnist_torch.py"
 run tandem_gloo "$tandemrun" --standalone --nproc-per-node 2 "$program" --plain --epochs 3
+run tandem_shm "$tandemrun" --standalone --nproc-per-node 2 "$program" --backend shm --plain --epochs 3
 run tandem_mpi mpirun -n 2 --oversubscribe --bind-to none "$program" --backend mpi --plain --epochs 3
 run tandem_local "$program" --backend local --ranks 2 --plain --epochs 3
-for name in tandem_gloo tandem_mpi tandem_local; do tandem_epochs <"$tmp/$name.log" >"$tmp/$name.epochs"; done
+for name in tandem_gloo tandem_shm tandem_mpi tandem_local; do tandem_epochs <"$tmp/$name.log" >"$tmp/$name.epochs"; done
 for name in torch_ddp torch_single; do grep "^EPOCH" "$tmp/$name.log" | awk '{print $1, $2, $3, $4 * 100}' >"$tmp/$name.epochs"; done
-for name in tandem_gloo tandem_mpi tandem_local torch_ddp torch_single; do
+for name in tandem_gloo tandem_shm tandem_mpi tandem_local torch_ddp torch_single; do
   [[ $(wc -l <"$tmp/$name.epochs") -eq 3 ]] || { cat "$tmp/$name.log"; echo "FAILED: $name did not report 3 epochs" >&2; exit 1; }
 done
 
@@ -47,7 +49,9 @@ done
 import sys, datetime, os
 tmp, out, plot, commit = sys.argv[1:5]
 names = {"torch_ddp": "PyTorch DDP, 2 processes (gloo)", "torch_single": "PyTorch, 1 process",
-         "tandem_gloo": "tandem, 2 ranks (Gloo)", "tandem_mpi": "tandem, 2 ranks (MPI)",
+         "tandem_gloo": "tandem, 2 ranks (Gloo)",
+         "tandem_shm": "tandem, 2 ranks (shared memory, ShmComm)",
+         "tandem_mpi": "tandem, 2 ranks (MPI)",
          "tandem_local": "tandem, 2 ranks (threads)"}
 runs = {}
 for key in names:
@@ -58,7 +62,7 @@ for key, rows in runs.items():
     if not all(seconds > 0 for seconds, _ in rows) or rows[-1][1] < 80.0:
         sys.exit(f"FAILED: {names[key]} did not train (final accuracy {rows[-1][1]} %)")
 per_epoch = {k: v[-1][0] / len(v) for k, v in runs.items()}
-best = min(("tandem_gloo", "tandem_mpi", "tandem_local"), key=per_epoch.get)
+best = min(("tandem_gloo", "tandem_shm", "tandem_mpi", "tandem_local"), key=per_epoch.get)
 lines = [
     "# Fashion-MNIST: tandem beside PyTorch, same recipe", "",
     f"Run {datetime.date.today()} on this 2-core VM, commit {commit}, by "
@@ -80,7 +84,7 @@ lines += ["", f"Best tandem setup: {names[best]}, {per_epoch[best]:.2f} s per ep
           f"{per_epoch['torch_single'] / per_epoch[best]:.2f}x as fast as single-process PyTorch "
           f"(target > 1x); accuracy {runs[best][-1][1]:.2f} % against PyTorch DDP's "
           f"{runs['torch_ddp'][-1][1]:.2f} % (target within 0.5 points).", "",
-          "![test accuracy against training time](fashion-mnist.png)"]
+          f"![test accuracy against training time]({os.path.basename(plot)})"]
 open(out, "w").write("\n".join(lines) + "\n")
 try:
     import matplotlib

@@ -25,6 +25,10 @@
 #if TANDEM_EXAMPLE_WITH_MPI
 #include "tandem/comm/mpi/mpi.hpp"
 #endif
+#if TANDEM_EXAMPLE_WITH_SHM
+#include "tandem/comm/init.hpp"
+#include "tandem/comm/shm/shm.hpp"
+#endif
 
 namespace examples {
 
@@ -78,7 +82,8 @@ void resume_from_latest(Comm& comm, bool resume, const std::string& directory,
 
 /// Runs train(comm) on the CPU backend `backend` names and returns rank 0's result: "local" as
 /// `ranks` threads of this process, "gloo" as this process's rank of torchrun's job (env://),
-/// "mpi" as its rank of mpirun's. nullopt where that backend is not built in.
+/// "shm" the same in shared memory (ShmComm: every rank on this host), "mpi" as its rank of
+/// mpirun's. nullopt where that backend is not built in.
 template <class Train>
 std::optional<double> run_cpu_backend(const std::string& backend, int ranks,
                                       std::chrono::seconds timeout, Train&& train) {
@@ -98,6 +103,16 @@ std::optional<double> run_cpu_backend(const std::string& backend, int ranks,
     tandem::GlooCommOptions options;
     options.timeout = timeout;
     auto comm = tandem::init_process_group<tandem::GlooComm>("env://", options);
+    const double result = train(comm);
+    comm.barrier();
+    return result;
+  }
+#endif
+#if TANDEM_EXAMPLE_WITH_SHM
+  if (backend == "shm") {
+    tandem::ShmCommOptions options;
+    options.timeout = timeout;
+    auto comm = tandem::init_process_group<tandem::ShmComm>("env://", options);
     const double result = train(comm);
     comm.barrier();
     return result;

@@ -111,7 +111,7 @@ inline tandem::EMAOptions ema_options() {
 inline int usage(program which) {
   if (which == program::cpu) {
     std::fprintf(stderr,
-                 "usage: fashion_mnist [--backend gloo|mpi|local] [--ranks N] [--epochs E]\n"
+                 "usage: fashion_mnist [--backend gloo|shm|mpi|local] [--ranks N] [--epochs E]\n"
                  "  [--batch-size B] [--lr LR] [--seed S] [--data DIR] [--checkpoint-dir DIR]\n"
                  "  [--resume] [--timeout SECONDS] [--workers W] [--tensorboard DIR]\n"
                  "  [--max-steps N] [--wide] [--plain]\n"
