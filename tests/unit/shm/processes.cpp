@@ -1,7 +1,8 @@
 // ShmComm across processes this test starts itself (shm_worker, one per rank, tcp:// on
 // 127.0.0.1): a rank that dies mid-way (the others raise an Error naming it, within seconds, long
-// before the timeout), and jobs killed with SIGKILL (nothing of theirs is left in /dev/shm). The
-// workers decide their own success; this test checks how each one ended.
+// before the timeout), a rank stopped by SIGSTOP (named at the timeout), and jobs killed with
+// SIGKILL (nothing of theirs is left in /dev/shm). The workers decide their own success; this test
+// checks how each one ended.
 #include <doctest/doctest.h>
 
 #include <dirent.h>
@@ -96,6 +97,28 @@ TEST_CASE("ShmComm: a rank that dies mid-way gives every other rank an Error nam
         CHECK_MESSAGE(!status.failed(), status.describe());
       }
     }
+  }
+}
+
+TEST_CASE("ShmComm: a stopped rank makes the others fail at the timeout, naming it as stopped") {
+  const int n = 3;
+  auto children = start_workers(n, n, "stopped-peer", tcp_url());
+  // The survivors end on their own (1 s timeout); the stopped rank never does: kill it then.
+  const auto end = std::chrono::steady_clock::now() + 60s;
+  auto survivors_done = [&] {
+    bool done = true;
+    for (int r = 0; r < n - 1; ++r) done = children[static_cast<std::size_t>(r)].poll() && done;
+    return done;
+  };
+  while (!survivors_done() && std::chrono::steady_clock::now() < end) {
+    std::this_thread::sleep_for(10ms);
+  }
+  children.back().signal(SIGKILL);
+  const auto statuses = wait_all(children);
+  for (int r = 0; r < n - 1; ++r) {
+    CAPTURE(r);
+    CHECK_MESSAGE(!statuses[static_cast<std::size_t>(r)].failed(),
+                  statuses[static_cast<std::size_t>(r)].describe());
   }
 }
 

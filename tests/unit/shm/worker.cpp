@@ -3,6 +3,8 @@
 // exit code 0 when every check held, 1 otherwise (and why, on stderr).
 //   shm_worker dead-peer URL   the last rank kills itself mid-way; the others must get an Error
 //                              naming it within a second or two (the timeout is 60 s)
+//   shm_worker stopped-peer URL  the last rank stops itself (SIGSTOP); the others must raise an
+//                              Error naming it as stopped once their 1 s timeout has passed
 //   shm_worker killed URL      every rank kills itself (SIGKILL) after a few collectives
 //   shm_worker alone -         rank 0 of a group whose rank 1 never comes (to be killed)
 #include <signal.h>
@@ -82,6 +84,33 @@ int run_dead_peer(const tandem::World& world, const std::string& url) {
   return failures ? 1 : 0;
 }
 
+int run_stopped_peer(const tandem::World& world, const std::string& url) {
+  auto comm = tandem::init_process_group<tandem::ShmComm>(world, url, {.timeout = 1s});
+  const int victim = comm.size() - 1;
+  std::vector<float> data(1000, 1.0f);
+  comm.all_reduce(data);
+  comm.barrier();
+  if (comm.rank() == victim) {
+    ::raise(SIGSTOP);  // the parent kills it once the others have given up
+    return 0;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  std::string error;
+  try {
+    comm.all_reduce(data);
+  } catch (const tandem::Error& e) {
+    error = e.what();
+  }
+  const auto waited = std::chrono::steady_clock::now() - start;
+  std::fprintf(stderr, "shm_worker rank %d: got: %s\n", comm.rank(), error.c_str());
+  expect(mentions(error, "rank " + std::to_string(comm.rank()) + ":") &&
+             mentions(error, "timed out after 1 s") &&
+             mentions(error, "rank " + std::to_string(victim) + " is stopped"),
+         "the error names this rank, the timeout and the stopped rank: " + error);
+  expect(waited >= 900ms && waited < 10s, "the error came after the timeout, not long after");
+  return failures ? 1 : 0;
+}
+
 int run_killed(const tandem::World& world, const std::string& url) {
   auto comm = tandem::init_process_group<tandem::ShmComm>(world, url, {.timeout = 60s});
   auto half = comm.split(comm.rank() % 2, 0);  // a second segment
@@ -109,7 +138,7 @@ int run_alone() {
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::fprintf(stderr, "usage: shm_worker dead-peer|killed|alone URL\n");
+    std::fprintf(stderr, "usage: shm_worker dead-peer|stopped-peer|killed|alone URL\n");
     return 2;
   }
   const std::string mode = argv[1];
@@ -119,6 +148,7 @@ int main(int argc, char** argv) {
     my_rank = world.rank;
     if (mode == "dead-peer") return run_dead_peer(world, url);
     if (mode == "killed") return run_killed(world, url);
+    if (mode == "stopped-peer") return run_stopped_peer(world, url);
     if (mode == "alone") return run_alone();
     std::fprintf(stderr, "shm_worker: unknown mode '%s'\n", mode.c_str());
     return 2;
