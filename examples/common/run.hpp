@@ -18,6 +18,8 @@
 #include "tandem/comm/local/local.hpp"
 #include "tandem/io/checkpoint.hpp"
 #include "tandem/io/log.hpp"
+#include "tandem/io/progress.hpp"
+#include "tandem/io/tensorboard.hpp"
 #if TANDEM_EXAMPLE_WITH_GLOO
 #include "tandem/comm/gloo/gloo.hpp"
 #include "tandem/comm/init.hpp"
@@ -78,6 +80,65 @@ void resume_from_latest(Comm& comm, bool resume, const std::string& directory,
     loader.resume_at(batches_done);
     tandem::log0(comm) << "resumed from " << last->string() << " at step " << step;
   }
+}
+
+/// The TensorBoard writer of a run: rank 0 writes under `directory` when one is given; the other
+/// ranks (and a run without --tensorboard) write nothing.
+template <class Comm>
+tandem::TensorBoardWriter rank0_board(const Comm& comm, const std::string& directory) {
+  return tandem::TensorBoardWriter(directory.empty() ? "." : directory,
+                                   comm.rank() == 0 && !directory.empty());
+}
+
+/// The start of epoch `epoch`: a resumed run is already in it (its sampler's epoch and the
+/// batches done); any other starts the sampler's order for the epoch from its first batch.
+template <class Sampler>
+void begin_epoch(Sampler& sampler, int epoch, std::size_t& batches_done) {
+  if (static_cast<std::uint64_t>(epoch) != sampler.epoch()) {
+    sampler.set_epoch(static_cast<std::uint64_t>(epoch));
+    batches_done = 0;
+  }
+}
+
+/// Rank 0's progress bar over the `batches_left` batches of epoch `epoch`.
+template <class Comm>
+tandem::Progress epoch_progress(const Comm& comm, int epoch, std::size_t batches_left) {
+  return tandem::Progress(batches_left,
+                          {.label = "epoch " + std::to_string(epoch), .enabled = comm.rank() == 0});
+}
+
+/// What an epoch's evaluation found.
+struct EpochResult {
+  int epoch = 0;
+  std::int64_t step = 0;
+  double accuracy = 0;      ///< the model's, 0..1
+  double ema_accuracy = 0;  ///< the EMA's, 0..1
+  double trained_seconds = 0;
+};
+
+/// The end of an epoch: both accuracies to TensorBoard and rank 0's line; an epoch whose batches
+/// are all done moves the sampler to the next one, so that a checkpoint saved now resumes there.
+template <class Comm, class Sampler>
+void end_epoch(Comm& comm, tandem::TensorBoardWriter& board, const EpochResult& result,
+               Sampler& sampler, std::size_t& batches_done, std::size_t batches) {
+  board.add_scalar("test/accuracy", result.accuracy, result.step);
+  board.add_scalar("test/accuracy_ema", result.ema_accuracy, result.step);
+  board.flush();
+  tandem::log0(comm) << "epoch " << result.epoch << ": test accuracy " << 100 * result.accuracy
+                     << " % (EMA " << 100 * result.ema_accuracy << " %) after "
+                     << result.trained_seconds << " s of training";
+  if (batches_done == batches) {
+    sampler.set_epoch(static_cast<std::uint64_t>(result.epoch + 1));
+    batches_done = 0;
+  }
+}
+
+/// Rank 0's last line, which the examples' tests read: "test accuracy A % after S steps on N
+/// ranks".
+template <class Comm>
+void log_final_accuracy(Comm& comm, double accuracy, std::int64_t step) {
+  tandem::log0(comm) << "test accuracy " << 100 * accuracy << " % after " << step << " steps on "
+                     << comm.size() << " ranks";
 }
 
 /// Runs train(comm) on the CPU backend `backend` names and returns rank 0's result: "local" as

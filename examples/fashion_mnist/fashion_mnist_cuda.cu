@@ -622,8 +622,7 @@ RunSummary train(Comm& comm, const Settings& settings, cudaStream_t stream) {
       .counter("step", step);
   examples::resume_from_latest(comm, settings.resume, settings.checkpoint_dir, state, loader,
                                batches_done, step);
-  tandem::TensorBoardWriter board(settings.tensorboard.empty() ? "." : settings.tensorboard,
-                                  comm.rank() == 0 && !settings.tensorboard.empty());
+  tandem::TensorBoardWriter board = examples::rank0_board(comm, settings.tensorboard);
   const bool first_attempt = examples::first_attempt();
 
   RunSummary run;
@@ -657,14 +656,10 @@ RunSummary train(Comm& comm, const Settings& settings, cudaStream_t stream) {
 
   double accuracy = 0;
   for (auto epoch = static_cast<int>(sampler.epoch()); epoch < settings.epochs; ++epoch) {
-    if (static_cast<std::uint64_t>(epoch) != sampler.epoch()) {
-      sampler.set_epoch(static_cast<std::uint64_t>(epoch));
-      batches_done = 0;
-    }
+    examples::begin_epoch(sampler, epoch, batches_done);
     const auto epoch_start = clock::now();
-    tandem::Progress progress(
-        static_cast<std::size_t>(steps_per_epoch) - batches_done,
-        {.label = "epoch " + std::to_string(epoch), .enabled = comm.rank() == 0});
+    tandem::Progress progress =
+        examples::epoch_progress(comm, epoch, batches.size() - batches_done);
     auto stop = [&] { return settings.max_steps >= 0 && step >= settings.max_steps; };
     if (resident) {
       // This epoch's order on the GPU once; each step gathers its batch there.
@@ -697,15 +692,8 @@ RunSummary train(Comm& comm, const Settings& settings, cudaStream_t stream) {
       auto applied = ema.applied();
       ema_accuracy = evaluate(comm, model, test, eval_indices, eval_sampler.size());
     }
-    board.add_scalar("test/accuracy", accuracy, step);
-    board.add_scalar("test/accuracy_ema", ema_accuracy, step);
-    board.flush();
-    tandem::log0(comm) << "epoch " << epoch << ": test accuracy " << 100 * accuracy << " % (EMA "
-                       << 100 * ema_accuracy << " %) after " << trained_seconds << " s of training";
-    if (batches_done == batches.size()) {
-      sampler.set_epoch(static_cast<std::uint64_t>(epoch + 1));
-      batches_done = 0;
-    }
+    examples::end_epoch(comm, board, {epoch, step, accuracy, ema_accuracy, trained_seconds},
+                        sampler, batches_done, batches.size());
     if (!settings.checkpoint_dir.empty()) {
       tandem::save_checkpoint(comm, settings.checkpoint_dir, step, state);
     }

@@ -316,8 +316,7 @@ double train(Comm& comm, const Settings& settings) {
       .counter("step", step);
   examples::resume_from_latest(comm, settings.resume, settings.checkpoint_dir, state, loader,
                                batches_done, step);
-  tandem::TensorBoardWriter board(settings.tensorboard.empty() ? "." : settings.tensorboard,
-                                  comm.rank() == 0 && !settings.tensorboard.empty());
+  tandem::TensorBoardWriter board = examples::rank0_board(comm, settings.tensorboard);
   const bool first_attempt = examples::first_attempt();
   auto checkpoint = [&] {
     if (!settings.checkpoint_dir.empty())
@@ -331,14 +330,10 @@ double train(Comm& comm, const Settings& settings) {
   using clock = std::chrono::steady_clock;
   net->train();
   for (auto epoch = static_cast<int>(sampler.epoch()); epoch < settings.epochs; ++epoch) {
-    if (static_cast<std::uint64_t>(epoch) != sampler.epoch()) {
-      sampler.set_epoch(static_cast<std::uint64_t>(epoch));
-      batches_done = 0;
-    }
+    examples::begin_epoch(sampler, epoch, batches_done);
     const auto epoch_start = clock::now();
-    tandem::Progress progress(
-        static_cast<std::size_t>(steps_per_epoch) - batches_done,
-        {.label = "epoch " + std::to_string(epoch), .enabled = comm.rank() == 0});
+    tandem::Progress progress =
+        examples::epoch_progress(comm, epoch, batches.size() - batches_done);
     for (const auto& batch : loader) {
       if (settings.crash_at_step == step && comm.rank() == 1 && first_attempt) ::raise(SIGKILL);
       auto [images, labels] = batch.views();
@@ -372,20 +367,12 @@ double train(Comm& comm, const Settings& settings) {
       auto applied = ema.applied();  // the module's tensors hold the average until it ends
       ema_accuracy = evaluate(comm, net, ddp, test_set);
     }
-    board.add_scalar("test/accuracy", accuracy, step);
-    board.add_scalar("test/accuracy_ema", ema_accuracy, step);
-    board.flush();
-    tandem::log0(comm) << "epoch " << epoch << ": test accuracy " << 100 * accuracy << " % (EMA "
-                       << 100 * ema_accuracy << " %) after " << trained_seconds << " s of training";
-    if (batches_done == batches.size()) {
-      sampler.set_epoch(static_cast<std::uint64_t>(epoch + 1));
-      batches_done = 0;
-    }
+    examples::end_epoch(comm, board, {epoch, step, accuracy, ema_accuracy, trained_seconds},
+                        sampler, batches_done, batches.size());
     checkpoint();
     if (limited && step >= settings.max_steps) break;
   }
-  tandem::log0(comm) << "test accuracy " << 100 * accuracy << " % after " << step << " steps on "
-                     << comm.size() << " ranks";
+  examples::log_final_accuracy(comm, accuracy, step);
   return accuracy;
 }
 
