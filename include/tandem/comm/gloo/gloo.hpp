@@ -77,6 +77,7 @@
 #include "tandem/comm/detail/frontend.hpp"
 #include "tandem/comm/detail/issue_order.hpp"
 #include "tandem/comm/detail/reduction.hpp"
+#include "tandem/comm/detail/split_members.hpp"
 #include "tandem/comm/gloo/detail/gloo_support.hpp"
 #include "tandem/comm/init.hpp"
 #include "tandem/core/error.hpp"
@@ -414,21 +415,12 @@ class Engine : public IssueOrder {
     }
     const std::uint64_t sequence = ++splits_;  // the same on every rank: split is collective
     if (color == no_color) return nullptr;
-    std::vector<int> members;
-    for (int r = 0; r < size_; ++r) {
-      if (calls[static_cast<std::size_t>(r)].color == color) members.push_back(r);
-    }
-    std::stable_sort(members.begin(), members.end(), [&](int a, int b) {
-      return std::tie(calls[static_cast<std::size_t>(a)].key, a) <
-             std::tie(calls[static_cast<std::size_t>(b)].key, b);
-    });
-    const int new_rank =
-        static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
+    const auto group = split_members(calls, rank_);
     const std::string name =
         name_ + "/split" + std::to_string(sequence) + "/color" + std::to_string(color);
     check_usable("split");
-    auto connected = connect(store_, name, new_rank, static_cast<int>(members.size()), device_,
-                             options_.timeout);
+    auto connected = connect(store_, name, group.rank, static_cast<int>(group.members.size()),
+                             device_, options_.timeout);
     return std::make_unique<Engine>(std::move(connected), device_, store_, name, options_,
                                     checks_collectives_);
   }

@@ -31,6 +31,7 @@
 #include "tandem/comm/detail/collective_op.hpp"
 #include "tandem/comm/detail/issue_order.hpp"
 #include "tandem/comm/detail/reduction.hpp"
+#include "tandem/comm/detail/split_members.hpp"
 #include "tandem/comm/shm/detail/segment.hpp"
 #include "tandem/comm/shm/options.hpp"
 #include "tandem/core/detail/disagreement.hpp"
@@ -302,19 +303,10 @@ class Engine : public IssueOrder {
     });
     const std::uint64_t sequence = ++splits_;  // the same on every rank: split is collective
     if (color == no_color) return nullptr;
-    std::vector<int> members;
-    for (int r = 0; r < size_; ++r) {
-      if (calls[static_cast<std::size_t>(r)].color == color) members.push_back(r);
-    }
-    std::stable_sort(members.begin(), members.end(), [&](int a, int b) {
-      return std::tie(calls[static_cast<std::size_t>(a)].key, a) <
-             std::tie(calls[static_cast<std::size_t>(b)].key, b);
-    });
-    const int new_rank =
-        static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
+    const auto group = split_members(calls, rank_);
     const std::string name =
         name_ + "/split" + std::to_string(sequence) + "/color" + std::to_string(color);
-    return connect(store_, name, new_rank, static_cast<int>(members.size()), options_);
+    return connect(store_, name, group.rank, static_cast<int>(group.members.size()), options_);
   }
 
   template <class T>
