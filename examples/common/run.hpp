@@ -141,6 +141,18 @@ void log_final_accuracy(Comm& comm, double accuracy, std::int64_t step) {
                      << comm.size() << " ranks";
 }
 
+/// train(comm) as this process's rank of torchrun's job (env://) over Comm, with `timeout`; the
+/// ranks leave together (a barrier), so that none tears the group down under another.
+template <class Comm, class Train>
+double run_env_rank(std::chrono::seconds timeout, Train& train) {
+  typename Comm::options_type options;
+  options.timeout = timeout;
+  auto comm = tandem::init_process_group<Comm>("env://", options);
+  const double result = train(comm);
+  comm.barrier();
+  return result;
+}
+
 /// Runs train(comm) on the CPU backend `backend` names and returns rank 0's result: "local" as
 /// `ranks` threads of this process, "gloo" as this process's rank of torchrun's job (env://),
 /// "shm" the same in shared memory (ShmComm: every rank on this host), "mpi" as its rank of
@@ -160,24 +172,10 @@ std::optional<double> run_cpu_backend(const std::string& backend, int ranks,
     return result;
   }
 #if TANDEM_EXAMPLE_WITH_GLOO
-  if (backend == "gloo") {
-    tandem::GlooCommOptions options;
-    options.timeout = timeout;
-    auto comm = tandem::init_process_group<tandem::GlooComm>("env://", options);
-    const double result = train(comm);
-    comm.barrier();
-    return result;
-  }
+  if (backend == "gloo") return run_env_rank<tandem::GlooComm>(timeout, train);
 #endif
 #if TANDEM_EXAMPLE_WITH_SHM
-  if (backend == "shm") {
-    tandem::ShmCommOptions options;
-    options.timeout = timeout;
-    auto comm = tandem::init_process_group<tandem::ShmComm>("env://", options);
-    const double result = train(comm);
-    comm.barrier();
-    return result;
-  }
+  if (backend == "shm") return run_env_rank<tandem::ShmComm>(timeout, train);
 #endif
 #if TANDEM_EXAMPLE_WITH_MPI
   if (backend == "mpi") {
