@@ -9,7 +9,7 @@ after the victim entered it, so the victim is blocked inside it. LocalComm's ran
 the victim thread itself leaves at the point (--signal exit) or stops there for good (--signal
 stop); see fault_worker.cpp.
 
-Modes: env (gloo ranks started here by hand over env://), tandemrun (gloo under
+Modes: env (gloo or shm ranks started here by hand over env://), tandemrun (gloo or shm under
 tandemrun --standalone), mpirun (mpi), threads (local).
 
 A trial passes when, within the collective timeout + 5 s of the fault, every surviving rank has
@@ -383,7 +383,7 @@ def main():
     parser.add_argument("--worker")
     parser.add_argument("--tandemrun")
     parser.add_argument("--mpirun")
-    parser.add_argument("--backend", choices=["local", "gloo", "mpi"])
+    parser.add_argument("--backend", choices=["local", "gloo", "shm", "mpi"])
     parser.add_argument("--mode", choices=["threads", "env", "tandemrun", "mpirun"])
     parser.add_argument("--signal", choices=["kill", "stop", "exit"])
     parser.add_argument("--world", type=int, default=2)
@@ -402,7 +402,8 @@ def main():
         return 0
     if not (args.worker and args.backend and args.mode and args.signal):
         parser.error("--worker, --backend, --mode and --signal are needed")
-    expected = {"local": ("threads",), "gloo": ("env", "tandemrun"), "mpi": ("mpirun",)}
+    expected = {"local": ("threads",), "gloo": ("env", "tandemrun"), "shm": ("env", "tandemrun"),
+                "mpi": ("mpirun",)}
     if args.mode not in expected[args.backend]:
         parser.error(f"backend {args.backend} runs in mode {expected[args.backend]}")
     if (args.backend == "local") != (args.signal in ("exit", "stop") and args.mode == "threads"):

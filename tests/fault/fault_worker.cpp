@@ -3,8 +3,8 @@
 // loss averaged over the ranks each step) that one rank, the victim, abandons at a chosen step
 // and point. tests/fault/fault_driver.py starts it and injects the fault; see the README there.
 //
-// Processes (gloo, mpi): the victim announces where it is in DIR/rank<V>.at and the driver sends
-// the signal (SIGKILL or SIGSTOP) from outside:
+// Processes (gloo, shm, mpi): the victim announces where it is in DIR/rank<V>.at and the driver
+// sends the signal (SIGKILL or SIGSTOP) from outside:
 //   before  the victim announces and waits for the signal before entering the collective;
 //   after   the victim leaves the collective, announces and waits for the signal;
 //   inside  the victim announces and enters the collective; the survivors straggle (sleep
@@ -54,6 +54,10 @@
 #endif
 #if TANDEM_FAULT_WITH_MPI
 #include "tandem/comm/mpi/mpi.hpp"
+#endif
+#if TANDEM_FAULT_WITH_SHM
+#include "tandem/comm/init.hpp"
+#include "tandem/comm/shm/shm.hpp"
 #endif
 
 namespace {
@@ -289,10 +293,11 @@ int run_process(const Settings& settings, int rank, MakeComm&& make_comm) {
 }
 
 int usage() {
-  std::fprintf(stderr,
-               "usage: fault_worker --backend local|gloo|mpi --dir DIR [--ranks N] [--steps S]\n"
-               "  [--timeout-ms T] [--fault-step S --point before|inside|after\n"
-               "  --target grads|loss --victim V --fault exit|stop --straggle-ms D]\n");
+  std::fprintf(
+      stderr,
+      "usage: fault_worker --backend local|gloo|shm|mpi --dir DIR [--ranks N] [--steps S]\n"
+      "  [--timeout-ms T] [--fault-step S --point before|inside|after\n"
+      "  --target grads|loss --victim V --fault exit|stop --straggle-ms D]\n");
   return 2;
 }
 
@@ -347,6 +352,16 @@ int main(int argc, char** argv) {
       tandem::GlooCommOptions options;
       options.timeout = timeout;
       return tandem::init_process_group<tandem::GlooComm>("env://", options);
+    });
+  }
+#endif
+#if TANDEM_FAULT_WITH_SHM
+  if (settings.backend == "shm") {
+    const auto rank = tandem::parse_int(std::getenv("RANK") ? std::getenv("RANK") : "");
+    return run_process(settings, rank ? static_cast<int>(*rank) : -1, [&] {
+      tandem::ShmCommOptions options;
+      options.timeout = timeout;
+      return tandem::init_process_group<tandem::ShmComm>("env://", options);
     });
   }
 #endif
