@@ -15,24 +15,43 @@
 #include <string>
 #include <string_view>
 
+#include "tandem/comm/init.hpp"
 #include "tandem/comm/local/local.hpp"
+#include "tandem/data/mnist.hpp"
 #include "tandem/io/checkpoint.hpp"
 #include "tandem/io/log.hpp"
 #include "tandem/io/progress.hpp"
 #include "tandem/io/tensorboard.hpp"
 #if TANDEM_EXAMPLE_WITH_GLOO
 #include "tandem/comm/gloo/gloo.hpp"
-#include "tandem/comm/init.hpp"
 #endif
 #if TANDEM_EXAMPLE_WITH_MPI
 #include "tandem/comm/mpi/mpi.hpp"
 #endif
 #if TANDEM_EXAMPLE_WITH_SHM
-#include "tandem/comm/init.hpp"
 #include "tandem/comm/shm/shm.hpp"
 #endif
 
 namespace examples {
+
+/// The settings every training example has, with the same defaults; parse_run_number reads the
+/// numeric ones. An example's Settings derives from it and adds its own.
+struct RunSettings {
+  std::string backend;
+  int ranks = 2;
+  int epochs = 3;
+  std::size_t batch_size = 64;
+  double lr = 0.1;
+  std::uint64_t seed = 0;
+  std::string data = tandem::FashionMNIST::default_directory().string();
+  std::string checkpoint_dir;
+  bool resume = false;
+  int timeout_seconds = 1800;
+  int workers = 1;
+  std::string tensorboard;
+  std::int64_t max_steps = -1;      // stop early (tests)
+  std::int64_t crash_at_step = -1;  // rank 1 kills itself here on the first attempt (the test)
+};
 
 /// The numeric flags every training example takes, written into the Settings fields of the same
 /// names; `number(low, high)` reads the flag's value, nullopt outside [low, high]. False when

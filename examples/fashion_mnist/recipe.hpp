@@ -29,21 +29,7 @@ namespace fashion_mnist {
 /// the nccl backend, and defaults to nccl.
 enum class program { cpu, gpu };
 
-struct Settings {
-  std::string backend;
-  int ranks = 2;
-  int epochs = 3;
-  std::size_t batch_size = 64;
-  double lr = 0.1;
-  std::uint64_t seed = 0;
-  std::string data = tandem::FashionMNIST::default_directory().string();
-  std::string checkpoint_dir;
-  bool resume = false;
-  int timeout_seconds = 1800;
-  int workers = 1;
-  std::string tensorboard;
-  std::int64_t max_steps = -1;      // stop early (tests)
-  std::int64_t crash_at_step = -1;  // rank 1 kills itself here on the first attempt (the test)
+struct Settings : examples::RunSettings {
   bool wide = false;
   bool plain = false;  // the benchmark's recipe: one constant lr, no EMA
   // GPU only:

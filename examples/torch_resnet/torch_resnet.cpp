@@ -72,26 +72,12 @@ namespace {
 
 namespace nn = torch::nn;
 
-struct Settings {
-  std::string backend;
-  int ranks = 2;
-  int epochs = 3;
-  std::size_t batch_size = 64;
-  double lr = 0.1;
+struct Settings : examples::RunSettings {
   double weight_decay = 5e-4;
   std::int64_t width = 24;
-  std::uint64_t seed = 0;
-  std::string data = tandem::FashionMNIST::default_directory().string();
   std::string init;  // initial weights from a file (the benchmark: PyTorch's side wrote them)
-  std::string checkpoint_dir;
   std::int64_t checkpoint_every = 0;  // steps; 0: at each epoch's end only
-  bool resume = false;
-  int timeout_seconds = 1800;
-  int workers = 1;
-  std::string tensorboard;
-  std::int64_t max_steps = -1;      // stop early (tests)
-  std::int64_t crash_at_step = -1;  // rank 1 kills itself here on the first attempt (the test)
-  double min_accuracy = 0;          // percent; below it the run fails
+  double min_accuracy = 0;            // percent; below it the run fails
   bool sync_bn = true;
 };
 
