@@ -112,34 +112,17 @@ TEST_CASE("processes share a FileStore") {
   const auto path = dir.path() / "s";
   FileStore parent(path, {.timeout = generous});
   constexpr int children = 4;
-  std::vector<pid_t> pids;
-  for (int i = 0; i < children; ++i) {
-    const pid_t pid = ::fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      int status = 0;
-      try {
-        FileStore store(path, {.timeout = generous});
-        for (int n = 0; n < 25; ++n) store.add("count", 1);
-        store.set("child" + std::to_string(i), std::to_string(i * 10));
-        if (store.get("go") != "yes") status = 2;
-      } catch (...) {
-        status = 3;
-      }
-      ::_exit(status);
-    }
-    pids.push_back(pid);
-  }
+  const auto pids = tandem::test::fork_children(children, [&](int i) {
+    FileStore store(path, {.timeout = generous});
+    for (int n = 0; n < 25; ++n) store.add("count", 1);
+    store.set("child" + std::to_string(i), std::to_string(i * 10));
+    return store.get("go") == "yes" ? 0 : 2;
+  });
   std::vector<std::string> keys;
   for (int i = 0; i < children; ++i) keys.push_back("child" + std::to_string(i));
   parent.wait(keys);
   parent.set("go", "yes");
-  for (const pid_t pid : pids) {
-    int status = -1;
-    REQUIRE(::waitpid(pid, &status, 0) == pid);
-    CHECK(WIFEXITED(status));
-    CHECK(WEXITSTATUS(status) == 0);
-  }
+  for (const int code : tandem::test::wait_children(pids)) CHECK(code == 0);
   CHECK(parent.get("count") == std::to_string(children * 25));
   CHECK(parent.get("child3") == "30");
 }

@@ -282,36 +282,19 @@ TEST_CASE("forked processes share the parent's server") {
   TcpStore server({.port = 0, .is_server = true, .timeout = generous});
   const auto port = server.port();
   constexpr int children = 4;
-  std::vector<pid_t> pids;
-  for (int i = 0; i < children; ++i) {
-    const pid_t pid = ::fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      // No doctest in here: report through the exit status only.
-      int status = 0;
-      try {
-        TcpStore client({.port = port, .timeout = generous});
-        if (client.add("arrived", 1) < 1) status = 2;
-        client.set("child" + std::to_string(i), "pid " + std::to_string(::getpid()));
-        if (client.get("release") != "go") status = 3;
-      } catch (...) {
-        status = 4;
-      }
-      ::_exit(status);
-    }
-    pids.push_back(pid);
-  }
+  const auto pids = tandem::test::fork_children(children, [&](int i) {
+    TcpStore client({.port = port, .timeout = generous});
+    int status = client.add("arrived", 1) < 1 ? 2 : 0;
+    client.set("child" + std::to_string(i), "pid " + std::to_string(::getpid()));
+    if (client.get("release") != "go") status = 3;
+    return status;
+  });
   std::vector<std::string> keys;
   for (int i = 0; i < children; ++i) keys.push_back("child" + std::to_string(i));
   server.wait(keys);
   CHECK(server.get("arrived") == std::to_string(children));
   server.set("release", "go");
-  for (const pid_t pid : pids) {
-    int status = -1;
-    REQUIRE(::waitpid(pid, &status, 0) == pid);
-    CHECK(WIFEXITED(status));
-    CHECK(WEXITSTATUS(status) == 0);
-  }
+  for (const int code : tandem::test::wait_children(pids)) CHECK(code == 0);
   CHECK(server.num_keys() == children + 2);
 }
 
