@@ -231,4 +231,22 @@ elem_t<T>* recv_args(int rank, int size, T& t, int peer) {
   return out_ptr<elem_t<T>>(t);
 }
 
+/// The Error of a recv on `rank` whose message from `peer` with `tag` holds `sent_count`
+/// elements of `sent`, where the recv takes `count` elements of `type`.
+inline Error recv_mismatch(int rank, int peer, int tag, dtype sent, std::size_t sent_count,
+                           dtype type, std::size_t count) {
+  return Error(rank, "recv",
+               "rank " + std::to_string(peer) + " sent " + std::to_string(sent_count) + " " +
+                   name(sent) + " elements with tag " + std::to_string(tag) +
+                   ", but this rank receives " + std::to_string(count) + " " + name(type) +
+                   " elements");
+}
+
+/// The Error of a recv from `rank` itself with `tag` when it has sent no such message before.
+inline Error recv_from_self_unsent(int rank, int tag) {
+  return Error(rank, "recv",
+               "no message from this rank itself with tag " + std::to_string(tag) +
+                   " was sent before (it would wait forever)");
+}
+
 }  // namespace tandem::detail

@@ -73,6 +73,7 @@
 #include "tandem/comm/checked.hpp"
 #include "tandem/comm/communicator.hpp"
 #include "tandem/comm/detail/check_switch.hpp"
+#include "tandem/comm/detail/collective_args.hpp"
 #include "tandem/comm/detail/collective_op.hpp"
 #include "tandem/comm/detail/frontend.hpp"
 #include "tandem/comm/detail/issue_order.hpp"
@@ -459,9 +460,7 @@ class Engine : public IssueOrder {
       if (peer == rank_) {
         auto found = to_self_.find(tag);
         if (found == to_self_.end() || found->second.empty()) {
-          throw Error(rank_, "recv",
-                      "no message from this rank itself with tag " + std::to_string(tag) +
-                          " was sent before (it would wait forever)");
+          throw recv_from_self_unsent(rank_, tag);
         }
         auto message = std::move(found->second.front());
         found->second.pop_front();
@@ -497,11 +496,8 @@ class Engine : public IssueOrder {
       quiescing([&] { (void)payload_buffer->waitRecv(options_.timeout); }, payload_buffer);
     });
     if (!matches<T>(header, count)) {
-      throw Error(rank_, "recv",
-                  "rank " + std::to_string(peer) + " sent " + std::to_string(header.count) + " " +
-                      tandem::name(static_cast<dtype>(header.type)) + " elements with tag " +
-                      std::to_string(tag) + ", but this rank receives " + std::to_string(count) +
-                      " " + tandem::name(dtype_of<T>) + " elements");
+      throw recv_mismatch(rank_, peer, tag, static_cast<dtype>(header.type), header.count,
+                          dtype_of<T>, count);
     }
   }
 

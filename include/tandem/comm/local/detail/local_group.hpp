@@ -23,6 +23,7 @@
 
 #include "tandem/comm/checked.hpp"
 #include "tandem/comm/communicator.hpp"
+#include "tandem/comm/detail/collective_args.hpp"
 #include "tandem/comm/detail/collective_op.hpp"
 #include "tandem/comm/local/options.hpp"
 #include "tandem/core/error.hpp"
@@ -182,11 +183,7 @@ class Group {
         if (found->second.empty()) mailbox_.erase(found);
         lock.unlock();
         if (message.type != type || message.count != count) {
-          throw Error(dst, "recv",
-                      "rank " + std::to_string(src) + " sent " + std::to_string(message.count) +
-                          " " + name(message.type) + " elements with tag " + std::to_string(tag) +
-                          ", but this rank receives " + std::to_string(count) + " " + name(type) +
-                          " elements");
+          throw recv_mismatch(dst, src, tag, message.type, message.count, type, count);
         }
         if (count) std::memcpy(data, message.bytes.data(), message.bytes.size());
         return;

@@ -28,6 +28,7 @@
 
 #include "tandem/comm/checked.hpp"
 #include "tandem/comm/communicator.hpp"
+#include "tandem/comm/detail/collective_args.hpp"
 #include "tandem/comm/detail/collective_op.hpp"
 #include "tandem/comm/detail/issue_order.hpp"
 #include "tandem/comm/detail/reduction.hpp"
@@ -331,9 +332,7 @@ class Engine : public IssueOrder {
     if (peer == rank_) {
       auto found = to_self_.find(tag);
       if (found == to_self_.end() || found->second.empty()) {
-        throw Error(rank_, "recv",
-                    "no message from this rank itself with tag " + std::to_string(tag) +
-                        " was sent before (it would wait forever)");
+        throw recv_from_self_unsent(rank_, tag);
       }
       message = std::move(found->second.front());
       found->second.pop_front();
@@ -349,11 +348,7 @@ class Engine : public IssueOrder {
       queue.pop_front();
     }
     if (message.type != dtype_of<T> || message.count != count) {
-      throw Error(rank_, "recv",
-                  "rank " + std::to_string(peer) + " sent " + std::to_string(message.count) + " " +
-                      tandem::name(message.type) + " elements with tag " + std::to_string(tag) +
-                      ", but this rank receives " + std::to_string(count) + " " +
-                      tandem::name(dtype_of<T>) + " elements");
+      throw recv_mismatch(rank_, peer, tag, message.type, message.count, dtype_of<T>, count);
     }
     if (count) std::memcpy(data, message.bytes.data(), message.bytes.size());
   }
