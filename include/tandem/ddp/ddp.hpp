@@ -605,57 +605,83 @@ class DistributedDataParallel {
   /// which ranks have what, in an Error raised on every rank.
   template <class ControlExec>
   void verify_registration(const ControlExec& exec, const std::vector<std::string>& descriptions) {
-    using control_space = typename Comm::memory_space;
+    std::vector<std::size_t> counts;
+    if (same_registration_everywhere(exec, descriptions, counts)) return;
+    const std::size_t common = std::min(descriptions.size(), std::ranges::min(counts));
+    const std::size_t first = first_differing_entry(exec, descriptions, common);
+    const auto seen =
+        every_ranks_text(exec, first < descriptions.size() ? descriptions[first] : "nothing");
+    std::string cause =
+        "ranks registered different parameters; first difference at entry " +
+        std::to_string(first) + " (entry 0 is the element type): " +
+        detail::describe_groups(
+            seen, [](const std::string& entry) { return entry; }, " has ", " have ");
+    cause += " (entries registered:";
+    for (std::size_t r = 0; r < counts.size(); ++r) {
+      cause += std::string(r ? "," : "") + " rank " + std::to_string(r) + " " +
+               std::to_string(counts[r]);
+    }
+    throw Error(comm_->rank(), "DistributedDataParallel", cause + ")");
+  }
+
+  template <class T, class ControlExec>
+  using ControlArrayOf = detail::ddp::ControlArray<T, typename Comm::memory_space, ControlExec>;
+
+  /// One all_gather of (hash of every entry, entry count): whether all hashes agree; `counts`
+  /// gets each rank's entry count.
+  template <class ControlExec>
+  bool same_registration_everywhere(const ControlExec& exec,
+                                    const std::vector<std::string>& descriptions,
+                                    std::vector<std::size_t>& counts) {
     const auto n = static_cast<std::size_t>(comm_->size());
-    const int me = comm_->rank();
     std::uint64_t whole = 0;
     for (const auto& text : descriptions) whole = detail::ddp::fnv1a(text + "\n", whole);
-
-    using control = detail::ddp::ControlArray<std::int64_t, control_space, ControlExec>;
-    control mine(exec, 2);
-    control all(exec, 2 * n);
+    ControlArrayOf<std::int64_t, ControlExec> mine(exec, 2);
+    ControlArrayOf<std::int64_t, ControlExec> all(exec, 2 * n);
     mine.set(0, static_cast<std::int64_t>(whole));
     mine.set(1, static_cast<std::int64_t>(descriptions.size()));
     comm_->all_gather(mine.view(), all.view());
-
     bool same = true;
-    std::size_t common = descriptions.size();
-    std::vector<std::size_t> counts(n);
+    counts.assign(n, 0);
     for (std::size_t r = 0; r < n; ++r) {
       same = same && all.get(2 * r) == all.get(0);
       counts[r] = static_cast<std::size_t>(all.get(2 * r + 1));
-      common = std::min(common, counts[r]);
     }
-    if (same) return;
+    return same;
+  }
 
-    // The first entry in which some ranks differ: compare the entries all ranks have...
-    control entry_hashes(exec, common);
-    control all_entry_hashes(exec, common * n);
+  /// The first of the `common` entries (those every rank has) in which some ranks differ, or
+  /// `common` when those agree (then the first difference is an entry some ranks lack).
+  template <class ControlExec>
+  std::size_t first_differing_entry(const ControlExec& exec,
+                                    const std::vector<std::string>& descriptions,
+                                    std::size_t common) {
+    const auto n = static_cast<std::size_t>(comm_->size());
+    ControlArrayOf<std::int64_t, ControlExec> entry_hashes(exec, common);
+    ControlArrayOf<std::int64_t, ControlExec> all_entry_hashes(exec, common * n);
     for (std::size_t i = 0; i < common; ++i) {
       entry_hashes.set(i, static_cast<std::int64_t>(detail::ddp::fnv1a(descriptions[i])));
     }
     comm_->all_gather(entry_hashes.view(), all_entry_hashes.view());
-    std::size_t first = common;  // ...and, if those agree, the first entry some ranks lack
-    for (std::size_t i = 0; i < common && first == common; ++i) {
+    for (std::size_t i = 0; i < common; ++i) {
       for (std::size_t r = 1; r < n; ++r) {
-        if (all_entry_hashes.get(r * common + i) != all_entry_hashes.get(i)) {
-          first = i;
-          break;
-        }
+        if (all_entry_hashes.get(r * common + i) != all_entry_hashes.get(i)) return i;
       }
     }
+    return common;
+  }
 
-    // ...then every rank's text of that entry.
+  /// Every rank's `own` text (its first 200 bytes), gathered in rank order.
+  template <class ControlExec>
+  std::vector<std::string> every_ranks_text(const ControlExec& exec, const std::string& own) {
+    const auto n = static_cast<std::size_t>(comm_->size());
     constexpr std::size_t text_bytes = 200;
-    using text_array = detail::ddp::ControlArray<std::uint8_t, control_space, ControlExec>;
-    text_array text(exec, text_bytes);
-    text_array texts(exec, text_bytes * n);
-    const std::string own = first < descriptions.size() ? descriptions[first] : "nothing";
+    ControlArrayOf<std::uint8_t, ControlExec> text(exec, text_bytes);
+    ControlArrayOf<std::uint8_t, ControlExec> texts(exec, text_bytes * n);
     for (std::size_t i = 0; i < text_bytes; ++i) {
       text.set(i, i < own.size() ? static_cast<std::uint8_t>(own[i]) : std::uint8_t{0});
     }
     comm_->all_gather(text.view(), texts.view());
-
     std::vector<std::string> seen(n);
     for (std::size_t r = 0; r < n; ++r) {
       for (std::size_t i = 0; i < text_bytes; ++i) {
@@ -664,17 +690,7 @@ class DistributedDataParallel {
         seen[r].push_back(c);
       }
     }
-    std::string cause =
-        "ranks registered different parameters; first difference at entry " +
-        std::to_string(first) + " (entry 0 is the element type): " +
-        detail::describe_groups(
-            seen, [](const std::string& entry) { return entry; }, " has ", " have ");
-    cause += " (entries registered:";
-    for (std::size_t r = 0; r < n; ++r) {
-      cause += std::string(r ? "," : "") + " rank " + std::to_string(r) + " " +
-               std::to_string(counts[r]);
-    }
-    throw Error(me, "DistributedDataParallel", cause + ")");
+    return seen;
   }
 
   Comm* comm_;
