@@ -23,15 +23,7 @@ tmp=$(mktemp -d /tmp/tandem-bench-fmnist.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 export GLOO_SOCKET_IFNAME=lo OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
-# tandem prints "epoch E: test accuracy A % (...) after S s of training"; keep "E S A".
-tandem_epochs() { sed -n 's/.*epoch \([0-9]*\): test accuracy \([0-9.]*\) % .* after \([0-9.]*\) s of training.*/EPOCH \1 \3 \2/p'; }
-
-run() {  # name, command...
-  local name=$1; shift
-  echo "--- $name"
-  "$@" >"$tmp/$name.log" 2>&1 || { cat "$tmp/$name.log"; echo "FAILED: $name" >&2; exit 1; }
-  grep -h "^EPOCH\|epoch [0-9]*: test" "$tmp/$name.log" | tail -3
-}
+source "$root/bench/common/training_runs.sh"
 port=$((29500 + RANDOM % 1000))
 run torch_ddp bash -c "for r in 0 1; do RANK=\$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port $python $here/fashion_mnist_torch.py & done; wait"
 run torch_single "$python" "$here/fashion_mnist_torch.py"

@@ -28,15 +28,7 @@ trap 'rm -rf "$tmp"' EXIT
 export GLOO_SOCKET_IFNAME=lo OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 
-# tandem prints "epoch E: test accuracy A % (...) after S s of training"; keep "EPOCH E S A".
-tandem_epochs() { sed -n 's/.*epoch \([0-9]*\): test accuracy \([0-9.]*\) % .* after \([0-9.]*\) s of training.*/EPOCH \1 \3 \2/p'; }
-
-run() {  # name, command...
-  local name=$1; shift
-  echo "--- $name"
-  "$@" >"$tmp/$name.log" 2>&1 || { cat "$tmp/$name.log"; echo "FAILED: $name" >&2; exit 1; }
-  grep -h "^EPOCH\|epoch [0-9]*: test" "$tmp/$name.log" | tail -"$epochs"
-}
+source "$root/bench/common/training_runs.sh"
 
 # One side writes the initial weights, the other reads them (both sides read them here).
 "$python" "$here/torch_resnet.py" --write-init "$tmp/init.safetensors"
