@@ -43,23 +43,16 @@ TEST_CASE("bfloat16 -> float is the top half of a binary32 for all 65536 bit pat
 }
 
 TEST_CASE("float -> bfloat16 -> float round-trips every non-NaN bfloat16") {
-  Mismatches wrong;
-  for (std::uint32_t bits = 0; bits <= 0xffffu; ++bits) {
-    const auto b = static_cast<std::uint16_t>(bits);
-    if (bfloat16_format.is_nan(b)) continue;
-    if (to_bf16(to_float(b)) != b) wrong.add(b, " -> ", to_bf16(to_float(b)));
-  }
+  std::uint32_t checked = 0;
+  const Mismatches wrong = tandem_test::round_trip_mismatches<bfloat16>(bfloat16_format, checked);
+  CHECK(checked == 65536 - 2 * 127);  // 2 signs x 127 NaN mantissas
   CHECK_MESSAGE(wrong.count() == 0, wrong.text());
 }
 
 TEST_CASE("float -> bfloat16 rounds midpoints to even and neighbours of a midpoint away from it") {
-  Mismatches wrong;
   const auto boundaries = tandem_test::rounding_boundaries(bfloat16_format);
   CHECK(boundaries.size() == 6 * 0x7f80u);  // 3 floats x 2 signs per pair, infinity last
-  for (const auto& [value, expected] : boundaries) {
-    if (to_bf16(value) != expected)
-      wrong.add(bits_of(value), " -> ", to_bf16(value), " want ", expected);
-  }
+  const Mismatches wrong = tandem_test::boundary_mismatches<bfloat16>(boundaries);
   CHECK_MESSAGE(wrong.count() == 0, wrong.text());
 }
 
@@ -117,18 +110,9 @@ TEST_CASE("float -> bfloat16 subnormals and signed zeros") {
 TEST_CASE("float -> bfloat16 agrees with a nearest-value search over sampled floats") {
   const tandem_test::NearestEncoder reference(bfloat16_format);
   Mismatches wrong;
-  const auto check = [&](float value) {
-    if (std::isnan(value)) return;
-    if (to_bf16(value) != reference.encode(value)) {
-      wrong.add(bits_of(value), " -> ", to_bf16(value), " want ", reference.encode(value));
-    }
-  };
-  for (std::uint64_t bits = 0; bits <= 0xffffffffu; bits += 4099) {
-    check(float_of(static_cast<std::uint32_t>(bits)));
-  }
-  for (const auto& boundary : tandem_test::rounding_boundaries(bfloat16_format)) {
-    check(boundary.value);
-  }
+  tandem_test::for_sampled_floats(bfloat16_format, [&](float value) {
+    tandem_test::check_nearest<bfloat16>(reference, value, wrong);
+  });
   CHECK_MESSAGE(wrong.count() == 0, wrong.text());
 }
 

@@ -43,26 +43,16 @@ TEST_CASE("half -> float is exact for all 65536 bit patterns") {
 }
 
 TEST_CASE("float -> half -> float round-trips every non-NaN half") {
-  Mismatches wrong;
   std::uint32_t checked = 0;
-  for (std::uint32_t bits = 0; bits <= 0xffffu; ++bits) {
-    const auto h = static_cast<std::uint16_t>(bits);
-    if (half_format.is_nan(h)) continue;
-    ++checked;
-    if (to_half(to_float(h)) != h) wrong.add(h, " -> ", to_half(to_float(h)));
-  }
+  const Mismatches wrong = tandem_test::round_trip_mismatches<half>(half_format, checked);
   CHECK(checked == 65536 - 2 * 1023);  // 2 signs x 1023 NaN mantissas
   CHECK_MESSAGE(wrong.count() == 0, wrong.text());
 }
 
 TEST_CASE("float -> half rounds midpoints to even and neighbours of a midpoint away from it") {
-  Mismatches wrong;
   const auto boundaries = tandem_test::rounding_boundaries(half_format);
   CHECK(boundaries.size() == 6 * 0x7c00u);  // 3 floats x 2 signs per pair, infinity last
-  for (const auto& [value, expected] : boundaries) {
-    if (to_half(value) != expected)
-      wrong.add(bits_of(value), " -> ", to_half(value), " want ", expected);
-  }
+  const Mismatches wrong = tandem_test::boundary_mismatches<half>(boundaries);
   CHECK_MESSAGE(wrong.count() == 0, wrong.text());
 }
 
@@ -131,15 +121,9 @@ TEST_CASE("float -> half agrees with a nearest-value search over sampled floats"
   const tandem_test::NearestEncoder reference(half_format);
   Mismatches wrong;
   const auto check = [&](float value) {
-    if (std::isnan(value)) return;
-    if (to_half(value) != reference.encode(value)) {
-      wrong.add(bits_of(value), " -> ", to_half(value), " want ", reference.encode(value));
-    }
+    tandem_test::check_nearest<half>(reference, value, wrong);
   };
-  for (std::uint64_t bits = 0; bits <= 0xffffffffu; bits += 4099) {
-    check(float_of(static_cast<std::uint32_t>(bits)));
-  }
-  for (const auto& boundary : tandem_test::rounding_boundaries(half_format)) check(boundary.value);
+  tandem_test::for_sampled_floats(half_format, check);
   // Dense around the subnormal and overflow ranges, where the code takes other paths.
   for (std::uint32_t bits = 0x32f00000u; bits < 0x38900000u; bits += 61) check(float_of(bits));
   for (std::uint32_t bits = 0x477f0000u; bits < 0x47810000u; ++bits) check(float_of(bits));
@@ -157,10 +141,7 @@ TEST_CASE("float -> half agrees with the compiler's _Float16") {
                                          : got == want;
     if (!agree) wrong.add(bits_of(value), " -> ", got, " want ", want);
   };
-  for (std::uint64_t bits = 0; bits <= 0xffffffffu; bits += 4099) {
-    check(float_of(static_cast<std::uint32_t>(bits)));
-  }
-  for (const auto& boundary : tandem_test::rounding_boundaries(half_format)) check(boundary.value);
+  tandem_test::for_sampled_floats(half_format, check);
   CHECK_MESSAGE(wrong.count() == 0, wrong.text());
 
   Mismatches widened;

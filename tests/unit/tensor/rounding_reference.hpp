@@ -152,4 +152,50 @@ inline float float_of(std::uint32_t bits) {
   return std::bit_cast<float>(bits);
 }
 
+// The checks the half and bfloat16 tests share, for a 16-bit type Narrow with `Narrow(float).bits`
+// and `Narrow::from_bits(bits)`.
+
+/// Every non-NaN pattern of format must come back from float unchanged; checked counts them.
+template <class Narrow>
+Mismatches round_trip_mismatches(Format format, std::uint32_t& checked) {
+  Mismatches wrong;
+  for (std::uint32_t bits = 0; bits <= 0xffffu; ++bits) {
+    const auto narrow = static_cast<std::uint16_t>(bits);
+    if (format.is_nan(narrow)) continue;
+    ++checked;
+    const std::uint16_t back = Narrow(static_cast<float>(Narrow::from_bits(narrow))).bits;
+    if (back != narrow) wrong.add(narrow, " -> ", back);
+  }
+  return wrong;
+}
+
+/// Every value of boundaries must round to its expected pattern.
+template <class Narrow>
+Mismatches boundary_mismatches(const std::vector<Boundary>& boundaries) {
+  Mismatches wrong;
+  for (const auto& [value, expected] : boundaries) {
+    const std::uint16_t got = Narrow(value).bits;
+    if (got != expected) wrong.add(bits_of(value), " -> ", got, " want ", expected);
+  }
+  return wrong;
+}
+
+/// Calls check on every 4099th float pattern and on every rounding boundary of format.
+template <class Check>
+void for_sampled_floats(Format format, const Check& check) {
+  for (std::uint64_t bits = 0; bits <= 0xffffffffu; bits += 4099) {
+    check(float_of(static_cast<std::uint32_t>(bits)));
+  }
+  for (const auto& boundary : rounding_boundaries(format)) check(boundary.value);
+}
+
+/// Records value in wrong when Narrow's rounding of it differs from the nearest-value search.
+template <class Narrow>
+void check_nearest(const NearestEncoder& reference, float value, Mismatches& wrong) {
+  if (std::isnan(value)) return;
+  const std::uint16_t got = Narrow(value).bits;
+  const std::uint16_t want = reference.encode(value);
+  if (got != want) wrong.add(bits_of(value), " -> ", got, " want ", want);
+}
+
 }  // namespace tandem_test
