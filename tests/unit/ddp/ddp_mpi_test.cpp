@@ -9,17 +9,11 @@
 
 #include "ddp_suite.hpp"
 #include "tandem/comm/mpi/mpi.hpp"
+#include "unit/mpi/mpi_support.hpp"
 
 namespace {
 
 namespace suite = tandem::test::ddp;
-
-int job_size() {
-  (void)tandem::MpiComm::thread_level();
-  int size = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  return size;
-}
 
 /// run(n, fn): fn on ranks 0 .. n-1 of the job, on a communicator of their own. A rank that
 /// throws ends the job (MPI_Abort) instead of leaving the others inside a collective.
@@ -33,9 +27,7 @@ struct MpiRunner {
       if (group) fn(*group);
       world.barrier();
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "%s; aborting the job\n", e.what());
-      std::fflush(stderr);
-      MPI_Abort(MPI_COMM_WORLD, 1);
+      tandem::test::abort_job(e.what());
     }
   }
 };
@@ -43,7 +35,7 @@ struct MpiRunner {
 template <class Check>
 void on_mpi(Check&& check) {
   MpiRunner run;
-  check(run, job_size());
+  check(run, tandem::test::job_size());
 }
 
 }  // namespace

@@ -13,21 +13,17 @@
 #include "resume_suite.hpp"
 #include "support/temp_dir.hpp"
 #include "tandem/comm/mpi/mpi.hpp"
+#include "unit/mpi/mpi_support.hpp"
 
 namespace {
 // run(n, fn): fn on this process's rank of the job; a rank that throws ends the job.
 struct MpiRunner {
   template <class Fn>
   void operator()(int, Fn&& fn) {
-    try {
-      auto world = tandem::MpiComm::world();
+    tandem::test::on_every_rank([&](tandem::MpiComm& world) {
       fn(world);
       world.barrier();
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "%s; aborting the job\n", e.what());
-      std::fflush(stderr);
-      MPI_Abort(MPI_COMM_WORLD, 1);
-    }
+    });
   }
 };
 }  // namespace
