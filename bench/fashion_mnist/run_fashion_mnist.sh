@@ -37,23 +37,16 @@ for name in tandem_gloo tandem_shm tandem_mpi tandem_local torch_ddp torch_singl
   [[ $(wc -l <"$tmp/$name.epochs") -eq 3 ]] || { cat "$tmp/$name.log"; echo "FAILED: $name did not report 3 epochs" >&2; exit 1; }
 done
 
-"$python" - "$tmp" "$out" "$plot" "$(git -C "$root" rev-parse --short HEAD)" <<'PY'
+PYTHONPATH="$root/bench/common${PYTHONPATH:+:$PYTHONPATH}" "$python" - "$tmp" "$out" "$plot" "$(git -C "$root" rev-parse --short HEAD)" <<'PY'
 import sys, datetime, os
+from training_report import read_runs
 tmp, out, plot, commit = sys.argv[1:5]
 names = {"torch_ddp": "PyTorch DDP, 2 processes (gloo)", "torch_single": "PyTorch, 1 process",
          "tandem_gloo": "tandem, 2 ranks (Gloo)",
          "tandem_shm": "tandem, 2 ranks (shared memory, ShmComm)",
          "tandem_mpi": "tandem, 2 ranks (MPI)",
          "tandem_local": "tandem, 2 ranks (threads)"}
-runs = {}
-for key in names:
-    rows = [line.split() for line in open(os.path.join(tmp, key + ".epochs"))]
-    runs[key] = [(float(r[2]), float(r[3])) for r in rows]  # (seconds so far, accuracy %)
-# A time for training that did not happen is worse than none: every run must have learned.
-for key, rows in runs.items():
-    if not all(seconds > 0 for seconds, _ in rows) or rows[-1][1] < 80.0:
-        sys.exit(f"FAILED: {names[key]} did not train (final accuracy {rows[-1][1]} %)")
-per_epoch = {k: v[-1][0] / len(v) for k, v in runs.items()}
+runs, per_epoch = read_runs(tmp, names, 80.0)
 best = min(("tandem_gloo", "tandem_shm", "tandem_mpi", "tandem_local"), key=per_epoch.get)
 lines = [
     "# Fashion-MNIST: tandem beside PyTorch, same recipe", "",

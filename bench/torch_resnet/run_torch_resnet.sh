@@ -47,21 +47,14 @@ for name in "${names[@]}"; do
 done
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
-"$python" - "$tmp" "$out" "$plot" "$(git -C "$root" rev-parse --short HEAD)" "$epochs" \
+PYTHONPATH="$root/bench/common${PYTHONPATH:+:$PYTHONPATH}" "$python" - "$tmp" "$out" "$plot" "$(git -C "$root" rev-parse --short HEAD)" "$epochs" \
   "$load_before" "$load_after" <<'PY'
 import sys, datetime, os
+from training_report import read_runs
 tmp, out, plot, commit, epochs, load_before, load_after = sys.argv[1:8]
 names = {"torch_ddp": "PyTorch DDP, 2 processes (gloo)", "tandem_gloo": "tandem, 2 ranks (Gloo)",
          "tandem_mpi": "tandem, 2 ranks (MPI)", "tandem_local": "tandem, 2 ranks (threads)"}
-runs = {}
-for key in names:
-    rows = [line.split() for line in open(os.path.join(tmp, key + ".epochs"))]
-    runs[key] = [(float(r[2]), float(r[3])) for r in rows]  # (seconds so far, accuracy %)
-# A time for training that did not happen is worse than none: every run must have learned.
-for key, rows in runs.items():
-    if not all(seconds > 0 for seconds, _ in rows) or rows[-1][1] < 70.0:
-        sys.exit(f"FAILED: {names[key]} did not train (final accuracy {rows[-1][1]} %)")
-per_epoch = {k: v[-1][0] / len(v) for k, v in runs.items()}
+runs, per_epoch = read_runs(tmp, names, 70.0)
 tandems = ("tandem_gloo", "tandem_mpi", "tandem_local")
 best = min(tandems, key=per_epoch.get)
 ratio = per_epoch[best] / per_epoch["torch_ddp"]
