@@ -134,39 +134,34 @@ TEST_CASE("hostile headers are Errors that say what is wrong") {
   fails_with(raw_file(one, 8, 1000), "runs past the end");
   fails_with(raw_file(one, 9), "cover 8 of the data section's 9 bytes");
   fails_with(raw_file(one, 4), "ends at byte 8 of a data section of 4");
-  fails_with(raw_file("{not json", 0), "not valid JSON");
-  fails_with(raw_file("[1,2]", 0), "not a JSON object");
-  fails_with(raw_file("{\"\xff\xfe\":{}}", 0), "not valid JSON");  // invalid UTF-8
-  fails_with(
-      raw_file(
-          R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"t":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
-          16),
-      "'t' appears twice");
-  fails_with(raw_file(R"({"t":{"dtype":"Q7","shape":[2],"data_offsets":[0,8]}})", 8),
-             "unknown dtype 'Q7'");
-  fails_with(raw_file(R"({"t":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8),
-             "12 bytes but data_offsets of 8");
-  fails_with(raw_file(R"({"t":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8),
-             "not a non-negative integer");
-  fails_with(
-      raw_file(
-          R"({"t":{"dtype":"F32","shape":[4294967296,4294967296,4294967296],"data_offsets":[0,8]}})",
-          8),
-      "more bytes but data_offsets of 8");
-  fails_with(raw_file(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", 8),
-             "end before they begin");
-  fails_with(raw_file(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0]}})", 8),
-             "no data_offsets pair");
-  fails_with(raw_file(R"({"t":{"shape":[2],"data_offsets":[0,8]}})", 8), "no dtype string");
-  fails_with(
-      raw_file(
-          R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
-          12),
-      "overlaps");
-  fails_with(raw_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8),
-             "a hole of 4 bytes");
-  fails_with(raw_file(R"({"__metadata__":{"k":1}})", 0), "metadata 'k' is not a string");
-  fails_with(raw_file(R"({"__metadata__":[]})", 0), "__metadata__ is not an object");
+  struct Hostile {
+    const char* header;
+    std::size_t data_bytes;
+    const char* says;
+  };
+  const Hostile hostile[] = {
+      {"{not json", 0, "not valid JSON"},
+      {"[1,2]", 0, "not a JSON object"},
+      {"{\"\xff\xfe\":{}}", 0, "not valid JSON"},  // invalid UTF-8
+      {R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"t":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
+       16, "'t' appears twice"},
+      {R"({"t":{"dtype":"Q7","shape":[2],"data_offsets":[0,8]}})", 8, "unknown dtype 'Q7'"},
+      {R"({"t":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8,
+       "12 bytes but data_offsets of 8"},
+      {R"({"t":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8,
+       "not a non-negative integer"},
+      {R"({"t":{"dtype":"F32","shape":[4294967296,4294967296,4294967296],"data_offsets":[0,8]}})",
+       8, "more bytes but data_offsets of 8"},
+      {R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", 8, "end before they begin"},
+      {R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0]}})", 8, "no data_offsets pair"},
+      {R"({"t":{"shape":[2],"data_offsets":[0,8]}})", 8, "no dtype string"},
+      {R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+       12, "overlaps"},
+      {R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8, "a hole of 4 bytes"},
+      {R"({"__metadata__":{"k":1}})", 0, "metadata 'k' is not a string"},
+      {R"({"__metadata__":[]})", 0, "__metadata__ is not an object"},
+  };
+  for (const auto& bad : hostile) fails_with(raw_file(bad.header, bad.data_bytes), bad.says);
   fails_with(Bytes(5), "truncated");
 }
 
