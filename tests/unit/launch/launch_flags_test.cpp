@@ -14,6 +14,7 @@
 #include "tandem/core/world.hpp"
 #include "tandem/launch/detail/command_line.hpp"
 #include "tandem/launch/launcher.hpp"
+#include "two_node_job.hpp"
 
 namespace launch = tandem::launch;
 
@@ -271,14 +272,7 @@ TEST_CASE("--redirects / --tee values") {
 }
 
 TEST_CASE("the environment of every worker of 2 nodes x 2 processes") {
-  auto options = with_command({});
-  options.nnodes = "2";
-  options.nproc_per_node = "2";
-  options.master_addr = "10.0.0.1";
-  options.master_port = "29400";
-  options.max_restarts = "3";
-  options.role = "trainer";
-  options.run_id = "job42";
+  auto options = with_command(tandem::test::two_node_job("10.0.0.1", "29400", "3", "job42"));
   for (int node = 0; node < 2; ++node) {
     options.node_rank = std::to_string(node);
     const auto plan = launch::resolve(options, host());

@@ -13,6 +13,7 @@
 
 #include "launch_test_support.hpp"
 #include "tandem/launch/launcher.hpp"
+#include "two_node_job.hpp"
 
 namespace fs = std::filesystem;
 using tandem::test::read_file;
@@ -52,15 +53,8 @@ TEST_CASE("workers get exactly the launcher's environment, and their arguments u
   CHECK(contains(result.err, "Setting OMP_NUM_THREADS environment variable"));
 
   // What the in-process environment builder says for the same flags...
-  tandem::launch::LaunchOptions options;
-  options.nnodes = "2";
+  auto options = tandem::test::two_node_job("10.9.8.7", "29999", "2", "job5");
   options.node_rank = "1";
-  options.nproc_per_node = "2";
-  options.master_addr = "10.9.8.7";
-  options.master_port = "29999";
-  options.max_restarts = "2";
-  options.role = "trainer";
-  options.run_id = "job5";
   options.command = {"worker"};
   tandem::launch::HostFacts facts;
   facts.env = [](std::string_view) -> std::optional<std::string> { return std::nullopt; };
