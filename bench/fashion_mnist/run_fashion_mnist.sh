@@ -39,7 +39,7 @@ done
 
 PYTHONPATH="$root/bench/common${PYTHONPATH:+:$PYTHONPATH}" "$python" - "$tmp" "$out" "$plot" "$(git -C "$root" rev-parse --short HEAD)" <<'PY'
 import sys, datetime, os
-from training_report import read_runs
+from training_report import plot_accuracy, read_runs
 tmp, out, plot, commit = sys.argv[1:5]
 names = {"torch_ddp": "PyTorch DDP, 2 processes (gloo)", "torch_single": "PyTorch, 1 process",
          "tandem_gloo": "tandem, 2 ranks (Gloo)",
@@ -71,22 +71,7 @@ lines += ["", f"Best tandem setup: {names[best]}, {per_epoch[best]:.2f} s per ep
           f"{runs['torch_ddp'][-1][1]:.2f} % (target within 0.5 points).", "",
           f"![test accuracy against training time]({os.path.basename(plot)})"]
 open(out, "w").write("\n".join(lines) + "\n")
-try:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for key, label in names.items():
-        xs, ys = [0.0] + [r[0] for r in runs[key]], [None] + [r[1] for r in runs[key]]
-        ax.plot(xs[1:], ys[1:], marker="o", label=label)
-    ax.set_xlabel("seconds of training (2-core VM)")
-    ax.set_ylabel("test accuracy (%)")
-    ax.set_title("Fashion-MNIST, 3 epochs, batch 64 per rank")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(plot, dpi=110)
-except ImportError:
-    print("no matplotlib: no plot", file=sys.stderr)
+plot_accuracy(runs, names, plot, "seconds of training (2-core VM)",
+              "Fashion-MNIST, 3 epochs, batch 64 per rank")
 print(open(out).read())
 PY

@@ -50,7 +50,7 @@ load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 PYTHONPATH="$root/bench/common${PYTHONPATH:+:$PYTHONPATH}" "$python" - "$tmp" "$out" "$plot" "$(git -C "$root" rev-parse --short HEAD)" "$epochs" \
   "$load_before" "$load_after" <<'PY'
 import sys, datetime, os
-from training_report import read_runs
+from training_report import plot_accuracy, read_runs
 tmp, out, plot, commit, epochs, load_before, load_after = sys.argv[1:8]
 names = {"torch_ddp": "PyTorch DDP, 2 processes (gloo)", "tandem_gloo": "tandem, 2 ranks (Gloo)",
          "tandem_mpi": "tandem, 2 ranks (MPI)", "tandem_local": "tandem, 2 ranks (threads)"}
@@ -88,21 +88,7 @@ lines += ["", f"Best tandem backend: {names[best]}, {per_epoch[best]:.2f} s per 
           f"{'met' if abs(gap) <= 0.5 else 'not met'}).", "",
           "![test accuracy against training time](torch-resnet.png)"]
 open(out, "w").write("\n".join(lines) + "\n")
-try:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for key, label in names.items():
-        ax.plot([r[0] for r in runs[key]], [r[1] for r in runs[key]], marker="o", label=label)
-    ax.set_xlabel("seconds of training (2-core VM, shared)")
-    ax.set_ylabel("test accuracy (%)")
-    ax.set_title(f"libtorch ResNet on Fashion-MNIST, {epochs} epochs, batch 64 per rank")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(plot, dpi=110)
-except ImportError:
-    print("no matplotlib: no plot", file=sys.stderr)
+plot_accuracy(runs, names, plot, "seconds of training (2-core VM, shared)",
+              f"libtorch ResNet on Fashion-MNIST, {epochs} epochs, batch 64 per rank")
 print(open(out).read())
 PY
