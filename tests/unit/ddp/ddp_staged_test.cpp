@@ -736,17 +736,14 @@ std::size_t check_errors_on_device(Runner& run, int n) {
 
 template <class Comm, class Runner>
 std::size_t check_all_on_device(Runner& run, int max_ranks) {
-  std::size_t failed = 0;
-  for (int n = 1; n <= max_ranks; ++n) {
-    CAPTURE(n);
-    failed += check_theorem_on_device<Comm>(run, n);
-    failed += check_theorem_on_device<Comm, tandem::sync_at_end>(run, n);
-    failed += check_theorem_on_device<Comm, tandem::first_bucket_cap<64>, tandem::bucket_cap<256>>(
-        run, n);
-    failed += check_reductions_on_device<Comm>(run, n);
-    failed += check_errors_on_device<Comm>(run, n);
-  }
-  return failed;
+  return suite::over_group_sizes(max_ranks, [&](int n) {
+    return std::vector<std::size_t>{
+        check_theorem_on_device<Comm>(run, n),
+        check_theorem_on_device<Comm, tandem::sync_at_end>(run, n),
+        check_theorem_on_device<Comm, tandem::first_bucket_cap<64>, tandem::bucket_cap<256>>(run,
+                                                                                             n),
+        check_reductions_on_device<Comm>(run, n), check_errors_on_device<Comm>(run, n)};
+  });
 }
 
 }  // namespace

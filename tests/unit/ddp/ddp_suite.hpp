@@ -462,69 +462,67 @@ std::size_t check_compression(Runner& run, int n) {
 
 // --- groups of checks, for n = 1 .. max_ranks --------------------------------------------------
 
-template <class Comm, class Runner>
-std::size_t check_theorems(Runner& run, int max_ranks) {
+/// For n = 1 .. max_ranks: the failures counted by the checks each(n) runs, summed. each returns
+/// the counts as a braced list, whose elements (unlike the operands of +) run in the order written.
+template <class Each>
+std::size_t over_group_sizes(int max_ranks, const Each& each) {
   std::size_t failed = 0;
   for (int n = 1; n <= max_ranks; ++n) {
     CAPTURE(n);
-    failed += check_theorem<Comm>(run, n);
-    failed += check_theorem<Comm, sync_at_end>(run, n);
-    failed += check_theorem<Comm, first_bucket_cap<64>, bucket_cap<256>>(run, n);
-    failed += check_theorem<Comm, sync_at_end, bucket_cap<sizeof(float)>>(run, n);
+    for (const std::size_t count : each(n)) failed += count;
   }
   return failed;
 }
 
 template <class Comm, class Runner>
+std::size_t check_theorems(Runner& run, int max_ranks) {
+  return over_group_sizes(max_ranks, [&](int n) {
+    return std::vector<std::size_t>{
+        check_theorem<Comm>(run, n), check_theorem<Comm, sync_at_end>(run, n),
+        check_theorem<Comm, first_bucket_cap<64>, bucket_cap<256>>(run, n),
+        check_theorem<Comm, sync_at_end, bucket_cap<sizeof(float)>>(run, n)};
+  });
+}
+
+template <class Comm, class Runner>
 std::size_t check_no_syncs(Runner& run, int max_ranks) {
-  std::size_t failed = 0;
-  for (int n = 1; n <= max_ranks; ++n) {
-    CAPTURE(n);
-    failed += check_no_sync<Comm>(run, n);
-    failed += check_no_sync<Comm, sync_at_end, bucket_cap<128>>(run, n);
-  }
-  return failed;
+  return over_group_sizes(max_ranks, [&](int n) {
+    return std::vector<std::size_t>{check_no_sync<Comm>(run, n),
+                                    check_no_sync<Comm, sync_at_end, bucket_cap<128>>(run, n)};
+  });
 }
 
 /// Unused parameters, marking order, float / half / bfloat16 / double, average and sum, caps.
 template <class Comm, class Runner>
 std::size_t check_reductions(Runner& run, int max_ranks) {
-  std::size_t failed = 0;
-  for (int n = 1; n <= max_ranks; ++n) {
-    CAPTURE(n);
-    failed += check_exact_reduction<float, Comm>(run, n, {7, 3, 4, 2});
-    failed += check_exact_reduction<half, Comm, bucket_cap<8>>(run, n, {7, 3, 4, 2});
-    failed += check_exact_reduction<bfloat16, Comm, sync_at_end>(run, n, {7, 3, 4, 2});
-    failed += check_exact_reduction<double, Comm, sum>(run, n, {7, 3, 4, 2});
-    failed += check_exact_reduction<half, Comm, sum, first_bucket_cap<2>, bucket_cap<6>>(
-        run, n, {7, 3, 4, 2});
-    failed += check_bucket_caps<Comm>(run, n);
-  }
-  return failed;
+  return over_group_sizes(max_ranks, [&](int n) {
+    return std::vector<std::size_t>{
+        check_exact_reduction<float, Comm>(run, n, {7, 3, 4, 2}),
+        check_exact_reduction<half, Comm, bucket_cap<8>>(run, n, {7, 3, 4, 2}),
+        check_exact_reduction<bfloat16, Comm, sync_at_end>(run, n, {7, 3, 4, 2}),
+        check_exact_reduction<double, Comm, sum>(run, n, {7, 3, 4, 2}),
+        check_exact_reduction<half, Comm, sum, first_bucket_cap<2>, bucket_cap<6>>(run, n,
+                                                                                   {7, 3, 4, 2}),
+        check_bucket_caps<Comm>(run, n)};
+  });
 }
 
 template <class Comm, class Runner>
 std::size_t check_errors(Runner& run, int max_ranks) {
-  std::size_t failed = 0;
-  for (int n = 1; n <= max_ranks; ++n) {
-    CAPTURE(n);
-    failed += check_mark_twice<Comm>(run, n);
-    failed += check_mark_twice<Comm, sync_at_end>(run, n);
-    if (n >= 2) failed += check_mismatched_registration<Comm>(run, n);
-  }
-  return failed;
+  return over_group_sizes(max_ranks, [&](int n) {
+    return std::vector<std::size_t>{
+        check_mark_twice<Comm>(run, n), check_mark_twice<Comm, sync_at_end>(run, n),
+        n >= 2 ? check_mismatched_registration<Comm>(run, n) : std::size_t{0}};
+  });
 }
 
 template <class Comm, class Runner>
 std::size_t check_compressions(Runner& run, int max_ranks) {
-  std::size_t failed = 0;
-  for (int n = 1; n <= max_ranks; ++n) {
-    CAPTURE(n);
-    failed += check_compression<half, Comm>(run, n);
-    failed += check_compression<bfloat16, Comm, sync_at_end>(run, n);
-    failed += check_compression<half, Comm, sum>(run, n);
-  }
-  return failed;
+  return over_group_sizes(max_ranks, [&](int n) {
+    return std::vector<std::size_t>{check_compression<half, Comm>(run, n),
+                                    check_compression<bfloat16, Comm, sync_at_end>(run, n),
+                                    check_compression<half, Comm, sum>(run, n)};
+  });
 }
 
 }  // namespace tandem::test::ddp
