@@ -234,9 +234,7 @@ PerRank reduce_once(Runner& run, int n, const std::vector<std::int64_t>& sizes,
   run(n, [&](Comm& comm) {
     const int me = comm.rank();
     Parameters<T> params;
-    for (std::size_t p = 0; p < sizes.size(); ++p) params.add("p" + std::to_string(p), {sizes[p]});
-    params.add_buffer("stats", {2});
-    params.finalize();
+    suite::add_exact_reduction_params(params, sizes);
     const std::size_t last = sizes.size() - 1;
     auto unused_here = [&](int rank, std::size_t p) {
       return p == last || (p == 1 && rank % 2 == 1);

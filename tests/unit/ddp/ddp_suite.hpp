@@ -199,6 +199,14 @@ inline float exact_grad(int rank, int n, std::size_t p, std::size_t i) {
       n * (static_cast<int>((static_cast<std::size_t>(rank) * 3 + p * 5 + i * 7) % 9) - 4));
 }
 
+/// The arena of check_exact_reduction's set-up: parameter "p<i>" of sizes[i] elements, a buffer.
+template <class T>
+void add_exact_reduction_params(Parameters<T>& params, const std::vector<std::int64_t>& sizes) {
+  for (std::size_t p = 0; p < sizes.size(); ++p) params.add("p" + std::to_string(p), {sizes[p]});
+  params.add_buffer("stats", {2});
+  params.finalize();
+}
+
 /// Parameters of `sizes`; parameter 1 is unused on odd ranks, the last on every rank; the ranks
 /// mark in different orders. The unused ones hold garbage that must count as zero. The reduced
 /// gradient is the exact mean (or sum), bitwise identical on every rank.
@@ -209,9 +217,7 @@ std::size_t check_exact_reduction(Runner& run, int n, const std::vector<std::int
   run(n, [&](Comm& comm) {
     const int me = comm.rank();
     Parameters<T> params;
-    for (std::size_t p = 0; p < sizes.size(); ++p) params.add("p" + std::to_string(p), {sizes[p]});
-    params.add_buffer("stats", {2});
-    params.finalize();
+    add_exact_reduction_params(params, sizes);
     DistributedDataParallel<Comm, Policies...> ddp(comm, params);
     const std::size_t last = sizes.size() - 1;
     auto unused_here = [&](int rank, std::size_t p) {
