@@ -2,6 +2,8 @@
 // searching a table of every finite value for the nearest one. Shares no code with dtype.hpp.
 #pragma once
 
+#include <doctest/doctest.h>
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -155,10 +157,12 @@ inline float float_of(std::uint32_t bits) {
 // The checks the half and bfloat16 tests share, for a 16-bit type Narrow with `Narrow(float).bits`
 // and `Narrow::from_bits(bits)`.
 
-/// Every non-NaN pattern of format must come back from float unchanged; checked counts them.
+/// Every non-NaN pattern of format comes back from float unchanged; nan_mantissas per sign are
+/// left out of the count.
 template <class Narrow>
-Mismatches round_trip_mismatches(Format format, std::uint32_t& checked) {
+void check_round_trips(Format format, std::uint32_t nan_mantissas) {
   Mismatches wrong;
+  std::uint32_t checked = 0;
   for (std::uint32_t bits = 0; bits <= 0xffffu; ++bits) {
     const auto narrow = static_cast<std::uint16_t>(bits);
     if (format.is_nan(narrow)) continue;
@@ -166,18 +170,22 @@ Mismatches round_trip_mismatches(Format format, std::uint32_t& checked) {
     const std::uint16_t back = Narrow(static_cast<float>(Narrow::from_bits(narrow))).bits;
     if (back != narrow) wrong.add(narrow, " -> ", back);
   }
-  return wrong;
+  CHECK(checked == 65536 - 2 * nan_mantissas);
+  CHECK_MESSAGE(wrong.count() == 0, wrong.text());
 }
 
-/// Every value of boundaries must round to its expected pattern.
+/// Every rounding boundary of format (3 floats x 2 signs for each of the pairs of neighbouring
+/// finite patterns, infinity last) rounds to its expected pattern.
 template <class Narrow>
-Mismatches boundary_mismatches(const std::vector<Boundary>& boundaries) {
+void check_boundaries(Format format, std::size_t pairs) {
+  const auto boundaries = rounding_boundaries(format);
+  CHECK(boundaries.size() == 6 * pairs);
   Mismatches wrong;
   for (const auto& [value, expected] : boundaries) {
     const std::uint16_t got = Narrow(value).bits;
     if (got != expected) wrong.add(bits_of(value), " -> ", got, " want ", expected);
   }
-  return wrong;
+  CHECK_MESSAGE(wrong.count() == 0, wrong.text());
 }
 
 /// Calls check on every 4099th float pattern and on every rounding boundary of format.
