@@ -71,4 +71,32 @@ void on_gloo(Check&& check) {
 
 }  // namespace
 
-TANDEM_DDP_SUITE_CASES("DDP on GlooComm", tandem::GlooComm, on_gloo)
+TEST_CASE("DDP on GlooComm: N ranks x batch b equal 1 rank x batch N*b") {
+  on_gloo([](auto& run, int max_ranks) {
+    CHECK(suite::check_theorems<tandem::GlooComm>(run, max_ranks) == 0);
+  });
+}
+
+TEST_CASE("DDP on GlooComm: no_sync accumulation equals one step on the whole batch") {
+  on_gloo([](auto& run, int max_ranks) {
+    CHECK(suite::check_no_syncs<tandem::GlooComm>(run, max_ranks) == 0);
+  });
+}
+
+TEST_CASE("DDP on GlooComm: unused parameters, element types, reductions and bucket caps") {
+  on_gloo([](auto& run, int max_ranks) {
+    CHECK(suite::check_reductions<tandem::GlooComm>(run, max_ranks) == 0);
+  });
+}
+
+TEST_CASE("DDP on GlooComm: marking twice and mismatched registrations are errors") {
+  on_gloo([](auto& run, int max_ranks) {
+    CHECK(suite::check_errors<tandem::GlooComm>(run, max_ranks) == 0);
+  });
+}
+
+TEST_CASE("DDP on GlooComm: 16-bit compression stays within its rounding bound") {
+  on_gloo([](auto& run, int max_ranks) {
+    CHECK(suite::check_compressions<tandem::GlooComm>(run, max_ranks) == 0);
+  });
+}

@@ -15,15 +15,32 @@ using tandem::test::LocalRunner;
 
 constexpr int max_ranks = 4;
 
-template <class Check>
-void on_local(Check&& check) {
-  LocalRunner run;
-  check(run, max_ranks);
-}
-
 }  // namespace
 
-TANDEM_DDP_SUITE_CASES("DDP on LocalComm", tandem::LocalComm, on_local)
+TEST_CASE("DDP on LocalComm: N ranks x batch b equal 1 rank x batch N*b") {
+  LocalRunner run;
+  CHECK(suite::check_theorems<tandem::LocalComm>(run, max_ranks) == 0);
+}
+
+TEST_CASE("DDP on LocalComm: no_sync accumulation equals one step on the whole batch") {
+  LocalRunner run;
+  CHECK(suite::check_no_syncs<tandem::LocalComm>(run, max_ranks) == 0);
+}
+
+TEST_CASE("DDP on LocalComm: unused parameters, element types, reductions and bucket caps") {
+  LocalRunner run;
+  CHECK(suite::check_reductions<tandem::LocalComm>(run, max_ranks) == 0);
+}
+
+TEST_CASE("DDP on LocalComm: marking twice and mismatched registrations are errors") {
+  LocalRunner run;
+  CHECK(suite::check_errors<tandem::LocalComm>(run, max_ranks) == 0);
+}
+
+TEST_CASE("DDP on LocalComm: 16-bit compression stays within its rounding bound") {
+  LocalRunner run;
+  CHECK(suite::check_compressions<tandem::LocalComm>(run, max_ranks) == 0);
+}
 
 TEST_CASE("DDP on LocalComm: before_forward() broadcasts the buffers the arena holds now") {
   // EMA's apply_shadow() swaps the arena's buffer storage; DDP must follow the arena, not keep

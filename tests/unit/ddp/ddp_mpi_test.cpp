@@ -32,12 +32,29 @@ struct MpiRunner {
   }
 };
 
-template <class Check>
-void on_mpi(Check&& check) {
-  MpiRunner run;
-  check(run, tandem::test::job_size());
-}
-
 }  // namespace
 
-TANDEM_DDP_SUITE_CASES("DDP on MpiComm", tandem::MpiComm, on_mpi)
+TEST_CASE("DDP on MpiComm: N ranks x batch b equal 1 rank x batch N*b") {
+  MpiRunner run;
+  CHECK(suite::check_theorems<tandem::MpiComm>(run, tandem::test::job_size()) == 0);
+}
+
+TEST_CASE("DDP on MpiComm: no_sync accumulation equals one step on the whole batch") {
+  MpiRunner run;
+  CHECK(suite::check_no_syncs<tandem::MpiComm>(run, tandem::test::job_size()) == 0);
+}
+
+TEST_CASE("DDP on MpiComm: unused parameters, element types, reductions and bucket caps") {
+  MpiRunner run;
+  CHECK(suite::check_reductions<tandem::MpiComm>(run, tandem::test::job_size()) == 0);
+}
+
+TEST_CASE("DDP on MpiComm: marking twice and mismatched registrations are errors") {
+  MpiRunner run;
+  CHECK(suite::check_errors<tandem::MpiComm>(run, tandem::test::job_size()) == 0);
+}
+
+TEST_CASE("DDP on MpiComm: 16-bit compression stays within its rounding bound") {
+  MpiRunner run;
+  CHECK(suite::check_compressions<tandem::MpiComm>(run, tandem::test::job_size()) == 0);
+}

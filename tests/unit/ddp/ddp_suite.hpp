@@ -532,32 +532,3 @@ std::size_t check_compressions(Runner& run, int max_ranks) {
 }
 
 }  // namespace tandem::test::ddp
-
-/// The five test cases every backend's DDP test runs, named "<label>: ...". on_comm(check) calls
-/// check(run, max_ranks) with that backend's runner and the most ranks it offers.
-#define TANDEM_DDP_SUITE_CASES(label, Comm, on_comm)                                  \
-  TEST_CASE(label ": N ranks x batch b equal 1 rank x batch N*b") {                   \
-    on_comm([](auto& run, int max_ranks) {                                            \
-      CHECK(::tandem::test::ddp::check_theorems<Comm>(run, max_ranks) == 0);          \
-    });                                                                               \
-  }                                                                                   \
-  TEST_CASE(label ": no_sync accumulation equals one step on the whole batch") {      \
-    on_comm([](auto& run, int max_ranks) {                                            \
-      CHECK(::tandem::test::ddp::check_no_syncs<Comm>(run, max_ranks) == 0);          \
-    });                                                                               \
-  }                                                                                   \
-  TEST_CASE(label ": unused parameters, element types, reductions and bucket caps") { \
-    on_comm([](auto& run, int max_ranks) {                                            \
-      CHECK(::tandem::test::ddp::check_reductions<Comm>(run, max_ranks) == 0);        \
-    });                                                                               \
-  }                                                                                   \
-  TEST_CASE(label ": marking twice and mismatched registrations are errors") {        \
-    on_comm([](auto& run, int max_ranks) {                                            \
-      CHECK(::tandem::test::ddp::check_errors<Comm>(run, max_ranks) == 0);            \
-    });                                                                               \
-  }                                                                                   \
-  TEST_CASE(label ": 16-bit compression stays within its rounding bound") {           \
-    on_comm([](auto& run, int max_ranks) {                                            \
-      CHECK(::tandem::test::ddp::check_compressions<Comm>(run, max_ranks) == 0);      \
-    });                                                                               \
-  }
