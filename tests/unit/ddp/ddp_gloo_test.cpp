@@ -38,30 +38,11 @@ tandem::GlooComm* job() {
   return comm ? &*comm : nullptr;
 }
 
-/// Under tandemrun: fn on ranks 0 .. n-1 of the job, on a group of their own; a rank that throws
-/// ends its process (tandemrun then ends the others) instead of leaving them in a collective.
-struct GlooProcessRunner {
-  template <class Fn>
-  void operator()(int n, Fn&& fn) {
-    auto& world = *job();
-    const int me = world.rank();
-    try {
-      auto group = world.split(me < n ? 0 : tandem::no_color, me);
-      if (group) fn(*group);
-      world.barrier();
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "rank %d: %s; exiting\n", me, e.what());
-      std::fflush(stderr);
-      std::_Exit(1);
-    }
-  }
-};
-
 /// Runs the check on processes under tandemrun, on threads otherwise.
 template <class Check>
 void on_gloo(Check&& check) {
   if (auto* comm = job()) {
-    GlooProcessRunner run;
+    tandem::test::SplitRunner<tandem::GlooComm> run{comm};
     check(run, comm->size());
   } else {
     GlooThreadRunner run;
