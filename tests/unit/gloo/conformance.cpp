@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "support/collective_suite.hpp"
+#include "support/process_conformance.hpp"
 #include "support/runners.hpp"
 #include "tandem/comm/gloo/gloo.hpp"
 #include "tandem/comm/init.hpp"
@@ -48,27 +49,7 @@ TEST_CASE("GlooComm: the conformance suite") {
 }
 
 TEST_CASE("GlooComm: a mismatched recv is an error and the pair stays usable") {
-  auto& c = comm();
-  const int me = c.rank();
-  const int n = c.size();
-  const int next = (me + 1) % n;
-  const int prev = (me + n - 1) % n;
-  std::vector<float> five(5, 1.0f);
-  c.send(five, next, 7);
-  std::vector<float> four(4);
-  try {
-    c.recv(four, prev, 7);
-    FAIL("a recv of 4 elements accepted a message of 5");
-  } catch (const tandem::Error& e) {
-    CHECK(tandem::test::mentions(e.what(), "rank " + std::to_string(me) + ":", "recv",
-                                 "rank " + std::to_string(prev), "5 float32", "4 float32"));
-  }
-  std::vector<std::int32_t> ints(3, me);
-  c.send(ints, next, 8);
-  std::vector<std::int32_t> got(3, -1);
-  c.recv(got, prev, 8);
-  CHECK(got == std::vector<std::int32_t>(3, prev));
-  c.barrier();
+  tandem::test::check_mismatched_recv(comm());
 }
 
 TEST_CASE("GlooComm: a rank that skips a collective makes the others fail within the timeout") {
@@ -188,20 +169,7 @@ TEST_CASE("GlooComm: a bad TANDEM_CHECK_COLLECTIVES fails rendezvous on every ra
 }
 
 int main(int argc, char** argv) {
-  doctest::Context context(argc, argv);
-  try {
-    world_comm.emplace(tandem::init_process_group<tandem::GlooComm>("env://", {.timeout = 60s}));
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "gloo_conformance: %s\n", e.what());
-    return 1;
-  }
-  int result = context.run();
-  try {
-    world_comm->barrier();  // nobody leaves (closing its connections) while others still work
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "gloo_conformance: final barrier: %s\n", e.what());
-    result = result ? result : 1;
-  }
-  world_comm.reset();
-  return result;
+  return tandem::test::run_process_conformance(argc, argv, "gloo_conformance", world_comm, [] {
+    return tandem::init_process_group<tandem::GlooComm>("env://", {.timeout = 60s});
+  });
 }

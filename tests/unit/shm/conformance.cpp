@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "support/collective_suite.hpp"
+#include "support/process_conformance.hpp"
 #include "support/runners.hpp"
 #include "tandem/comm/init.hpp"
 #include "tandem/comm/local/local.hpp"
@@ -143,27 +144,7 @@ TEST_CASE("ShmComm: a rank that skips a collective makes the others fail within 
 }
 
 TEST_CASE("ShmComm: a mismatched recv is an error and the pair stays usable") {
-  auto& c = comm();
-  const int me = c.rank();
-  const int n = c.size();
-  const int next = (me + 1) % n;
-  const int prev = (me + n - 1) % n;
-  std::vector<float> five(5, 1.0f);
-  c.send(five, next, 7);
-  std::vector<float> four(4);
-  try {
-    c.recv(four, prev, 7);
-    FAIL("a recv of 4 elements accepted a message of 5");
-  } catch (const tandem::Error& e) {
-    CHECK(tandem::test::mentions(e.what(), "rank " + std::to_string(me) + ":", "recv",
-                                 "rank " + std::to_string(prev), "5 float32", "4 float32"));
-  }
-  std::vector<std::int32_t> ints(3, me);
-  c.send(ints, next, 8);
-  std::vector<std::int32_t> got(3, -1);
-  c.recv(got, prev, 8);
-  CHECK(got == std::vector<std::int32_t>(3, prev));
-  c.barrier();
+  tandem::test::check_mismatched_recv(comm());
 }
 
 TEST_CASE("ShmComm: a bad TANDEM_CHECK_COLLECTIVES fails rendezvous on every rank") {
@@ -204,23 +185,10 @@ TEST_CASE("ShmComm: no segment is left in /dev/shm once a group is made") {
 }
 
 int main(int argc, char** argv) {
-  doctest::Context context(argc, argv);
-  try {
-    // Small slots (the groups split off it inherit them): dozens of groups are made, and each
-    // reserves 2 slots per rank in /dev/shm.
-    world_comm.emplace(tandem::init_process_group<tandem::ShmComm>(
-        "env://", {.timeout = 60s, .slot_bytes = std::size_t{256} << 10}));
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "shm_conformance: %s\n", e.what());
-    return 1;
-  }
-  int result = context.run();
-  try {
-    world_comm->barrier();  // nobody leaves while others still work
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "shm_conformance: final barrier: %s\n", e.what());
-    result = result ? result : 1;
-  }
-  world_comm.reset();
-  return result;
+  // Small slots (the groups split off it inherit them): dozens of groups are made, and each
+  // reserves 2 slots per rank in /dev/shm.
+  return tandem::test::run_process_conformance(argc, argv, "shm_conformance", world_comm, [] {
+    return tandem::init_process_group<tandem::ShmComm>(
+        "env://", {.timeout = 60s, .slot_bytes = std::size_t{256} << 10});
+  });
 }
