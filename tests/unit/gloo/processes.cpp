@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "support/temp_dir.hpp"
+#include "support/worker_processes.hpp"
 #include "tandem/launch/detail/process.hpp"
 
 #ifndef TANDEM_GLOO_WORKER
@@ -24,43 +25,15 @@ namespace {
 using namespace std::chrono_literals;
 namespace launch = tandem::launch::detail;
 
-extern "C" char** environ;
-
 /// Starts `n` workers running `mode url`, waits for all (at most `deadline`), returns how each
 /// ended; any still running at the deadline is killed and reported as such.
 std::vector<launch::ExitStatus> run_workers(int n, const std::string& mode, const std::string& url,
                                             std::chrono::seconds deadline = 90s) {
-  std::vector<launch::Child> children;
-  for (int r = 0; r < n; ++r) {
-    std::vector<std::string> env;
-    for (char** e = environ; *e; ++e) {
-      const std::string entry(*e);
-      if (entry.rfind("RANK=", 0) == 0 || entry.rfind("WORLD_SIZE=", 0) == 0) continue;
-      env.push_back(entry);
-    }
-    env.push_back("RANK=" + std::to_string(r));
-    env.push_back("WORLD_SIZE=" + std::to_string(n));
-    children.push_back(launch::exec_child({TANDEM_GLOO_WORKER, mode, url}, env, {}));
-  }
-  const auto end = std::chrono::steady_clock::now() + deadline;
-  for (;;) {
-    bool all = true;
-    for (auto& child : children) all = child.poll() && all;
-    if (all) break;
-    if (std::chrono::steady_clock::now() > end) {
-      FAIL_CHECK("workers still running after " << deadline.count() << " s: killing them");
-      for (auto& child : children) child.signal(SIGKILL);
-    }
-    std::this_thread::sleep_for(10ms);
-  }
-  std::vector<launch::ExitStatus> statuses;
-  for (auto& child : children) statuses.push_back(child.status());
-  return statuses;
+  auto children = tandem::test::start_workers(TANDEM_GLOO_WORKER, n, n, mode, url);
+  return tandem::test::wait_all(children, deadline);
 }
 
-std::string tcp_url() {
-  return "tcp://127.0.0.1:" + std::to_string(launch::free_port());
-}
+using tandem::test::tcp_url;
 
 }  // namespace
 

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/worker_processes.hpp"
 #include "tandem/launch/detail/process.hpp"
 
 #ifndef TANDEM_SHM_WORKER
@@ -26,47 +27,14 @@ namespace {
 using namespace std::chrono_literals;
 namespace launch = tandem::launch::detail;
 
-extern "C" char** environ;
-
+/// Ranks 0 .. n-1 of a job of `world_size`, each running shm_worker `mode url`.
 std::vector<launch::Child> start_workers(int n, int world_size, const std::string& mode,
                                          const std::string& url) {
-  std::vector<launch::Child> children;
-  for (int r = 0; r < n; ++r) {
-    std::vector<std::string> env;
-    for (char** e = environ; *e; ++e) {
-      const std::string entry(*e);
-      if (entry.rfind("RANK=", 0) == 0 || entry.rfind("WORLD_SIZE=", 0) == 0) continue;
-      env.push_back(entry);
-    }
-    env.push_back("RANK=" + std::to_string(r));
-    env.push_back("WORLD_SIZE=" + std::to_string(world_size));
-    children.push_back(launch::exec_child({TANDEM_SHM_WORKER, mode, url}, env, {}));
-  }
-  return children;
+  return tandem::test::start_workers(TANDEM_SHM_WORKER, n, world_size, mode, url);
 }
 
-/// Waits for every child (at most `deadline`; then kills them and fails).
-std::vector<launch::ExitStatus> wait_all(std::vector<launch::Child>& children,
-                                         std::chrono::seconds deadline = 90s) {
-  const auto end = std::chrono::steady_clock::now() + deadline;
-  for (;;) {
-    bool all = true;
-    for (auto& child : children) all = child.poll() && all;
-    if (all) break;
-    if (std::chrono::steady_clock::now() > end) {
-      FAIL_CHECK("workers still running after " << deadline.count() << " s: killing them");
-      for (auto& child : children) child.signal(SIGKILL);
-    }
-    std::this_thread::sleep_for(10ms);
-  }
-  std::vector<launch::ExitStatus> statuses;
-  for (auto& child : children) statuses.push_back(child.status());
-  return statuses;
-}
-
-std::string tcp_url() {
-  return "tcp://127.0.0.1:" + std::to_string(launch::free_port());
-}
+using tandem::test::tcp_url;
+using tandem::test::wait_all;
 
 /// The names in /dev/shm of segments created by process `pid`.
 std::vector<std::string> segments_of(pid_t pid) {
