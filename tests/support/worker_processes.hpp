@@ -1,9 +1,10 @@
 // tests/support/worker_processes.hpp - for tests that start a backend's worker program once per
 // rank themselves (gloo_processes, shm_processes): start them with RANK and WORLD_SIZE, wait for
-// all under a deadline, and a tcp:// address on 127.0.0.1.
-//   auto children = tandem::test::start_workers(WORKER, 3, 3, "dead-peer",
-//   tandem::test::tcp_url()); for (const auto& status : tandem::test::wait_all(children))
-//   CHECK(status.code == 0);
+// all under a deadline, check how a job whose last rank killed itself ended, and a tcp:// address
+// on 127.0.0.1.
+//   using namespace tandem::test;
+//   auto children = start_workers(WORKER, 3, 3, "dead-peer", tcp_url());
+//   check_only_last_rank_killed(wait_all(children));
 // Needs: doctest, tandem/launch (exec_child, Child, free_port).
 #pragma once
 
@@ -12,6 +13,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <cstddef>
 #include <string>
 #include <thread>
 #include <vector>
@@ -60,6 +62,20 @@ inline std::vector<launch::detail::ExitStatus> wait_all(
   std::vector<launch::detail::ExitStatus> statuses;
   for (auto& child : children) statuses.push_back(child.status());
   return statuses;
+}
+
+/// How a job whose last rank kills itself (SIGKILL) should end: that rank killed, every other
+/// rank passed.
+inline void check_only_last_rank_killed(const std::vector<launch::detail::ExitStatus>& statuses) {
+  const auto last = statuses.size() - 1;
+  for (std::size_t r = 0; r < statuses.size(); ++r) {
+    CAPTURE(r);
+    if (r == last) {
+      CHECK_MESSAGE(statuses[r].signal == SIGKILL, statuses[r].describe());
+    } else {
+      CHECK_MESSAGE(!statuses[r].failed(), statuses[r].describe());
+    }
+  }
 }
 
 /// A tcp:// init method on 127.0.0.1 at a port free now.

@@ -12,76 +12,31 @@
 
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <exception>
 #include <string>
-#include <string_view>
 #include <vector>
 
+#include "../../support/worker_main.hpp"  // the worker has no include path of its own
 #include "tandem/comm/init.hpp"
 #include "tandem/comm/shm/shm.hpp"
 
 namespace {
 
 using namespace std::chrono_literals;
-
-int failures = 0;
-int my_rank = -1;
-
-void expect(bool ok, const std::string& what) {
-  if (ok) return;
-  ++failures;
-  std::fprintf(stderr, "shm_worker rank %d: FAILED: %s\n", my_rank, what.c_str());
-}
-
-bool mentions(const std::string& text, std::string_view part) {
-  return text.find(part) != std::string::npos;
-}
-
-tandem::World world_from_env() {
-  const char* rank = std::getenv("RANK");
-  const char* size = std::getenv("WORLD_SIZE");
-  if (!rank || !size) throw tandem::Error("shm_worker", "RANK and WORLD_SIZE must be set");
-  return tandem::World::single_node(std::atoi(rank), std::atoi(size));
-}
+using tandem::test::worker::exit_code;
+using tandem::test::worker::expect;
+using tandem::test::worker::mentions;
 
 int run_dead_peer(const tandem::World& world, const std::string& url) {
   auto comm = tandem::init_process_group<tandem::ShmComm>(world, url, {.timeout = 60s});
   const int victim = comm.size() - 1;
-  std::vector<float> data(1 << 16, 1.0f);
-  comm.all_reduce(data);
-  expect(data[0] == static_cast<float>(comm.size()), "the all_reduce before the death");
-  comm.barrier();
-  if (comm.rank() == victim) ::raise(SIGKILL);
-
-  const auto start = std::chrono::steady_clock::now();
-  std::string error;
-  try {
-    for (int i = 0; i < 1000000 && error.empty(); ++i) comm.all_reduce(data);
-  } catch (const tandem::Error& e) {
-    error = e.what();
-  }
-  const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
-      std::chrono::steady_clock::now() - start);
-  std::fprintf(stderr, "shm_worker rank %d: after %lld ms got: %s\n", comm.rank(),
-               static_cast<long long>(waited.count()), error.c_str());
-  expect(!error.empty(), "no error after rank " + std::to_string(victim) + " died");
-  expect(
-      mentions(error, "rank " + std::to_string(comm.rank()) + ":") && mentions(error, "all_reduce"),
-      "the error names this rank and the operation: " + error);
-  expect(mentions(error, "rank " + std::to_string(victim) + " died"),
-         "the error names the dead rank: " + error);
+  const auto seen = tandem::test::worker::survive_last_rank_death(comm, 1000000);
+  expect(mentions(seen.error, "rank " + std::to_string(victim) + " died"),
+         "the error names the dead rank: " + seen.error);
   // Noticed within a second (a sleeping rank looks every 100 ms); 5 s leaves room for a loaded
   // machine without hiding a wait for the 60 s timeout.
-  expect(waited < 5s, "the error came after " + std::to_string(waited.count()) + " ms");
-  try {
-    comm.barrier();
-    expect(false, "a barrier on the failed communicator succeeded");
-  } catch (const tandem::Error& e) {
-    expect(mentions(e.what(), "barrier") && mentions(e.what(), "unusable"),
-           std::string("the later call's error: ") + e.what());
-  }
-  return failures ? 1 : 0;
+  expect(seen.waited < 5s, "the error came after " + std::to_string(seen.waited.count()) + " ms");
+  tandem::test::worker::expect_unusable(comm);
+  return exit_code();
 }
 
 int run_stopped_peer(const tandem::World& world, const std::string& url) {
@@ -108,7 +63,7 @@ int run_stopped_peer(const tandem::World& world, const std::string& url) {
              mentions(error, "rank " + std::to_string(victim) + " is stopped"),
          "the error names this rank, the timeout and the stopped rank: " + error);
   expect(waited >= 900ms && waited < 10s, "the error came after the timeout, not long after");
-  return failures ? 1 : 0;
+  return exit_code();
 }
 
 int run_killed(const tandem::World& world, const std::string& url) {
@@ -122,7 +77,7 @@ int run_killed(const tandem::World& world, const std::string& url) {
   return 1;  // not reached
 }
 
-int run_alone() {
+int run_alone(const tandem::World&, const std::string&) {
   // Rank 0 of a group of 2 whose rank 1 never comes: rank 1's record is faked in a store of this
   // process (its pid is the parent's, alive), so rank 0 creates the segment and waits in the
   // rendezvous for rank 1 to map it - until the parent kills it.
@@ -137,23 +92,9 @@ int run_alone() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    std::fprintf(stderr, "usage: shm_worker dead-peer|stopped-peer|killed|alone URL\n");
-    return 2;
-  }
-  const std::string mode = argv[1];
-  const std::string url = argv[2];
-  try {
-    const auto world = world_from_env();
-    my_rank = world.rank;
-    if (mode == "dead-peer") return run_dead_peer(world, url);
-    if (mode == "killed") return run_killed(world, url);
-    if (mode == "stopped-peer") return run_stopped_peer(world, url);
-    if (mode == "alone") return run_alone();
-    std::fprintf(stderr, "shm_worker: unknown mode '%s'\n", mode.c_str());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "shm_worker rank %d: %s\n", my_rank, e.what());
-    return 1;
-  }
+  return tandem::test::worker::run(argc, argv, "shm_worker",
+                                   {{"dead-peer", run_dead_peer},
+                                    {"stopped-peer", run_stopped_peer},
+                                    {"killed", run_killed},
+                                    {"alone", run_alone}});
 }
