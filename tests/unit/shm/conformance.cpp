@@ -7,14 +7,13 @@
 #include <doctest/doctest.h>
 
 #include <dirent.h>
-#include <stdlib.h>
 #include <unistd.h>
 
 #include <chrono>
-#include <cstdio>
+#include <cstdint>
 #include <cstring>
-#include <exception>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -29,19 +28,9 @@ namespace {
 
 using namespace std::chrono_literals;
 
-std::optional<tandem::ShmComm> world_comm;  // made in main, before the tests run
-
-tandem::ShmComm& comm() {
-  REQUIRE(world_comm.has_value());
-  return *world_comm;
-}
-
-/// A new group of this world, met in the world's store, with `options`.
-tandem::ShmComm regroup(const tandem::ShmCommOptions& options) {
-  auto store = comm().store();
-  return tandem::ShmComm::rendezvous(tandem::World::single_node(comm().rank(), comm().size()),
-                                     store, options);
-}
+// made in main, before the tests run
+constexpr auto& comm = tandem::test::job<tandem::ShmComm>;
+using tandem::test::regroup;
 
 /// The full matrix, every mode: shared memory costs microseconds a call, not TCP's milliseconds.
 const tandem::test::Matrix matrix{};
@@ -59,7 +48,7 @@ TEST_CASE("ShmComm: the conformance suite") {
 
 TEST_CASE("ShmComm: tensors larger than a slot go through in pieces, in every operation") {
   // 4 KiB slots: 1031 elements of 8 bytes take several rounds, the n-part ones more.
-  auto small = regroup({.timeout = 60s, .slot_bytes = 4096});
+  auto small = regroup(comm(), {.timeout = 60s, .slot_bytes = 4096});
   const int n = small.size();
   const int me = small.rank();
   tandem::test::Failures failures;
@@ -113,34 +102,9 @@ TEST_CASE("ShmComm: float reductions give LocalComm's bits on every rank") {
 }
 
 TEST_CASE("ShmComm: a rank that skips a collective makes the others fail within the timeout") {
-  auto& c = comm();
-  const int me = c.rank();
-  const int skipper = c.size() / 2;
-  auto quick = regroup({.timeout = 1s});
-  if (me != skipper) {
-    const auto start = std::chrono::steady_clock::now();
-    std::vector<float> data(16);
-    try {
-      quick.all_reduce(data);
-      FAIL("rank " << me << " completed an all_reduce that rank " << skipper << " skipped");
-    } catch (const tandem::Error& e) {
-      const std::string text = e.what();
-      CHECK_MESSAGE(tandem::test::mentions(text, "rank " + std::to_string(me) + ":", "all_reduce",
-                                           "rank " + std::to_string(skipper)),
-                    text);
-      CHECK_MESSAGE((tandem::test::mentions(text, "timed out after 1 s") ||
-                     tandem::test::mentions(text, "failed first")),
-                    text);
-    }
-    CHECK(std::chrono::steady_clock::now() - start < 10s);
-    try {
-      quick.barrier();
-      FAIL("a failed communicator ran a barrier");
-    } catch (const tandem::Error& e) {
-      CHECK_MESSAGE(tandem::test::mentions(e.what(), "barrier", "unusable"), e.what());
-    }
-  }
-  c.barrier();  // the skipper stays until the others have given up
+  auto quick = regroup(comm(), {.timeout = 1s});
+  tandem::test::check_skipped_collective(
+      comm(), quick, {.other_cause = "failed first", .names_skipper = true, .within = 10s});
 }
 
 TEST_CASE("ShmComm: a mismatched recv is an error and the pair stays usable") {
@@ -148,28 +112,11 @@ TEST_CASE("ShmComm: a mismatched recv is an error and the pair stays usable") {
 }
 
 TEST_CASE("ShmComm: a bad TANDEM_CHECK_COLLECTIVES fails rendezvous on every rank") {
-  const int me = comm().rank();
-  const int odd = comm().size() - 1;
-  if (me == odd) ::setenv("TANDEM_CHECK_COLLECTIVES", "yes", 1);
-  try {
-    (void)regroup({.timeout = 60s});
-    FAIL("a group was made with TANDEM_CHECK_COLLECTIVES=yes on rank " << odd);
-  } catch (const tandem::Error& e) {
-    if (me == odd) {
-      CHECK_MESSAGE(tandem::test::mentions(e.what(), "TANDEM_CHECK_COLLECTIVES='yes'"), e.what());
-    } else {
-      CHECK_MESSAGE(tandem::test::mentions(e.what(), "rank " + std::to_string(me) + ":",
-                                           "rank " + std::to_string(odd) + " could not read",
-                                           "TANDEM_CHECK_COLLECTIVES"),
-                    e.what());
-    }
-  }
-  if (me == odd) ::unsetenv("TANDEM_CHECK_COLLECTIVES");
-  comm().barrier();
+  tandem::test::check_bad_check_variable(comm(), {.timeout = 60s});
 }
 
 TEST_CASE("ShmComm: no segment is left in /dev/shm once a group is made") {
-  auto group = regroup({.timeout = 60s});
+  auto group = regroup(comm(), {.timeout = 60s});
   const std::string mine = "tandem-shm-" + std::to_string(::getpid()) + "-";
   std::vector<std::string> left;
   if (DIR* dir = ::opendir("/dev/shm")) {
@@ -187,7 +134,7 @@ TEST_CASE("ShmComm: no segment is left in /dev/shm once a group is made") {
 int main(int argc, char** argv) {
   // Small slots (the groups split off it inherit them): dozens of groups are made, and each
   // reserves 2 slots per rank in /dev/shm.
-  return tandem::test::run_process_conformance(argc, argv, "shm_conformance", world_comm, [] {
+  return tandem::test::run_process_conformance(argc, argv, "shm_conformance", [] {
     return tandem::init_process_group<tandem::ShmComm>(
         "env://", {.timeout = 60s, .slot_bytes = std::size_t{256} << 10});
   });
