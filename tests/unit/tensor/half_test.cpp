@@ -9,45 +9,21 @@
 #include "unit/tensor/rounding_reference.hpp"
 
 using tandem::half;
-using tandem_test::bits_of;
-using tandem_test::float_of;
-using tandem_test::half_format;
-using tandem_test::Mismatches;
+using namespace tandem_test;  // the references these tests check against
 
-namespace {
-
-std::uint16_t to_half(float value) {
-  return half(value).bits;
-}
-float to_float(std::uint16_t bits) {
-  return static_cast<float>(half::from_bits(bits));
-}
-
-}  // namespace
+static constexpr auto& to_half = narrow_bits<half>;
+static constexpr auto& to_float = widened<half>;
 
 TEST_CASE("half -> float is exact for all 65536 bit patterns") {
-  Mismatches wrong;
-  for (std::uint32_t bits = 0; bits <= 0xffffu; ++bits) {
-    const auto h = static_cast<std::uint16_t>(bits);
-    const float got = to_float(h);
-    const double want = half_format.decode(h);
-    if (half_format.is_nan(h)) {
-      // NaN stays NaN, with its sign and its payload in the top mantissa bits.
-      const std::uint32_t expected = (bits & 0x8000u) << 16 | 0x7f800000u | (bits & 0x3ffu) << 13;
-      if (!std::isnan(got) || bits_of(got) != expected) wrong.add(h, " -> ", bits_of(got));
-    } else if (static_cast<double>(got) != want || std::signbit(got) != std::signbit(want)) {
-      wrong.add(h, " -> ", got, " want ", want);
-    }
-  }
-  CHECK_MESSAGE(wrong.count() == 0, wrong.text());
+  check_widens_exactly<half>(half_format);
 }
 
 TEST_CASE("float -> half -> float round-trips every non-NaN half") {
-  tandem_test::check_round_trips<half>(half_format, 1023);  // 2 signs x 1023 NaN mantissas
+  check_round_trips<half>(half_format, 1023);  // 2 signs x 1023 NaN mantissas
 }
 
 TEST_CASE("float -> half rounds midpoints to even and neighbours of a midpoint away from it") {
-  tandem_test::check_boundaries<half>(half_format, 0x7c00u);
+  check_boundaries<half>(half_format, 0x7c00u);
 }
 
 TEST_CASE("float -> half overflows to infinity from 65520 on") {
@@ -112,12 +88,10 @@ TEST_CASE("float -> half keeps NaN a NaN, with its sign and top payload bits") {
 }
 
 TEST_CASE("float -> half agrees with a nearest-value search over sampled floats") {
-  const tandem_test::NearestEncoder reference(half_format);
+  const NearestEncoder reference(half_format);
   Mismatches wrong;
-  const auto check = [&](float value) {
-    tandem_test::check_nearest<half>(reference, value, wrong);
-  };
-  tandem_test::for_sampled_floats(half_format, check);
+  const auto check = [&](float value) { check_nearest<half>(reference, value, wrong); };
+  for_sampled_floats(half_format, check);
   // Dense around the subnormal and overflow ranges, where the code takes other paths.
   for (std::uint32_t bits = 0x32f00000u; bits < 0x38900000u; bits += 61) check(float_of(bits));
   for (std::uint32_t bits = 0x477f0000u; bits < 0x47810000u; ++bits) check(float_of(bits));
@@ -135,7 +109,7 @@ TEST_CASE("float -> half agrees with the compiler's _Float16") {
                                          : got == want;
     if (!agree) wrong.add(bits_of(value), " -> ", got, " want ", want);
   };
-  tandem_test::for_sampled_floats(half_format, check);
+  for_sampled_floats(half_format, check);
   CHECK_MESSAGE(wrong.count() == 0, wrong.text());
 
   Mismatches widened;

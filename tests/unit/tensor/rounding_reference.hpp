@@ -157,6 +157,38 @@ inline float float_of(std::uint32_t bits) {
 // The checks the half and bfloat16 tests share, for a 16-bit type Narrow with `Narrow(float).bits`
 // and `Narrow::from_bits(bits)`.
 
+/// Narrow(value)'s bits.
+template <class Narrow>
+std::uint16_t narrow_bits(float value) {
+  return Narrow(value).bits;
+}
+/// The float that Narrow's pattern `bits` widens to.
+template <class Narrow>
+float widened(std::uint16_t bits) {
+  return static_cast<float>(Narrow::from_bits(bits));
+}
+
+/// Every one of the 65536 patterns widens to float exactly: the formula's value with its sign; a
+/// NaN stays NaN with its sign and its payload in the top mantissa bits.
+template <class Narrow>
+void check_widens_exactly(Format format) {
+  Mismatches wrong;
+  const std::uint32_t mantissa_mask = (1u << format.mantissa_bits) - 1u;
+  for (std::uint32_t bits = 0; bits <= 0xffffu; ++bits) {
+    const auto narrow = static_cast<std::uint16_t>(bits);
+    const float got = widened<Narrow>(narrow);
+    const double want = format.decode(narrow);
+    if (format.is_nan(narrow)) {
+      const std::uint32_t expected = (bits & format.sign_bit()) << 16 | 0x7f800000u |
+                                     (bits & mantissa_mask) << (23 - format.mantissa_bits);
+      if (!std::isnan(got) || bits_of(got) != expected) wrong.add(narrow, " -> ", bits_of(got));
+    } else if (static_cast<double>(got) != want || std::signbit(got) != std::signbit(want)) {
+      wrong.add(narrow, " -> ", got, " formula ", want);
+    }
+  }
+  CHECK_MESSAGE(wrong.count() == 0, wrong.text());
+}
+
 /// Every non-NaN pattern of format comes back from float unchanged; nan_mantissas per sign are
 /// left out of the count.
 template <class Narrow>
