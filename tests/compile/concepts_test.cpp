@@ -137,35 +137,20 @@ struct user_device_tensor {  // a user space and an int size() count as well
 static_assert(TensorIn<user_device_tensor, managed>);
 static_assert(!TensorIn<user_device_tensor, host>);
 
-struct opted_in_without_data {  // a hard error before tensor_traits asked for data()
-  using value_type = float;
-  using memory_space = tandem::host;
-  std::size_t size() const;
+/// Opts in with value_type and memory_space, and has data() and size() only where asked: each
+/// type below but the first gets one thing wrong.
+template <class Value, class Space, bool with_data = true, bool with_size = true>
+struct opted_in {
+  using value_type = Value;
+  using memory_space = Space;
+  Value* data() requires with_data;
+  std::size_t size() const requires with_size;
 };
-static_assert(!Tensor<opted_in_without_data>);
-
-struct opted_in_without_size {
-  using value_type = float;
-  using memory_space = tandem::host;
-  float* data();
-};
-static_assert(!Tensor<opted_in_without_size>);
-
-struct opted_in_with_bad_space {
-  using value_type = float;
-  using memory_space = int;
-  float* data();
-  std::size_t size() const;
-};
-static_assert(!Tensor<opted_in_with_bad_space>);
-
-struct opted_in_with_bad_element {
-  using value_type = char;
-  using memory_space = tandem::host;
-  char* data();
-  std::size_t size() const;
-};
-static_assert(!Tensor<opted_in_with_bad_element>);
+static_assert(Tensor<opted_in<float, tandem::host>>);
+static_assert(!Tensor<opted_in<float, tandem::host, false>>);  // once a hard error in tensor_traits
+static_assert(!Tensor<opted_in<float, tandem::host, true, false>>);  // no size()
+static_assert(!Tensor<opted_in<float, int>>);                        // a bad memory space
+static_assert(!Tensor<opted_in<char, tandem::host>>);                // a bad element type
 
 }  // namespace
 
