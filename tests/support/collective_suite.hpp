@@ -128,6 +128,18 @@ T pattern(int rank, std::size_t i, int salt = 0) {
                      97);
 }
 
+/// Irregular floats, different on every rank (a linear congruential sequence seeded by the rank):
+/// values whose sum, average and product depend on the order a backend reduces them in.
+inline std::vector<float> irregular_floats(int rank, std::size_t count) {
+  std::vector<float> data(count);
+  std::uint32_t state = 777u + static_cast<std::uint32_t>(rank) * 7919u;
+  for (auto& x : data) {
+    state = state * 1664525u + 1013904223u;
+    x = static_cast<float>(state >> 8) * 0x1p-17f - 60.0f;
+  }
+  return data;
+}
+
 /// The serial reference: rank order, 16-bit floats accumulated in float, integers wrapping.
 template <class T, class Value>
 T reference(int world_size, ReduceOp op, Value value) {

@@ -75,23 +75,14 @@ TEST_CASE("ShmComm: tensors larger than a slot go through in pieces, in every op
 
 TEST_CASE("ShmComm: float reductions give LocalComm's bits on every rank") {
   // The same irregular values reduced by ShmComm here and by LocalComm threads in this process.
-  auto values = [](int rank, std::size_t count) {
-    std::vector<float> data(count);
-    std::uint32_t state = 777u + static_cast<std::uint32_t>(rank) * 7919u;
-    for (auto& x : data) {
-      state = state * 1664525u + 1013904223u;
-      x = static_cast<float>(state >> 8) * 0x1p-17f - 60.0f;
-    }
-    return data;
-  };
   const int n = comm().size();
   for (std::size_t count : {std::size_t{1031}, std::size_t{300000}}) {
     for (auto op : {tandem::ReduceOp::sum, tandem::ReduceOp::avg, tandem::ReduceOp::prod}) {
-      auto mine = values(comm().rank(), count);
+      auto mine = tandem::test::irregular_floats(comm().rank(), count);
       comm().all_reduce(mine, op);
       std::vector<float> local;
       tandem::run_local(n, [&](tandem::LocalComm& c) {
-        auto data = values(c.rank(), count);
+        auto data = tandem::test::irregular_floats(c.rank(), count);
         c.all_reduce(data, op);
         if (c.rank() == 0) local = data;
       });
