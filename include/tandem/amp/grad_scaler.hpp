@@ -127,6 +127,12 @@ class GradScaler {
     validate();
   }
 
+  /// Whether each inf flag is all-reduced over a communicator (made with GradScaler(comm)), so
+  /// that every rank makes the same skip decision (DistributedDataParallel's shard<2> needs it).
+  [[nodiscard]] bool agrees_across_ranks() const noexcept {
+    return static_cast<bool>(all_reduce_found_inf_);
+  }
+
   GradScaler(const GradScaler&) = delete;
   GradScaler& operator=(const GradScaler&) = delete;
   /// Moves the scale, tracker and per-optimizer state; a communicator given stays attached.

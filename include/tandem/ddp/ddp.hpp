@@ -72,6 +72,7 @@
 #include "tandem/core/error.hpp"
 #include "tandem/ddp/buckets.hpp"
 #include "tandem/ddp/policies.hpp"
+#include "tandem/ddp/shards.hpp"
 #include "tandem/tensor/dtype.hpp"
 #include "tandem/tensor/exec.hpp"
 #include "tandem/tensor/memory.hpp"
@@ -202,9 +203,15 @@ class ArenaAccess {
 
   /// Writes zeros over `count` gradients from `offset`, on the executor.
   virtual void zero_grads(std::size_t offset, std::size_t count) = 0;
-  /// Pre-divides (unless `pre_divide` is false) or compresses the bucket, hands it to the
-  /// communicator once the executor's writes are ordered before it, and starts its all_reduce.
-  virtual Work launch(Comm& comm, const Bucket& bucket, bool pre_divide) = 0;
+  /// Pre-divides (unless `pre_divide` is false) or compresses bucket `k`, hands it to the
+  /// communicator once the executor's writes are ordered before it, and starts its all_reduce
+  /// (under shard<2>: its reduce_scatter and its tail's all_reduce), adding the Works to `works`.
+  virtual void launch(Comm& comm, const Bucket& bucket, std::size_t k, bool pre_divide,
+                      std::vector<Work>& works) = 0;
+  /// shard<2>: copies each bucket's reduce-scattered part into the rank's own gradients.
+  virtual void settle_shards() = 0;
+  /// ZeRO: all-gathers the parameter values from every rank's own parts. Collective.
+  virtual void gather_values(Comm& comm) = 0;
   /// Writes the reduced 16-bit buckets back in the gradients' precision (compress<W> only).
   virtual void expand(const std::vector<Bucket>& buckets) = 0;
   /// Broadcasts the buffers from rank 0, and the trained values too when `values_too`.
@@ -218,15 +225,18 @@ class ArenaAccess {
 template <class Comm, class Config, class T, class Space, class Exec>
 class ArenaAccessFor final : public ArenaAccess<Comm> {
  public:
-  ArenaAccessFor(Parameters<T, Space>& params, const Exec& exec) : params_(&params), exec_(exec) {
+  ArenaAccessFor(Parameters<T, Space>& params, const Exec& exec, const ShardLayout& layout)
+      : params_(&params), exec_(exec), layout_(&layout) {
     if constexpr (Config::compressed) wire_ = Buffer<wire_type, Space>(params.numel());
+    if constexpr (Config::shard_stage > 0) staging_ = Buffer<T, Space>(layout.staging());
   }
 
   void zero_grads(std::size_t offset, std::size_t count) override {
     for_each_index(exec_, count, fill_zero<T>{grads() + offset});
   }
 
-  Work launch(Comm& comm, const Bucket& bucket, bool pre_divide) override {
+  void launch(Comm& comm, const Bucket& bucket, std::size_t k, bool pre_divide,
+              std::vector<Work>& works) override {
     const int n = comm.size();
     T* g = grads() + bucket.offset;
     if constexpr (Config::compressed) {
@@ -234,13 +244,50 @@ class ArenaAccessFor final : public ArenaAccess<Comm> {
       const float divisor = Config::averaged ? static_cast<float>(n) : 1.0f;
       for_each_index(exec_, bucket.count, compress_into<T, wire_type>{g, wire, divisor});
       hand_over(comm);
-      return comm.all_reduce_async(View<wire_type, Space>(wire, bucket.count), ReduceOp::sum);
+      works.push_back(
+          comm.all_reduce_async(View<wire_type, Space>(wire, bucket.count), ReduceOp::sum));
     } else {
       if (Config::averaged && pre_divide && n > 1) {
         for_each_index(exec_, bucket.count, divide<T>{g, static_cast<opmath_t<T>>(n)});
       }
       hand_over(comm);
-      return comm.all_reduce_async(View<T, Space>(g, bucket.count), ReduceOp::sum);
+      if constexpr (Config::shard_stage == 2) {
+        // The equal parts straight from the arena into this rank's staging; the tail (fewer
+        // elements than ranks) all-reduced in place, which also leaves its owner its element.
+        const ShardedBucket& b = layout_->buckets()[k];
+        const auto parts = static_cast<std::size_t>(n) * b.part;
+        if (b.part > 0) {
+          works.push_back(comm.reduce_scatter_async(
+              View<T, Space>(g, parts), View<T, Space>(staging_.data() + b.staging_offset, b.part),
+              ReduceOp::sum));
+        }
+        if (b.tail > 0) {
+          works.push_back(comm.all_reduce_async(View<T, Space>(g + parts, b.tail), ReduceOp::sum));
+        }
+      } else {
+        works.push_back(comm.all_reduce_async(View<T, Space>(g, bucket.count), ReduceOp::sum));
+      }
+    }
+  }
+
+  void settle_shards() override {
+    if constexpr (Config::shard_stage == 2) {
+      const std::size_t r = layout_->rank();
+      for (const auto& b : layout_->buckets()) {
+        if (b.part == 0) continue;
+        for_each_index(
+            exec_, b.part,
+            copy_range<T>{staging_.data() + b.staging_offset, grads() + b.offset + r * b.part});
+      }
+    }
+  }
+
+  void gather_values(Comm& comm) override {
+    if constexpr (Config::shard_stage > 0) {
+      all_gather_parts<T, Space>(comm, exec_, *layout_, params_->values().data(), staging_.data(),
+                                 0, params_->numel());
+    } else {
+      (void)comm;
     }
   }
 
@@ -285,7 +332,9 @@ class ArenaAccessFor final : public ArenaAccess<Comm> {
 
   Parameters<T, Space>* params_;
   Exec exec_;
+  const ShardLayout* layout_;
   wire_storage wire_;
+  Buffer<T, Space> staging_;  // ZeRO: the own parts on the wire (empty without sharding)
 };
 
 }  // namespace detail::ddp
@@ -375,12 +424,16 @@ class DistributedDataParallel {
 
     plan_ =
         plan_buckets(sizes, sizeof(T), config::first_bucket_cap_bytes, config::bucket_cap_bytes);
+    if constexpr (config::shard_stage > 0) {
+      layout_ = plan_shards(plan_.buckets, comm.size(), comm.rank());
+    }
+    values_address_ = params.values().data();
     ready_.assign(sizes.size(), 0);
     touched_.assign(sizes.size(), 0);
     reset_step();
 
-    arena_ =
-        std::make_unique<detail::ddp::ArenaAccessFor<Comm, config, T, Space, Exec>>(params, exec);
+    arena_ = std::make_unique<detail::ddp::ArenaAccessFor<Comm, config, T, Space, Exec>>(
+        params, exec, layout_);
     arena_->broadcast(*comm_, /*values_too=*/true);
   }
 
@@ -440,6 +493,7 @@ class DistributedDataParallel {
   /// bucket and leaves each rank with the same gradients. Collective. Under no_sync() it only
   /// ends the micro-batch: the gradients stay local and keep accumulating.
   void finish_gradient_sync() {
+    require_stepped("DistributedDataParallel::finish_gradient_sync");
     if (no_sync_depth_ > 0) {
       for (std::size_t i = 0; i < ready_.size(); ++i) touched_[i] = touched_[i] | ready_[i];
       reset_step();
@@ -464,6 +518,9 @@ class DistributedDataParallel {
     if constexpr (config::compressed) {
       if (!failure) arena_->expand(plan_.buckets);
     }
+    if constexpr (config::shard_stage == 2) {
+      if (!failure) arena_->settle_shards();
+    }
     if (!failure && hand_average_ && comm_->size() > 1) {
       try {
         hand_average_(static_cast<double>(comm_->size()));
@@ -475,6 +532,7 @@ class DistributedDataParallel {
     touched_.assign(touched_.size(), 0);
     reset_step();
     if (failure) std::rethrow_exception(failure);
+    step_due_ = config::shard_stage > 0;
   }
 
   /// `auto guard = ddp.no_sync();` - until the guard ends, steps accumulate gradients locally
@@ -535,6 +593,96 @@ class DistributedDataParallel {
     return true;
   }
 
+  /// ZeRO (shard<1>, shard<2>): restricts `opt` (optim::SGD or optim::AdamW over the wrapped
+  /// arena, not stepped yet) to this rank's parts of every bucket: its state is allocated for
+  /// those elements only, its step() updates only them, and its state_dict() becomes a
+  /// collective that gathers every rank's parts into the full state (the layout a DDP run saves).
+  /// Step it through step(opt) / step(scaler, opt), which all-gather the parameters afterwards.
+  /// Without a shard policy it does nothing (plain DDP keeps a full optimizer on every rank).
+  template <class O>
+  requires requires(O& o) {
+    typename O::state_type;
+    o.arena_values();
+  }
+  void shard(O& opt) {
+    if constexpr (config::shard_stage > 0) {
+      using S = typename O::state_type;
+      using Space = typename O::memory_space;
+      const auto arena = opt.arena_values();
+      if (static_cast<const void*>(arena.data()) != values_address_ || arena.size() != numel_) {
+        throw Error(comm_->rank(), "DistributedDataParallel::shard",
+                    "the optimizer steps another arena (" + std::to_string(arena.size()) +
+                        " elements) than the one this DistributedDataParallel wraps (" +
+                        std::to_string(numel_) + " elements)");
+      }
+      auto gather = [this, exec = opt.executor()](View<S, Space> full, std::size_t begin,
+                                                  std::size_t end) {
+        Buffer<S, Space> staging(layout_.staging());
+        detail::ddp::all_gather_parts<S, Space>(*comm_, exec, layout_, full.data(), staging.data(),
+                                                begin, end);
+      };
+      opt.shard_to(layout_.owned(), std::move(gather));
+      sharded_.push_back(static_cast<const void*>(&opt));
+    } else {
+      (void)opt;
+    }
+  }
+
+  /// Steps `opt` after finish_gradient_sync(): opt.step() and, under shard<1>/shard<2>, the
+  /// all_gather that brings every rank's updated parts to every rank. Collective under sharding.
+  /// An Error under sharding when `opt` was not given to shard() (a full optimizer would step
+  /// every element on every rank: under shard<2> with gradients only partly reduced).
+  template <class O>
+  requires requires(O& o) { o.step(); }
+  void step(O& opt) {
+    require_sharded(opt, "DistributedDataParallel::step");
+    opt.step();
+    gather_parameters();
+  }
+
+  /// The same through a GradScaler: scaler.step(opt) (unscale, inf check, step unless an inf or
+  /// NaN was found), then the all_gather when it stepped. Returns whether it stepped; call
+  /// scaler.update() after it as usual. Under shard<2> the scaler must have been made with the
+  /// communicator (GradScaler(comm)) so that one rank's overflow skips the step on every rank:
+  /// each rank sees its own parts' reduced gradients only. An Error otherwise.
+  template <class Scaler, class O>
+  requires requires(Scaler& scaler, O& o) {
+    { scaler.step(o) } -> std::convertible_to<bool>;
+    { scaler.agrees_across_ranks() } -> std::convertible_to<bool>;
+  }
+  bool step(Scaler& scaler, O& opt) {
+    const char* operation = "DistributedDataParallel::step";
+    require_sharded(opt, operation);
+    if constexpr (config::shard_stage == 2) {
+      if (comm_->size() > 1 && scaler.is_enabled() && !scaler.agrees_across_ranks()) {
+        throw Error(comm_->rank(), operation,
+                    "under shard<2> each rank holds only its own parts' reduced gradients, so "
+                    "the GradScaler's inf check must be agreed across ranks: make it with the "
+                    "communicator, GradScaler(comm)");
+      }
+    }
+    const bool stepped = scaler.step(opt);
+    if (stepped) {
+      gather_parameters();
+    } else {
+      step_due_ = false;  // skipped everywhere: the parameters did not change
+    }
+    return stepped;
+  }
+
+  /// ZeRO: all-gathers the parameters from every rank's own parts (what step() does after the
+  /// optimizer's step; call it yourself after stepping a sharded optimizer some other way).
+  /// Collective. Does nothing without a shard policy.
+  void gather_parameters() {
+    if constexpr (config::shard_stage > 0) arena_->gather_values(*comm_);
+    step_due_ = false;
+  }
+
+  /// ZeRO: this rank's shards of the arena (empty without a shard policy).
+  [[nodiscard]] const ShardLayout& shard_layout() const noexcept { return layout_; }
+  /// The ZeRO stage of the policies: 0 (none), 1 or 2.
+  static constexpr int shard_stage = config::shard_stage;
+
   /// The buckets, in launch order (bucket 0 holds the last-registered parameters).
   [[nodiscard]] const std::vector<Bucket>& buckets() const noexcept { return plan_.buckets; }
   /// The bucket that holds the parameter with registration index `index`.
@@ -549,7 +697,36 @@ class DistributedDataParallel {
   [[nodiscard]] int world_size() const { return comm_->size(); }
 
  private:
+  template <class O>
+  void require_sharded(const O& opt, const char* operation) const {
+    if constexpr (config::shard_stage > 0) {
+      if (std::find(sharded_.begin(), sharded_.end(), static_cast<const void*>(&opt)) ==
+          sharded_.end()) {
+        throw Error(comm_->rank(), operation,
+                    "under shard<" + std::to_string(config::shard_stage) +
+                        "> the optimizer must be sharded first: call ddp.shard(opt) before its "
+                        "first step (a full optimizer would keep state for, and step, every "
+                        "element on every rank)");
+      }
+    }
+  }
+
+  /// Under sharding each synchronised step must end with step()/gather_parameters(): without the
+  /// all_gather, ranks would go on with only their own parts updated.
+  void require_stepped(const char* operation) const {
+    if constexpr (config::shard_stage > 0) {
+      if (step_due_) {
+        throw Error(comm_->rank(), operation,
+                    "under shard<" + std::to_string(config::shard_stage) +
+                        "> every finish_gradient_sync() must be followed by ddp.step(opt) (or "
+                        "ddp.step(scaler, opt)), which steps the sharded optimizer and all-gathers "
+                        "the parameters; the last one was not (was opt.step() called directly?)");
+      }
+    }
+  }
+
   void mark(std::size_t i) {
+    require_stepped("DistributedDataParallel::grad_ready");
     if (no_sync_depth_ > 0) {
       touched_[i] = 1;
       return;
@@ -587,7 +764,7 @@ class DistributedDataParallel {
   void launch(std::size_t k) {
     const Bucket& bucket = plan_.buckets[k];
     if (bucket.count == 0) return;
-    works_.push_back(arena_->launch(*comm_, bucket, /*pre_divide=*/!hand_average_));
+    arena_->launch(*comm_, bucket, k, /*pre_divide=*/!hand_average_, works_);
   }
 
   void reset_step() {
@@ -694,11 +871,15 @@ class DistributedDataParallel {
   }
 
   Comm* comm_;
+  ShardLayout layout_;  // before arena_, which holds it by address
   std::unique_ptr<detail::ddp::ArenaAccess<Comm>> arena_;
   std::size_t numel_ = 0;
   std::size_t buffer_numel_ = 0;
-  const void* grads_address_ = nullptr;       // the arena's gradients, for defer_average_to's check
-  bool average_deferrable_ = false;           // float gradients (see defer_average_to)
+  const void* grads_address_ = nullptr;   // the arena's gradients, for defer_average_to's check
+  const void* values_address_ = nullptr;  // the arena's values, for shard()'s check
+  std::vector<const void*> sharded_;      // the optimizers shard() restricted
+  bool step_due_ = false;                 // sharding: a sync happened and its step() has not yet
+  bool average_deferrable_ = false;       // float gradients (see defer_average_to)
   std::function<void(double)> hand_average_;  // set by defer_average_to: tells the scaler
   std::vector<const void*> identity_;
   std::vector<std::string> names_;

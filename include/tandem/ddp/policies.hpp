@@ -1,7 +1,7 @@
 // tandem/ddp/policies.hpp - the policies of tandem::DistributedDataParallel (bucket caps,
-// overlap or sync_at_end, average or sum, 16-bit compression, buffer broadcast), checked at compile
-// time.   DistributedDataParallel<Comm, tandem::bucket_cap<4_MiB>, tandem::sync_at_end> ddp(c, p);
-// Needs: the standard library.
+// overlap or sync_at_end, average or sum, 16-bit compression, buffer broadcast, ZeRO sharding),
+// checked at compile time.   DistributedDataParallel<Comm, tandem::bucket_cap<4_MiB>,
+// tandem::sync_at_end> ddp(c, p); Needs: the standard library.
 #pragma once
 
 #include <cstddef>
@@ -19,6 +19,7 @@ struct schedule {};
 struct reduction {};
 struct compression {};
 struct buffers {};
+struct sharding {};
 }  // namespace detail::ddp_kind
 
 /// Largest bucket, in bytes of gradient elements [25 MiB]. A parameter larger than the cap gets a
@@ -107,6 +108,22 @@ struct no_broadcast_buffers {
   static constexpr bool enabled = false;
 };
 
+/// ZeRO: each bucket is cut into world-size parts and rank r owns part r of every bucket; the
+/// optimizer (ddp.shard(opt)) keeps state for its own parts only and ddp.step(opt) all-gathers
+/// the updated parameters. Stage 1 shards the optimizer state (gradients are all-reduced as
+/// without it); stage 2 also shards the gradients: each bucket is reduce-scattered, leaving a
+/// rank only its own parts' reduced gradients. See docs/zero.md.
+template <int Stage>
+struct shard {
+  static_assert(Stage == 1 || Stage == 2,
+                "tandem: shard<Stage>: stage 1 (optimizer state) or 2 (optimizer state and "
+                "gradients); stage 3 (parameters) is not offered");
+  /// The kind of policy this is (sharding): a DDP takes at most one of each kind.
+  using ddp_policy_kind = detail::ddp_kind::sharding;
+  /// The ZeRO stage.
+  static constexpr int stage = Stage;
+};
+
 /// Whether P is one of the policies above.
 template <class P>
 concept ddp_policy = requires {
@@ -143,6 +160,11 @@ struct find_kind<Kind, Default, P, Ps...> {
                                   typename find_kind<Kind, Default, Ps...>::type>;
 };
 
+struct no_sharding {
+  using ddp_policy_kind = ddp_kind::sharding;
+  static constexpr int stage = 0;
+};
+
 struct no_compression {
   using ddp_policy_kind = ddp_kind::compression;
   using wire_type = void;
@@ -158,7 +180,8 @@ struct ddp_config {
   static_assert((ddp_policy<Ps> && ...),
                 "tandem: DistributedDataParallel<Comm, Policies...>: every policy must be one of "
                 "bucket_cap<bytes>, first_bucket_cap<bytes>, overlap, sync_at_end, average, sum, "
-                "compress<half>, compress<bfloat16>, broadcast_buffers, no_broadcast_buffers");
+                "compress<half>, compress<bfloat16>, broadcast_buffers, no_broadcast_buffers, "
+                "shard<1>, shard<2>");
   static_assert(!(has_policy<::tandem::overlap, Ps...> && has_policy<::tandem::sync_at_end, Ps...>),
                 "tandem: DistributedDataParallel: overlap and sync_at_end exclude each other; "
                 "choose one");
@@ -180,6 +203,8 @@ struct ddp_config {
                 "tandem: DistributedDataParallel: average or sum is given more than once");
   static_assert(count_kind<ddp_kind::buffers, Ps...> <= 1,
                 "tandem: DistributedDataParallel: broadcast_buffers is given more than once");
+  static_assert(count_kind<ddp_kind::sharding, Ps...> <= 1,
+                "tandem: DistributedDataParallel: shard<Stage> is given more than once");
 
   using schedule = typename find_kind<ddp_kind::schedule, ::tandem::overlap, Ps...>::type;
   using reduction = typename find_kind<ddp_kind::reduction, ::tandem::average, Ps...>::type;
@@ -202,6 +227,11 @@ struct ddp_config {
   static constexpr bool broadcasts_buffers = buffers::enabled;
   using wire_type = typename compression::wire_type;  // void: no compression
   static constexpr bool compressed = !std::is_void_v<wire_type>;
+  /// The ZeRO stage: 0 (no sharding), 1 or 2.
+  static constexpr int shard_stage = find_kind<ddp_kind::sharding, no_sharding, Ps...>::type::stage;
+  static_assert(!(shard_stage == 2 && compressed),
+                "tandem: DistributedDataParallel: shard<2> reduce-scatters the gradients in their "
+                "own precision; compress<W> is offered with shard<1> and without sharding only");
 };
 
 }  // namespace detail

@@ -166,12 +166,19 @@ class TrainingState {
   }
 
   /// An optimizer's state_dict(): moments as tensors under PyTorch's names, step counts and
-  /// param groups as JSON.
+  /// param groups as JSON. A ZeRO-sharded optimizer (DistributedDataParallel::shard) is saved
+  /// consolidated, in the same layout as a full one: every rank takes part in gathering its
+  /// state; loading gives each rank the full state, of which a sharded optimizer keeps its part,
+  /// so the file loads at any world size, with or without sharding.
   template <class Optimizer>
   TrainingState& optimizer(Optimizer& opt, std::string key = "optimizer") {
     parts_.push_back(
-        {[&opt, key](SafetensorsWriter& out, nlohmann::json& meta, const CheckpointRanks&) {
-           const auto dict = opt.state_dict();
+        {[&opt, key](SafetensorsWriter& out, nlohmann::json& meta, const CheckpointRanks& ranks) {
+           bool sharded = false;
+           if constexpr (requires { opt.sharded(); }) sharded = opt.sharded();
+           if (ranks.rank != 0 && !sharded) return;
+           const auto dict = opt.state_dict();  // a collective when sharded
+           if (ranks.rank != 0) return;
            nlohmann::json state = nlohmann::json::object();
            for (const auto& [index, param] : dict.state) {
              nlohmann::json entry{{"scalars", param.scalars}, {"tensors", nlohmann::json::array()}};
@@ -221,7 +228,8 @@ class TrainingState {
              dict.param_groups.push_back(std::move(g));
            }
            opt.load_state_dict(dict);
-         }});
+         },
+         true});  // collective for sharded optimizers (the others return on ranks but 0)
     return *this;
   }
 

@@ -245,21 +245,24 @@ class AdamW : public detail::GroupedOptimizer<AdamWOptions, T, Space, E> {
       const AdamWOptions& o = group.options;
       o.validate(this->name_);
       Moments& moments = moments_[g];
-      ensure(moments.exp_avg, group.size);
-      ensure(moments.exp_avg_sq, group.size);
-      if (o.amsgrad) ensure(moments.max_exp_avg_sq, group.size);
+      ensure(moments.exp_avg, group.state_size);
+      ensure(moments.exp_avg_sq, group.state_size);
+      if (o.amsgrad) ensure(moments.max_exp_avg_sq, group.state_size);
+      moments.amsgrad_used = moments.amsgrad_used || o.amsgrad;
       ++group.step;
       // PyTorch: step = step_t.item(); bias_correction = 1 - beta ** step, all in double.
       const double step = static_cast<double>(group.step);
       const double bias_correction1 = 1 - std::pow(o.betas[0], step);
       const double bias_correction2 = 1 - std::pow(o.betas[1], step);
       const double step_size = o.lr / bias_correction1;
-      if (o.amsgrad) {
-        run(group.offset, group.size,
-            make_update<true>(group, moments, step_size, bias_correction2));
-      } else {
-        run(group.offset, group.size,
-            make_update<false>(group, moments, step_size, bias_correction2));
+      for (const auto& piece : group.pieces) {  // the whole group, or its owned parts (ZeRO)
+        if (o.amsgrad) {
+          run(piece.offset, piece.size,
+              make_update<true>(group, piece, moments, step_size, bias_correction2));
+        } else {
+          run(piece.offset, piece.size,
+              make_update<false>(group, piece, moments, step_size, bias_correction2));
+        }
       }
     }
   }
@@ -267,14 +270,29 @@ class AdamW : public detail::GroupedOptimizer<AdamWOptions, T, Space, E> {
   /// Each group's [offset, offset + size) within the arena's values, in group order (a fused
   /// step checks that they cover every trained value).
   [[nodiscard]] std::vector<std::pair<std::size_t, std::size_t>> group_slices() const {
+    if (this->sharded()) {
+      throw Error(std::string(this->name_) + "::group_slices",
+                  "the optimizer is sharded (ZeRO): a fused step over the whole arena is not "
+                  "offered for a sharded AdamW; step it through DistributedDataParallel::step");
+    }
     std::vector<std::pair<std::size_t, std::size_t>> slices;
     for (const Group& group : this->groups_) slices.emplace_back(group.offset, group.size);
     return slices;
   }
 
+  /// Bytes of optimizer state held (the moments): under sharding, this rank's part.
+  [[nodiscard]] std::size_t state_bytes() const noexcept {
+    std::size_t elements = 0;
+    for (const auto& m : moments_) {
+      elements += m.exp_avg.size() + m.exp_avg_sq.size() + m.max_exp_avg_sq.size();
+    }
+    return elements * sizeof(state_type);
+  }
+
   /// PyTorch's layout: state[i] has "step", "exp_avg", "exp_avg_sq" (and "max_exp_avg_sq" with
   /// amsgrad) once its group has stepped; param_groups carry "lr", "beta1", "beta2", "eps",
   /// "weight_decay", "amsgrad", "maximize". Waits for the copies.
+  /// Sharded (DistributedDataParallel::shard): a collective that gathers the full state.
   [[nodiscard]] state_dict_type state_dict() const {
     state_dict_type dict;
     for (std::size_t g = 0; g < this->groups_.size(); ++g) {
@@ -291,15 +309,21 @@ class AdamW : public detail::GroupedOptimizer<AdamWOptions, T, Space, E> {
       dict.param_groups.push_back(std::move(out));
       if (group.step == 0) continue;
       const Moments& moments = moments_[g];
+      Buffer<state_type, Space> avg_scratch;
+      Buffer<state_type, Space> sq_scratch;
+      Buffer<state_type, Space> max_scratch;
+      const M* exp_avg = this->full_state(group, moments.exp_avg, avg_scratch);
+      const M* exp_avg_sq = this->full_state(group, moments.exp_avg_sq, sq_scratch);
+      const M* max_exp_avg_sq = moments.amsgrad_used
+                                    ? this->full_state(group, moments.max_exp_avg_sq, max_scratch)
+                                    : nullptr;
       for (std::size_t p = group.params.first; p < group.params.last; ++p) {
         auto& entry = dict.state[Base::state_index(group, p)];
         entry.scalars.emplace("step", static_cast<double>(group.step));
-        entry.tensors.emplace("exp_avg", this->export_state(group, p, moments.exp_avg.data()));
-        entry.tensors.emplace("exp_avg_sq",
-                              this->export_state(group, p, moments.exp_avg_sq.data()));
-        if (moments.max_exp_avg_sq.size() == group.size) {  // amsgrad has been used
-          entry.tensors.emplace("max_exp_avg_sq",
-                                this->export_state(group, p, moments.max_exp_avg_sq.data()));
+        entry.tensors.emplace("exp_avg", this->export_state(group, p, exp_avg));
+        entry.tensors.emplace("exp_avg_sq", this->export_state(group, p, exp_avg_sq));
+        if (moments.amsgrad_used) {
+          entry.tensors.emplace("max_exp_avg_sq", this->export_state(group, p, max_exp_avg_sq));
         }
       }
     }
@@ -367,20 +391,32 @@ class AdamW : public detail::GroupedOptimizer<AdamWOptions, T, Space, E> {
       group.options = options[g];
       group.step = dict.param_groups[g].step;
       Moments& moments = moments_[g];
-      ensure(moments.exp_avg, group.size);
-      ensure(moments.exp_avg_sq, group.size);
-      if (options[g].amsgrad) ensure(moments.max_exp_avg_sq, group.size);
+      ensure(moments.exp_avg, group.state_size);
+      ensure(moments.exp_avg_sq, group.state_size);
+      if (options[g].amsgrad) ensure(moments.max_exp_avg_sq, group.state_size);
+      moments.amsgrad_used = moments.amsgrad_used || options[g].amsgrad;
+      Buffer<state_type, Space> avg_scratch;
+      Buffer<state_type, Space> sq_scratch;
+      Buffer<state_type, Space> max_scratch;
+      M* exp_avg = this->import_target(group, moments.exp_avg, avg_scratch);
+      M* exp_avg_sq = this->import_target(group, moments.exp_avg_sq, sq_scratch);
+      M* max_exp_avg_sq = options[g].amsgrad
+                              ? this->import_target(group, moments.max_exp_avg_sq, max_scratch)
+                              : nullptr;
       for (std::size_t p = group.params.first; p < group.params.last; ++p) {
         if (!has_state[g]) break;
         const auto& entry = dict.state.at(Base::state_index(group, p));
-        this->import_state(group, p, entry.tensors.at("exp_avg"), "exp_avg",
-                           moments.exp_avg.data());
-        this->import_state(group, p, entry.tensors.at("exp_avg_sq"), "exp_avg_sq",
-                           moments.exp_avg_sq.data());
+        this->import_state(group, p, entry.tensors.at("exp_avg"), "exp_avg", exp_avg);
+        this->import_state(group, p, entry.tensors.at("exp_avg_sq"), "exp_avg_sq", exp_avg_sq);
         if (options[g].amsgrad) {
           this->import_state(group, p, entry.tensors.at("max_exp_avg_sq"), "max_exp_avg_sq",
-                             moments.max_exp_avg_sq.data());
+                             max_exp_avg_sq);
         }
+      }
+      if (has_state[g]) {
+        this->keep_owned(group, avg_scratch, moments.exp_avg);
+        this->keep_owned(group, sq_scratch, moments.exp_avg_sq);
+        if (options[g].amsgrad) this->keep_owned(group, max_scratch, moments.max_exp_avg_sq);
       }
       if (!has_state[g]) {  // a fresh start: zero moments, as PyTorch's lazily made state
         zero(moments.exp_avg);
@@ -396,20 +432,25 @@ class AdamW : public detail::GroupedOptimizer<AdamWOptions, T, Space, E> {
     Buffer<state_type, Space> exp_avg;
     Buffer<state_type, Space> exp_avg_sq;
     Buffer<state_type, Space> max_exp_avg_sq;  // allocated when amsgrad is first used
+    bool amsgrad_used = false;                 // (a sharded group may own no elements)
   };
 
   /// Allocates a zeroed state buffer of `size` elements the first time it is needed.
   using M = state_type;
 
   template <bool Amsgrad>
-  detail::adamw_update<T, Amsgrad> make_update(const Group& group, Moments& moments,
+  detail::adamw_update<T, Amsgrad> make_update(const Group& group,
+                                               const typename Base::Piece& piece, Moments& moments,
                                                double step_size, double bias_correction2) {
     const AdamWOptions& o = group.options;
-    return detail::adamw_update<T, Amsgrad>{this->values_.data() + group.offset,
-                                            this->grads_.data() + group.offset,
-                                            moments.exp_avg.data(),
-                                            moments.exp_avg_sq.data(),
-                                            moments.max_exp_avg_sq.data(),
+    auto state = [&piece](Buffer<state_type, Space>& buffer) {
+      return buffer.data() != nullptr ? buffer.data() + piece.state_offset : nullptr;
+    };
+    return detail::adamw_update<T, Amsgrad>{this->values_.data() + piece.offset,
+                                            this->grads_.data() + piece.offset,
+                                            state(moments.exp_avg),
+                                            state(moments.exp_avg_sq),
+                                            state(moments.max_exp_avg_sq),
                                             static_cast<M>(1 - o.lr * o.weight_decay),
                                             static_cast<M>(o.betas[0]),
                                             static_cast<M>(1 - o.betas[0]),
@@ -441,6 +482,7 @@ class AdamW : public detail::GroupedOptimizer<AdamWOptions, T, Space, E> {
   }
 
   void zero(Buffer<state_type, Space>& buffer) {
+    if (buffer.size() == 0) return;
     for_each_index(this->exec_, buffer.size(), detail::fill_zeros<state_type>{buffer.data()});
   }
 

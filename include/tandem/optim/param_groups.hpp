@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <span>
 #include <string>
@@ -312,6 +313,51 @@ class GroupedOptimizer {
 
   [[nodiscard]] std::size_t group_count() const noexcept { return groups_.size(); }
 
+  /// The whole arena's values (groups are slices of it); DistributedDataParallel::shard checks
+  /// that the optimizer steps the arena it wraps.
+  [[nodiscard]] View<T, Space> arena_values() const noexcept { return values_; }
+
+  /// What a sharded optimizer's state_dict() calls to make a range of the arena whole: `full`
+  /// holds arena-many elements, this rank's own elements of [begin, end) are set, and after the
+  /// call every element of [begin, end) is (a collective: every rank calls it alike).
+  using shard_gather =
+      std::function<void(View<state_type, Space> full, std::size_t begin, std::size_t end)>;
+
+  /// ZeRO (see DistributedDataParallel::shard, which calls it): from now on the optimizer owns
+  /// only the arena elements in `owned` (sorted, disjoint (offset, size) ranges): its state is
+  /// sized to them, step() updates only them, state_dict() gathers the full state through
+  /// `gather` (a collective) and load_state_dict() keeps the owned part of a full state. An
+  /// Error once a group has stepped (its state would be lost) or when sharded already.
+  void shard_to(const std::vector<std::pair<std::size_t, std::size_t>>& owned,
+                shard_gather gather) {
+    const std::string operation = std::string(name_) + "::shard";
+    if (gather_) throw Error(operation, "the optimizer is sharded already");
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      if (groups_[g].step != 0) {
+        throw Error(operation, "param group " + std::to_string(g) + " has taken " +
+                                   std::to_string(groups_[g].step) +
+                                   " steps; shard the optimizer before its first step (load a "
+                                   "saved state after sharding)");
+      }
+    }
+    for (auto& group : groups_) {
+      group.pieces.clear();
+      std::size_t state = 0;
+      for (const auto& [begin, size] : owned) {
+        const std::size_t lo = std::max(begin, group.offset);
+        const std::size_t hi = std::min(begin + size, group.offset + group.size);
+        if (lo >= hi) continue;
+        group.pieces.push_back({lo, hi - lo, state});
+        state += hi - lo;
+      }
+      group.state_size = state;
+    }
+    gather_ = std::move(gather);
+  }
+
+  /// Whether shard_to() restricted the optimizer to some of the arena's elements.
+  [[nodiscard]] bool sharded() const noexcept { return static_cast<bool>(gather_); }
+
   /// Group g's hyperparameters; change them between steps as PyTorch code changes
   /// param_groups[g] (step() checks them again).
   [[nodiscard]] Options& options(std::size_t g) { return group_at(g).options; }
@@ -330,6 +376,13 @@ class GroupedOptimizer {
     std::size_t offset = 0;  // elements into values()/grads()
     Shape shape;
   };
+  /// A run of a group's elements that this optimizer steps: the whole group, or under
+  /// sharding each owned range inside it, with where its state starts in the group's state.
+  struct Piece {
+    std::size_t offset = 0;  // elements into values()/grads()
+    std::size_t size = 0;
+    std::size_t state_offset = 0;  // elements into the group's flat state
+  };
   struct Group {
     ParamRange params;
     std::size_t offset = 0;             // elements into values()/grads()
@@ -337,6 +390,8 @@ class GroupedOptimizer {
     std::size_t first_state_index = 0;  // PyTorch's number for its first parameter
     std::int64_t step = 0;
     Options options;
+    std::vector<Piece> pieces;   // what step() updates
+    std::size_t state_size = 0;  // elements of each flat state buffer: size, or the owned part
   };
 
   GroupedOptimizer(const char* name, Parameters<T, Space>& params,
@@ -364,7 +419,14 @@ class GroupedOptimizer {
       }
       const std::size_t begin = slots_[range.first].offset;
       const std::size_t end = slots_[range.last - 1].offset + slots_[range.last - 1].shape.numel();
-      groups_.push_back({range, begin, end - begin, state_index, 0, group.options});
+      groups_.push_back({range,
+                         begin,
+                         end - begin,
+                         state_index,
+                         0,
+                         group.options,
+                         {Piece{begin, end - begin, 0}},
+                         end - begin});
       state_index += range.size();
     }
     std::size_t end = 0;
@@ -410,6 +472,48 @@ class GroupedOptimizer {
     }
     for_each_index(exec_, from.size(),
                    copy_elements<state_type>{from.data(), flat + (slot.offset - group.offset)});
+  }
+
+  /// A group's flat state as the whole group's (group.size elements): `state` itself, or under
+  /// sharding every rank's parts gathered into `scratch` (a collective).
+  const state_type* full_state(const Group& group, const Buffer<state_type, Space>& state,
+                               Buffer<state_type, Space>& scratch) const {
+    if (!sharded()) return state.data();
+    Buffer<state_type, Space> arena(values_.size());
+    for_each_index(exec_, arena.size(), fill_zeros<state_type>{arena.data()});
+    for (const auto& piece : group.pieces) {
+      for_each_index(exec_, piece.size,
+                     copy_elements<state_type>{state.data() + piece.state_offset,
+                                               arena.data() + piece.offset});
+    }
+    gather_(View<state_type, Space>(arena.data(), arena.size()), group.offset,
+            group.offset + group.size);
+    scratch = Buffer<state_type, Space>(group.size);
+    for_each_index(exec_, group.size,
+                   copy_elements<state_type>{arena.data() + group.offset, scratch.data()});
+    exec_.synchronize();
+    return scratch.data();
+  }
+
+  /// Where load_state_dict() imports a group's full state: `state` itself, or under sharding a
+  /// group-sized `scratch` that keep_owned() then cuts down.
+  state_type* import_target(const Group& group, Buffer<state_type, Space>& state,
+                            Buffer<state_type, Space>& scratch) const {
+    if (!sharded()) return state.data();
+    if (scratch.size() != group.size) scratch = Buffer<state_type, Space>(group.size);
+    return scratch.data();
+  }
+
+  /// Under sharding: copies the owned elements of a full group state (`scratch`) into `state`.
+  void keep_owned(const Group& group, const Buffer<state_type, Space>& scratch,
+                  Buffer<state_type, Space>& state) const {
+    if (!sharded()) return;
+    for (const auto& piece : group.pieces) {
+      for_each_index(exec_, piece.size,
+                     copy_elements<state_type>{scratch.data() + (piece.offset - group.offset),
+                                               state.data() + piece.state_offset});
+    }
+    exec_.synchronize();
   }
 
   static std::size_t state_index(const Group& group, std::size_t param) {
@@ -464,6 +568,7 @@ class GroupedOptimizer {
   std::vector<Group> groups_;
   std::size_t span_offset_ = 0;
   std::size_t span_size_ = 0;
+  shard_gather gather_;  // set by shard_to()
 };
 
 }  // namespace detail

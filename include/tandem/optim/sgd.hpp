@@ -134,8 +134,8 @@ class SGD : public detail::GroupedOptimizer<SGDOptions, T, Space, E> {
       MomentumBuffer& buffer = buffers_[g];
       const bool uses_momentum = o.momentum != 0;
       const bool first_step = uses_momentum && !buffer.started;
-      if (uses_momentum && buffer.values.size() != group.size) {
-        buffer.values = Buffer<state_type, Space>(group.size);
+      if (uses_momentum && buffer.values.size() != group.state_size) {
+        buffer.values = Buffer<state_type, Space>(group.state_size);
       }
       M* data = uses_momentum ? buffer.values.data() : nullptr;
       if (!uses_momentum) {
@@ -150,9 +150,17 @@ class SGD : public detail::GroupedOptimizer<SGDOptions, T, Space, E> {
     }
   }
 
+  /// Bytes of optimizer state held (the momentum buffers): under sharding, this rank's part.
+  [[nodiscard]] std::size_t state_bytes() const noexcept {
+    std::size_t elements = 0;
+    for (const auto& buffer : buffers_) elements += buffer.values.size();
+    return elements * sizeof(state_type);
+  }
+
   /// PyTorch's layout: state[i] has "momentum_buffer" once group i's momentum has started (an
   /// empty entry after a step without momentum, as PyTorch's None); param_groups carry "lr",
   /// "momentum", "dampening", "weight_decay", "nesterov", "maximize". Waits for the copies.
+  /// Sharded (DistributedDataParallel::shard): a collective that gathers the full state.
   [[nodiscard]] state_dict_type state_dict() const {
     state_dict_type dict;
     for (std::size_t g = 0; g < this->groups_.size(); ++g) {
@@ -167,11 +175,13 @@ class SGD : public detail::GroupedOptimizer<SGDOptions, T, Space, E> {
                      {"maximize", o.maximize ? 1.0 : 0.0}};
       dict.param_groups.push_back(std::move(out));
       if (group.step == 0) continue;
+      Buffer<state_type, Space> scratch;
+      const M* flat =
+          buffers_[g].started ? this->full_state(group, buffers_[g].values, scratch) : nullptr;
       for (std::size_t p = group.params.first; p < group.params.last; ++p) {
         auto& entry = dict.state[Base::state_index(group, p)];
         if (buffers_[g].started) {
-          entry.tensors.emplace("momentum_buffer",
-                                this->export_state(group, p, buffers_[g].values.data()));
+          entry.tensors.emplace("momentum_buffer", this->export_state(group, p, flat));
         }
       }
     }
@@ -228,14 +238,18 @@ class SGD : public detail::GroupedOptimizer<SGDOptions, T, Space, E> {
       group.step = dict.param_groups[g].step;
       buffers_[g].started = started[g];
       if (!started[g]) continue;
-      if (buffers_[g].values.size() != group.size) {
-        buffers_[g].values = Buffer<state_type, Space>(group.size);
+      if (buffers_[g].values.size() != group.state_size) {
+        buffers_[g].values = Buffer<state_type, Space>(group.state_size);
       }
+      Buffer<state_type, Space> scratch;
+      M* flat = this->import_target(group, buffers_[g].values, scratch);
       for (std::size_t p = group.params.first; p < group.params.last; ++p) {
         this->import_state(group, p,
                            dict.state.at(Base::state_index(group, p)).tensors.at("momentum_buffer"),
-                           "momentum_buffer", buffers_[g].values.data());
+                           "momentum_buffer", flat);
       }
+      this->exec_.synchronize();
+      this->keep_owned(group, scratch, buffers_[g].values);
     }
     this->exec_.synchronize();  // the dict may go away as soon as this returns
   }
@@ -246,12 +260,15 @@ class SGD : public detail::GroupedOptimizer<SGDOptions, T, Space, E> {
   template <detail::momentum_mode Mode>
   void launch(const Group& group, M* momentum_buffer) {
     const SGDOptions& o = group.options;
-    detail::run_pass(this->exec_, group.size,
-                     detail::sgd_update<T, Mode>{
-                         this->values_.data() + group.offset, this->grads_.data() + group.offset,
-                         momentum_buffer, static_cast<M>(-o.lr), static_cast<M>(o.momentum),
-                         static_cast<M>(1 - o.dampening), static_cast<M>(o.weight_decay),
-                         o.nesterov, o.maximize});
+    for (const auto& piece : group.pieces) {  // the whole group, or its owned parts (ZeRO)
+      detail::run_pass(
+          this->exec_, piece.size,
+          detail::sgd_update<T, Mode>{
+              this->values_.data() + piece.offset, this->grads_.data() + piece.offset,
+              momentum_buffer != nullptr ? momentum_buffer + piece.state_offset : nullptr,
+              static_cast<M>(-o.lr), static_cast<M>(o.momentum), static_cast<M>(1 - o.dampening),
+              static_cast<M>(o.weight_decay), o.nesterov, o.maximize});
+    }
   }
 
   struct MomentumBuffer {

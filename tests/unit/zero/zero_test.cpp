@@ -1,0 +1,357 @@
+// ZeRO (DistributedDataParallel's shard<1> and shard<2>) on LocalComm, 1 to 4 ranks: the same
+// parameters and optimizer state as plain DDP bit for bit, with two param groups, an LR change,
+// no_sync accumulation and a GradScaler overflow on one rank; state memory 1/N of DDP's; misuse
+// errors; consolidated checkpoints loaded at other world sizes, with and without sharding.
+//
+// Bit for bit: LocalComm's reduce_scatter and all_reduce add the ranks' inputs in rank order, so
+// a shard<2> gradient equals the DDP one; the optimizers update each element on its own, so
+// stepping only a rank's parts gives the same bits; all_gather copies.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "support/collective_suite.hpp"
+#include "tandem/amp/grad_scaler.hpp"
+#include "tandem/arena/parameters.hpp"
+#include "tandem/comm/local/local.hpp"
+#include "tandem/ddp/ddp.hpp"
+#include "tandem/io/checkpoint.hpp"
+#include "tandem/optim/adamw.hpp"
+#include "tandem/optim/sgd.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using tandem::LocalComm;
+using tandem::test::Failures;
+
+// Small buckets (16 and 7 floats) so that the 37-element arena has several, most of them not
+// dividing by 2, 3 or 4 ranks.
+template <class... Policies>
+using Ddp = tandem::DistributedDataParallel<LocalComm, tandem::bucket_cap<64>,
+                                            tandem::first_bucket_cap<28>, Policies...>;
+using Plain = Ddp<>;
+using Stage1 = Ddp<tandem::shard<1>>;
+using Stage2 = Ddp<tandem::shard<2>>;
+
+void build(tandem::Parameters<float>& params) {
+  params.add("layer1.weight", {7});
+  params.add("layer1.bias", {3, 5});
+  params.add("layer2.weight", {11});
+  params.add("layer2.bias", {4});
+  params.finalize();
+  auto values = params.values();
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    values[i] = 0.01f * static_cast<float>(i % 13) - 0.05f;
+  }
+}
+
+tandem::optim::SGD<float> make_sgd(tandem::Parameters<float>& params) {
+  using tandem::optim::params_with_prefix;
+  return tandem::optim::SGD<float>(
+      params, {{params_with_prefix("layer1."), {.lr = 0.1, .momentum = 0.9}},
+               {params_with_prefix("layer2."),
+                {.lr = 0.05, .momentum = 0.5, .weight_decay = 0.01, .nesterov = true}}});
+}
+
+tandem::optim::AdamW<float> make_adamw(tandem::Parameters<float>& params) {
+  using tandem::optim::params_with_prefix;
+  return tandem::optim::AdamW<float>(
+      params, {{params_with_prefix("layer1."), {.lr = 0.01, .weight_decay = 0.1}},
+               {params_with_prefix("layer2."), {.lr = 0.02, .amsgrad = true}}});
+}
+
+struct Loop {
+  bool scaler = false;  // GradScaler(comm); step 3 overflows on the last rank only
+  int first = 0;        // the first step's number (a resumed run goes on from there)
+  int steps = 5;
+};
+
+/// A synthetic backward: each rank's gradients depend on its rank, the step and the micro-batch;
+/// step 2 accumulates two micro-batches under no_sync(); step 3 halves group 0's lr afterwards.
+/// Returns, per step, whether the optimizer stepped.
+template <class D, class O>
+std::vector<bool> train(LocalComm& comm, tandem::Parameters<float>& params, D& ddp, O& opt,
+                        Loop loop) {
+  std::optional<tandem::GradScaler<>> scaler;
+  if (loop.scaler) scaler.emplace(comm, tandem::GradScalerOptions{.init_scale = 1024.0});
+  std::vector<bool> stepped;
+  std::vector<tandem::Parameters<float>::Parameter*> order;
+  for (auto& p : params) order.push_back(&p);
+  for (int s = loop.first; s < loop.first + loop.steps; ++s) {
+    const int micros = s == 2 ? 2 : 1;
+    for (int m = 0; m < micros; ++m) {
+      std::optional<typename D::NoSyncGuard> guard;
+      if (m + 1 < micros) guard.emplace(ddp.no_sync());
+      ddp.before_forward();
+      const float scale = scaler ? static_cast<float>(scaler->scale(1.0f)) : 1.0f;
+      auto values = params.values();
+      auto grads = params.grads();
+      for (std::size_t i = 0; i < grads.size(); ++i) {
+        const float g =
+            scale * (0.3f * values[i] +
+                     std::sin(static_cast<float>(1 + i + 7 * comm.rank() + 13 * s + 29 * m)));
+        grads[i] = m == 0 ? g : grads[i] + g;
+      }
+      if (scaler && s == 3 && comm.rank() == comm.size() - 1) {
+        grads[5] = std::numeric_limits<float>::infinity();
+      }
+      for (auto it = order.rbegin(); it != order.rend(); ++it) ddp.grad_ready(**it);
+      ddp.finish_gradient_sync();
+    }
+    if (scaler) {
+      stepped.push_back(ddp.step(*scaler, opt));
+      scaler->update();
+    } else {
+      ddp.step(opt);
+      stepped.push_back(true);
+    }
+    opt.zero_grad();
+    if (s == 3) opt.set_lr(0, opt.lr(0) * 0.5);
+  }
+  return stepped;
+}
+
+bool same_bits(tandem::View<float> a, tandem::View<float> b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+using StateDict = tandem::optim::StateDict<float>;
+
+/// Every tensor and scalar of two state dicts, bit for bit; a failure names the first difference.
+std::string compare(const StateDict& a, const StateDict& b) {
+  if (a.state.size() != b.state.size()) return "state entries differ in number";
+  if (a.param_groups.size() != b.param_groups.size()) return "param groups differ in number";
+  for (std::size_t g = 0; g < a.param_groups.size(); ++g) {
+    if (a.param_groups[g].options != b.param_groups[g].options ||
+        a.param_groups[g].step != b.param_groups[g].step ||
+        a.param_groups[g].params != b.param_groups[g].params) {
+      return "param group " + std::to_string(g) + " differs";
+    }
+  }
+  for (const auto& [index, entry] : a.state) {
+    auto other = b.state.find(index);
+    if (other == b.state.end()) return "no state " + std::to_string(index);
+    if (entry.scalars != other->second.scalars) return "scalars of " + std::to_string(index);
+    if (entry.tensors.size() != other->second.tensors.size()) {
+      return "tensor count of " + std::to_string(index);
+    }
+    for (const auto& [key, tensor] : entry.tensors) {
+      auto t = other->second.tensors.find(key);
+      if (t == other->second.tensors.end()) return key + " missing in " + std::to_string(index);
+      if (t->second.size() != tensor.size() ||
+          std::memcmp(t->second.data(), tensor.data(), tensor.size() * sizeof(float)) != 0) {
+        return key + " of parameter " + std::to_string(index) + " differs";
+      }
+    }
+  }
+  return {};
+}
+
+std::size_t total_over_ranks(LocalComm& comm, std::size_t mine) {
+  std::vector<std::int64_t> value{static_cast<std::int64_t>(mine)};
+  comm.all_reduce(tandem::View<std::int64_t>(value.data(), 1), tandem::ReduceOp::sum);
+  return static_cast<std::size_t>(value[0]);
+}
+
+/// Stage S against plain DDP on n ranks with optimizer `make` and loop `loop`.
+template <class Sharded, class Make>
+void check_against_ddp(int n, Make make, Loop loop, Failures& failures) {
+  tandem::run_local(
+      n,
+      [&](LocalComm& comm) {
+        const int me = comm.rank();
+        tandem::Parameters<float> ref_params;
+        build(ref_params);
+        Plain ref(comm, ref_params);
+        auto ref_opt = make(ref_params);
+        const auto ref_stepped = train(comm, ref_params, ref, ref_opt, loop);
+
+        tandem::Parameters<float> params;
+        build(params);
+        Sharded ddp(comm, params);
+        auto opt = make(params);
+        ddp.shard(opt);
+        const auto stepped = train(comm, params, ddp, opt, loop);
+
+        const std::string where = "stage " + std::to_string(Sharded::shard_stage) + ", " +
+                                  std::to_string(n) + " ranks, rank " + std::to_string(me) + ": ";
+        failures.expect(stepped == ref_stepped, where, "steps taken differ from DDP's");
+        if (loop.scaler) {
+          failures.expect(stepped.size() > 3 && !stepped[3], where,
+                          "the overflow on the last rank did not skip step 3 here");
+        }
+        failures.expect(same_bits(params.values(), ref_params.values()), where,
+                        "parameters differ from DDP's");
+        const std::string state = compare(opt.state_dict(), ref_opt.state_dict());
+        failures.expect(state.empty(), where, "gathered optimizer state: ", state);
+
+        // Memory: the ranks' state adds up to DDP's exactly (no element lost or held twice), and
+        // a rank holds at most one element per bucket beyond 1/N.
+        const std::size_t full = ref_opt.state_bytes();
+        const std::size_t mine = opt.state_bytes();
+        failures.expect(total_over_ranks(comm, mine) == full, where, "state bytes ", mine,
+                        " do not add up to DDP's ", full);
+        const std::size_t most_per_element = 3 * sizeof(float);  // AdamW with amsgrad
+        failures.expect(
+            mine <= full / static_cast<std::size_t>(n) + ddp.buckets().size() * most_per_element,
+            where, "state bytes ", mine, " exceed 1/", n, " of DDP's ", full, " plus one element",
+            " per bucket");
+      },
+      tandem::LocalCommOptions{60s});
+}
+
+}  // namespace
+
+TEST_CASE("shard<1> and shard<2> equal DDP bit for bit: SGD, two groups, no_sync, lr change") {
+  Failures failures;
+  for (int n = 1; n <= 4; ++n) {
+    check_against_ddp<Stage1>(n, make_sgd, {}, failures);
+    check_against_ddp<Stage2>(n, make_sgd, {}, failures);
+  }
+  failures.report();
+}
+
+TEST_CASE("shard<1> and shard<2> equal DDP bit for bit: AdamW and a GradScaler overflow") {
+  Failures failures;
+  for (int n = 1; n <= 4; ++n) {
+    check_against_ddp<Stage1>(n, make_adamw, {.scaler = true}, failures);
+    check_against_ddp<Stage2>(n, make_adamw, {.scaler = true}, failures);
+    check_against_ddp<Stage2>(n, make_adamw, {}, failures);
+  }
+  failures.report();
+}
+
+TEST_CASE("ZeRO misuse is an Error") {
+  Failures failures;
+  tandem::run_local(
+      2,
+      [&](LocalComm& comm) {
+        tandem::Parameters<float> params;
+        build(params);
+        Stage2 ddp(comm, params);
+        auto opt = make_sgd(params);
+        auto error_of = [](auto&& fn) -> std::string {
+          try {
+            fn();
+          } catch (const tandem::Error& e) {
+            return e.what();
+          }
+          return {};
+        };
+        // A full optimizer stepped through the DDP.
+        const std::string unsharded = error_of([&] { ddp.step(opt); });
+        failures.expect(unsharded.find("ddp.shard(opt)") != std::string::npos,
+                        "unsharded step: ", unsharded);
+        // shard<2> with a scaler whose inf check is not agreed across ranks.
+        ddp.shard(opt);
+        tandem::GradScaler<> lonely;
+        (void)lonely.scale(1.0f);
+        const std::string scaler = error_of([&] { ddp.step(lonely, opt); });
+        failures.expect(scaler.find("GradScaler(comm)") != std::string::npos,
+                        "scaler without comm: ", scaler);
+        // Sharding twice, and a sharded optimizer stepped around the DDP.
+        const std::string twice = error_of([&] { ddp.shard(opt); });
+        failures.expect(twice.find("sharded already") != std::string::npos, "twice: ", twice);
+        for (auto& p : params) ddp.grad_ready(p);
+        ddp.finish_gradient_sync();
+        opt.step();  // no all_gather: the ranks' parameters now differ
+        const std::string skipped = error_of([&] { ddp.grad_ready(*params.begin()); });
+        failures.expect(skipped.find("followed by ddp.step(opt)") != std::string::npos,
+                        "skipped gather: ", skipped);
+        ddp.gather_parameters();
+        // Another arena's optimizer.
+        tandem::Parameters<float> other;
+        build(other);
+        auto stranger = make_sgd(other);
+        const std::string arena = error_of([&] { ddp.shard(stranger); });
+        failures.expect(arena.find("another arena") != std::string::npos, "arena: ", arena);
+      },
+      tandem::LocalCommOptions{60s});
+  failures.report();
+}
+
+namespace {
+
+/// One run of `steps` AdamW steps from `first` on n ranks under D, optionally loading `load`
+/// first and saving to `save` after; rank 0's parameters and gathered state at the end.
+struct RunResult {
+  std::vector<float> params;
+  StateDict state;
+};
+
+template <class D>
+RunResult checkpoint_run(int n, int first, int steps, const std::filesystem::path& load,
+                         const std::filesystem::path& save) {
+  RunResult result;
+  std::mutex mutex;
+  tandem::run_local(
+      n,
+      [&](LocalComm& comm) {
+        tandem::Parameters<float> params;
+        build(params);
+        D ddp(comm, params);
+        auto opt = make_adamw(params);
+        ddp.shard(opt);
+        tandem::TrainingState state;
+        state.model(params).optimizer(opt);
+        if (!load.empty()) tandem::load_checkpoint(comm, load, state);
+        train(comm, params, ddp, opt, {.first = first, .steps = steps});
+        if (!save.empty()) tandem::save_checkpoint(comm, save, state);
+        auto dict = opt.state_dict();  // collective under sharding
+        if (comm.rank() == 0) {
+          std::lock_guard lock(mutex);
+          result.params.assign(params.values().begin(), params.values().end());
+          result.state = std::move(dict);
+        }
+      },
+      tandem::LocalCommOptions{60s});
+  return result;
+}
+
+}  // namespace
+
+TEST_CASE("a shard<1> checkpoint is DDP's layout: resumed at 2 ranks exactly, loaded at 3 and 1") {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("tandem-zero-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto file = dir / "zero.safetensors";
+  const auto plain_file = dir / "ddp.safetensors";
+
+  // Three steps at 2 ranks, sharded and not: the two files hold the same state.
+  const auto saved = checkpoint_run<Stage1>(2, 0, 3, {}, file);
+  const auto plain = checkpoint_run<Plain>(2, 0, 3, {}, plain_file);
+  CHECK(saved.params == plain.params);
+  CHECK(compare(saved.state, plain.state).empty());
+
+  // Exact resume at the same world size: 3 + 2 steps equal 5 steps in one run.
+  const auto whole = checkpoint_run<Stage1>(2, 0, 5, {}, {});
+  const auto resumed = checkpoint_run<Stage1>(2, 3, 2, file, {});
+  CHECK(resumed.params == whole.params);
+  CHECK(compare(resumed.state, whole.state).empty());
+
+  // Another world size, sharded or not, reads the sharded run's file as it reads DDP's.
+  const auto at3 = checkpoint_run<Stage1>(3, 3, 0, file, {});
+  CHECK(compare(at3.state, saved.state).empty());
+  const auto at1 = checkpoint_run<Plain>(1, 3, 0, file, {});
+  CHECK(compare(at1.state, saved.state).empty());
+  CHECK(at1.params == saved.params);
+  const auto on3 = checkpoint_run<Stage2>(3, 3, 2, file, {});
+  const auto on3_plain = checkpoint_run<Plain>(3, 3, 2, plain_file, {});
+  CHECK(on3.params == on3_plain.params);
+  CHECK(compare(on3.state, on3_plain.state).empty());
+
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
+}
