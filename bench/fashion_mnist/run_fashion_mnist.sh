@@ -39,7 +39,7 @@ done
 
 PYTHONPATH="$root/bench/common${PYTHONPATH:+:$PYTHONPATH}" "$python" - "$tmp" "$out" "$plot" "$(git -C "$root" rev-parse --short HEAD)" <<'PY'
 import sys, datetime, os
-from training_report import plot_accuracy, read_runs
+from training_report import best_run_summary, plot_accuracy, read_runs, results_table, write_report
 tmp, out, plot, commit = sys.argv[1:5]
 names = {"torch_ddp": "PyTorch DDP, 2 processes (gloo)", "torch_single": "PyTorch, 1 process",
          "tandem_gloo": "tandem, 2 ranks (Gloo)",
@@ -57,21 +57,15 @@ lines = [
     "`--plain`. Seconds are training only (evaluation excluded), on one shared machine: compare "
     "the ratios, not the absolute times. PyTorch holds the data in tensors (no DataLoader), its "
     "fastest CPU variant; under DDP its BatchNorm is per rank (torch's SyncBatchNorm refuses CPU "
-    "tensors), tandem's is synchronised.", "",
-    "| run | s / epoch | test accuracy | epoch time vs PyTorch DDP | vs 1-process PyTorch |",
-    "|---|---:|---:|---:|---:|"]
-for key, label in names.items():
-    lines.append(f"| {label} | {per_epoch[key]:.2f} | {runs[key][-1][1]:.2f} % | "
-                 f"{per_epoch[key] / per_epoch['torch_ddp']:.2f}x | "
-                 f"{per_epoch[key] / per_epoch['torch_single']:.2f}x |")
-lines += ["", f"Best tandem setup: {names[best]}, {per_epoch[best]:.2f} s per epoch: "
-          f"{per_epoch[best] / per_epoch['torch_ddp']:.2f}x PyTorch DDP's epoch time (target <= 0.3x), "
-          f"{per_epoch['torch_single'] / per_epoch[best]:.2f}x as fast as single-process PyTorch "
-          f"(target > 1x); accuracy {runs[best][-1][1]:.2f} % against PyTorch DDP's "
-          f"{runs['torch_ddp'][-1][1]:.2f} % (target within 0.5 points).", "",
-          f"![test accuracy against training time]({os.path.basename(plot)})"]
-open(out, "w").write("\n".join(lines) + "\n")
+    "tensors), tandem's is synchronised.", ""]
+lines += results_table(names, runs, per_epoch, {
+    "epoch time vs PyTorch DDP": lambda key: per_epoch[key] / per_epoch["torch_ddp"],
+    "vs 1-process PyTorch": lambda key: per_epoch[key] / per_epoch["torch_single"]})
+single = per_epoch["torch_single"] / per_epoch[best]
+lines += ["", best_run_summary(names, runs, per_epoch, best, 0.3,
+                               f", {single:.2f}x as fast as single-process PyTorch (target > 1x)"),
+          "", f"![test accuracy against training time]({os.path.basename(plot)})"]
+write_report(out, lines)
 plot_accuracy(runs, names, plot, "seconds of training (2-core VM)",
               "Fashion-MNIST, 3 epochs, batch 64 per rank")
-print(open(out).read())
 PY

@@ -60,8 +60,10 @@ for v in "${torch_variants[@]}"; do
   grep "^EPOCH" "$tmp/torch_$v.log" | awk '{print $2, $3, $4 * 100}' >"$tmp/torch_$v.epochs"
 done
 
-"$python" - "$tmp" "$out" "$(git -C "$root" rev-parse --short HEAD)" "$gpu" <<'PY'
+PYTHONPATH="$root/bench/common${PYTHONPATH:+:$PYTHONPATH}" "$python" - "$tmp" "$out" \
+  "$(git -C "$root" rev-parse --short HEAD)" "$gpu" <<'PY'
 import datetime, os, sys
+from training_report import read_runs, results_table, write_report
 tmp, out, commit, gpu = sys.argv[1:5]
 names = {"torch_loader": "PyTorch, DataLoader (2 workers, pin_memory), fp32",
          "torch_loader_amp": "PyTorch, DataLoader, AMP (fp16 autocast + GradScaler)",
@@ -70,16 +72,7 @@ names = {"torch_loader": "PyTorch, DataLoader (2 workers, pin_memory), fp32",
          "tandem_fp16_loader": "tandem, O2 fp16 + GradScaler, Loader (cuda_delivery)",
          "tandem_fp16_resident": "tandem, O2 fp16 + GradScaler, data resident (--resident)",
          "tandem_fp32_resident": "tandem, fp32, data resident"}
-runs = {}
-for key, label in names.items():
-    rows = [line.split() for line in open(os.path.join(tmp, key + ".epochs")) if line.strip()]
-    if len(rows) != 3:
-        sys.exit(f"FAILED: {label} reported {len(rows)} epochs, not 3")
-    runs[key] = [(float(r[1]), float(r[2])) for r in rows]  # (seconds so far, accuracy %)
-for key, rows in runs.items():
-    if not all(seconds > 0 for seconds, _ in rows) or rows[-1][1] < 80.0:
-        sys.exit(f"FAILED: {names[key]} did not train (final accuracy {rows[-1][1]} %)")
-per_epoch = {k: v[-1][0] / len(v) for k, v in runs.items()}
+runs, per_epoch = read_runs(tmp, names, 80.0, epochs=3)
 torch_keys = [k for k in names if k.startswith("torch_")]
 tandem_keys = [k for k in names if k.startswith("tandem_")]
 fastest_torch = min(torch_keys, key=per_epoch.get)
@@ -91,17 +84,13 @@ lines = [
     "784-256-BatchNorm-ReLU-10, nn.Linear's initialisation distribution, SGD lr 0.1 momentum 0.9, "
     "batch 64, 3 epochs, the same DistributedSampler order (seed 0); tandem with `--plain`. "
     "Seconds are training only (evaluation excluded; the GPU synchronised before each epoch's "
-    "clock is read), the first epoch included for every run.", "",
-    "| run | s / epoch | test accuracy | speed-up over PyTorch's fastest |",
-    "|---|---:|---:|---:|"]
-for key, label in names.items():
-    lines.append(f"| {label} | {per_epoch[key]:.3f} | {runs[key][-1][1]:.2f} % | "
-                 f"{per_epoch[fastest_torch] / per_epoch[key]:.2f}x |")
+    "clock is read), the first epoch included for every run.", ""]
+lines += results_table(names, runs, per_epoch, {
+    "speed-up over PyTorch's fastest": lambda key: per_epoch[fastest_torch] / per_epoch[key]},
+    digits=3)
 lines += ["", f"PyTorch's fastest: {names[fastest_torch]}, {per_epoch[fastest_torch]:.3f} s per "
           f"epoch. tandem's fastest: {names[best]}, {per_epoch[best]:.3f} s per epoch: "
           f"{per_epoch[fastest_torch] / per_epoch[best]:.2f}x faster (target >= 5x), accuracy "
           f"{runs[best][-1][1]:.2f} % against {runs[fastest_torch][-1][1]:.2f} %."]
-os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-open(out, "w").write("\n".join(lines) + "\n")
-print(open(out).read())
+write_report(out, lines)
 PY

@@ -50,15 +50,13 @@ load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 PYTHONPATH="$root/bench/common${PYTHONPATH:+:$PYTHONPATH}" "$python" - "$tmp" "$out" "$plot" "$(git -C "$root" rev-parse --short HEAD)" "$epochs" \
   "$load_before" "$load_after" <<'PY'
 import sys, datetime, os
-from training_report import plot_accuracy, read_runs
+from training_report import best_run_summary, plot_accuracy, read_runs, results_table, write_report
 tmp, out, plot, commit, epochs, load_before, load_after = sys.argv[1:8]
 names = {"torch_ddp": "PyTorch DDP, 2 processes (gloo)", "tandem_gloo": "tandem, 2 ranks (Gloo)",
          "tandem_mpi": "tandem, 2 ranks (MPI)", "tandem_local": "tandem, 2 ranks (threads)"}
 runs, per_epoch = read_runs(tmp, names, 70.0)
 tandems = ("tandem_gloo", "tandem_mpi", "tandem_local")
 best = min(tandems, key=per_epoch.get)
-ratio = per_epoch[best] / per_epoch["torch_ddp"]
-gap = runs[best][-1][1] - runs["torch_ddp"][-1][1]
 lines = [
     "# libtorch ResNet: tandem's DDP beside PyTorch DDP, same model and recipe", "",
     f"Run {datetime.date.today()} on the 2-core development VM (Debian 12, libtorch 1.13.1 on both "
@@ -75,20 +73,12 @@ lines = [
     "Loader (one worker thread).", "",
     f"Load average (1, 5, 15 min) before the runs: {load_before}; after: {load_after}. Other "
     "builds shared the two cores during the run, so absolute seconds are inflated and noisy: "
-    "compare the ratios.", "",
-    "| run | s / epoch | test accuracy | epoch time vs PyTorch DDP |",
-    "|---|---:|---:|---:|"]
-for key, label in names.items():
-    lines.append(f"| {label} | {per_epoch[key]:.2f} | {runs[key][-1][1]:.2f} % | "
-                 f"{per_epoch[key] / per_epoch['torch_ddp']:.2f}x |")
-lines += ["", f"Best tandem backend: {names[best]}, {per_epoch[best]:.2f} s per epoch: "
-          f"{ratio:.2f}x PyTorch DDP's epoch time (target <= 0.7x: "
-          f"{'met' if ratio <= 0.7 else 'not met'}); accuracy {runs[best][-1][1]:.2f} % against "
-          f"PyTorch DDP's {runs['torch_ddp'][-1][1]:.2f} % ({gap:+.2f} points; target within 0.5: "
-          f"{'met' if abs(gap) <= 0.5 else 'not met'}).", "",
+    "compare the ratios.", ""]
+lines += results_table(names, runs, per_epoch, {
+    "epoch time vs PyTorch DDP": lambda key: per_epoch[key] / per_epoch["torch_ddp"]})
+lines += ["", best_run_summary(names, runs, per_epoch, best, 0.7), "",
           "![test accuracy against training time](torch-resnet.png)"]
-open(out, "w").write("\n".join(lines) + "\n")
+write_report(out, lines)
 plot_accuracy(runs, names, plot, "seconds of training (2-core VM, shared)",
               f"libtorch ResNet on Fashion-MNIST, {epochs} epochs, batch 64 per rank")
-print(open(out).read())
 PY
