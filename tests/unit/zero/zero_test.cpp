@@ -2,14 +2,24 @@
 // parameters and optimizer state as plain DDP bit for bit, with two param groups, an LR change,
 // no_sync accumulation and a GradScaler overflow on one rank; state memory 1/N of DDP's; misuse
 // errors; consolidated checkpoints loaded at other world sizes, with and without sharding.
+// Built with Gloo (TANDEM_TEST_GLOO) and started by tandemrun (ctest zero_gloo_np3, WORLD_SIZE
+// set), the same comparison runs on GlooComm processes, on groups of 1 .. WORLD_SIZE ranks split
+// off the job, and nothing else.
 //
 // Bit for bit: LocalComm's reduce_scatter and all_reduce add the ranks' inputs in rank order, so
 // a shard<2> gradient equals the DDP one; the optimizers update each element on its own, so
-// stepping only a rank's parts gives the same bits; all_gather copies.
+// stepping only a rank's parts gives the same bits; all_gather copies. GlooComm reduce-scatters
+// by all-reducing the N * (count / N) elements of a bucket's equal parts, where DDP all-reduces
+// the whole bucket: Gloo's ring cuts the two buffers into different chunks, so from 3 ranks on
+// an element's three addends may be added in another order (2 ranks: a + b == b + a exactly).
+// There shard<2> is compared within 1e-5 (absolute, on parameters of magnitude below 1 after 5
+// steps of lr <= 0.1: a few float roundings of the gradient carried through the updates), and
+// shard<1> (the same all_reduce as DDP) still bit for bit.
 #include <doctest/doctest.h>
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -22,6 +32,7 @@
 #include <unistd.h>
 
 #include "support/collective_suite.hpp"
+#include "support/runners.hpp"
 #include "tandem/amp/grad_scaler.hpp"
 #include "tandem/arena/parameters.hpp"
 #include "tandem/comm/local/local.hpp"
@@ -29,6 +40,10 @@
 #include "tandem/io/checkpoint.hpp"
 #include "tandem/optim/adamw.hpp"
 #include "tandem/optim/sgd.hpp"
+#if defined(TANDEM_TEST_GLOO)
+#include "tandem/comm/gloo/gloo.hpp"
+#include "tandem/comm/init.hpp"
+#endif
 
 namespace {
 
@@ -38,12 +53,20 @@ using tandem::test::Failures;
 
 // Small buckets (16 and 7 floats) so that the 37-element arena has several, most of them not
 // dividing by 2, 3 or 4 ranks.
-template <class... Policies>
-using Ddp = tandem::DistributedDataParallel<LocalComm, tandem::bucket_cap<64>,
-                                            tandem::first_bucket_cap<28>, Policies...>;
-using Plain = Ddp<>;
-using Stage1 = Ddp<tandem::shard<1>>;
-using Stage2 = Ddp<tandem::shard<2>>;
+template <class Comm, class... Policies>
+using DdpOn = tandem::DistributedDataParallel<Comm, tandem::bucket_cap<64>,
+                                              tandem::first_bucket_cap<28>, Policies...>;
+template <class Comm, int Stage>
+struct StageOn {
+  using type = DdpOn<Comm, tandem::shard<Stage>>;
+};
+template <class Comm>
+struct StageOn<Comm, 0> {
+  using type = DdpOn<Comm>;
+};
+using Plain = DdpOn<LocalComm>;
+using Stage1 = DdpOn<LocalComm, tandem::shard<1>>;
+using Stage2 = DdpOn<LocalComm, tandem::shard<2>>;
 
 void build(tandem::Parameters<float>& params) {
   params.add("layer1.weight", {7});
@@ -81,9 +104,8 @@ struct Loop {
 /// A synthetic backward: each rank's gradients depend on its rank, the step and the micro-batch;
 /// step 2 accumulates two micro-batches under no_sync(); step 3 halves group 0's lr afterwards.
 /// Returns, per step, whether the optimizer stepped.
-template <class D, class O>
-std::vector<bool> train(LocalComm& comm, tandem::Parameters<float>& params, D& ddp, O& opt,
-                        Loop loop) {
+template <class Comm, class D, class O>
+std::vector<bool> train(Comm& comm, tandem::Parameters<float>& params, D& ddp, O& opt, Loop loop) {
   std::optional<tandem::GradScaler<>> scaler;
   if (loop.scaler) scaler.emplace(comm, tandem::GradScalerOptions{.init_scale = 1024.0});
   std::vector<bool> stepped;
@@ -123,14 +145,21 @@ std::vector<bool> train(LocalComm& comm, tandem::Parameters<float>& params, D& d
   return stepped;
 }
 
-bool same_bits(tandem::View<float> a, tandem::View<float> b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+/// Whether a and b agree within `tolerance` (0: bit for bit).
+bool agree(tandem::View<float> a, tandem::View<float> b, float tolerance) {
+  if (a.size() != b.size()) return false;
+  if (tolerance == 0) return std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (!(std::fabs(a[i] - b[i]) <= tolerance)) return false;
+  }
+  return true;
 }
 
 using StateDict = tandem::optim::StateDict<float>;
 
-/// Every tensor and scalar of two state dicts, bit for bit; a failure names the first difference.
-std::string compare(const StateDict& a, const StateDict& b) {
+/// Every tensor and scalar of two state dicts, bit for bit (tensors within `tolerance` when it is
+/// not 0); a failure names the first difference.
+std::string compare(const StateDict& a, const StateDict& b, float tolerance = 0) {
   if (a.state.size() != b.state.size()) return "state entries differ in number";
   if (a.param_groups.size() != b.param_groups.size()) return "param groups differ in number";
   for (std::size_t g = 0; g < a.param_groups.size(); ++g) {
@@ -150,8 +179,9 @@ std::string compare(const StateDict& a, const StateDict& b) {
     for (const auto& [key, tensor] : entry.tensors) {
       auto t = other->second.tensors.find(key);
       if (t == other->second.tensors.end()) return key + " missing in " + std::to_string(index);
-      if (t->second.size() != tensor.size() ||
-          std::memcmp(t->second.data(), tensor.data(), tensor.size() * sizeof(float)) != 0) {
+      if (!agree(tandem::View<float>(const_cast<float*>(t->second.data()), t->second.size()),
+                 tandem::View<float>(const_cast<float*>(tensor.data()), tensor.size()),
+                 tolerance)) {
         return key + " of parameter " + std::to_string(index) + " differs";
       }
     }
@@ -159,81 +189,120 @@ std::string compare(const StateDict& a, const StateDict& b) {
   return {};
 }
 
-std::size_t total_over_ranks(LocalComm& comm, std::size_t mine) {
+template <class Comm>
+std::size_t total_over_ranks(Comm& comm, std::size_t mine) {
   std::vector<std::int64_t> value{static_cast<std::int64_t>(mine)};
   comm.all_reduce(tandem::View<std::int64_t>(value.data(), 1), tandem::ReduceOp::sum);
   return static_cast<std::size_t>(value[0]);
 }
 
-/// Stage S against plain DDP on n ranks with optimizer `make` and loop `loop`.
-template <class Sharded, class Make>
-void check_against_ddp(int n, Make make, Loop loop, Failures& failures) {
-  tandem::run_local(
-      n,
-      [&](LocalComm& comm) {
-        const int me = comm.rank();
-        tandem::Parameters<float> ref_params;
-        build(ref_params);
-        Plain ref(comm, ref_params);
-        auto ref_opt = make(ref_params);
-        const auto ref_stepped = train(comm, ref_params, ref, ref_opt, loop);
+/// Stage `Stage` against plain DDP on n ranks of `run` with optimizer `make` and loop `loop`,
+/// the parameters and gathered state within `tolerance` (0: bit for bit).
+template <class Comm, int Stage, class Run, class Make>
+void check_against_ddp(Run& run, int n, Make make, Loop loop, Failures& failures,
+                       float tolerance = 0) {
+  using Sharded = typename StageOn<Comm, Stage>::type;
+  run(n, [&](Comm& comm) {
+    const int me = comm.rank();
+    tandem::Parameters<float> ref_params;
+    build(ref_params);
+    DdpOn<Comm> ref(comm, ref_params);
+    auto ref_opt = make(ref_params);
+    const auto ref_stepped = train(comm, ref_params, ref, ref_opt, loop);
 
-        tandem::Parameters<float> params;
-        build(params);
-        Sharded ddp(comm, params);
-        auto opt = make(params);
-        ddp.shard(opt);
-        const auto stepped = train(comm, params, ddp, opt, loop);
+    tandem::Parameters<float> params;
+    build(params);
+    Sharded ddp(comm, params);
+    auto opt = make(params);
+    ddp.shard(opt);
+    const auto stepped = train(comm, params, ddp, opt, loop);
 
-        const std::string where = "stage " + std::to_string(Sharded::shard_stage) + ", " +
-                                  std::to_string(n) + " ranks, rank " + std::to_string(me) + ": ";
-        failures.expect(stepped == ref_stepped, where, "steps taken differ from DDP's");
-        if (loop.scaler) {
-          failures.expect(stepped.size() > 3 && !stepped[3], where,
-                          "the overflow on the last rank did not skip step 3 here");
-        }
-        failures.expect(same_bits(params.values(), ref_params.values()), where,
-                        "parameters differ from DDP's");
-        const std::string state = compare(opt.state_dict(), ref_opt.state_dict());
-        failures.expect(state.empty(), where, "gathered optimizer state: ", state);
+    const std::string where = "stage " + std::to_string(Sharded::shard_stage) + ", " +
+                              std::to_string(n) + " ranks, rank " + std::to_string(me) + ": ";
+    failures.expect(stepped == ref_stepped, where, "steps taken differ from DDP's");
+    if (loop.scaler) {
+      failures.expect(stepped.size() > 3 && !stepped[3], where,
+                      "the overflow on the last rank did not skip step 3 here");
+    }
+    failures.expect(agree(params.values(), ref_params.values(), tolerance), where,
+                    "parameters differ from DDP's");
+    const std::string state = compare(opt.state_dict(), ref_opt.state_dict(), tolerance);
+    failures.expect(state.empty(), where, "gathered optimizer state: ", state);
 
-        // Memory: the ranks' state adds up to DDP's exactly (no element lost or held twice), and
-        // a rank holds at most one element per bucket beyond 1/N.
-        const std::size_t full = ref_opt.state_bytes();
-        const std::size_t mine = opt.state_bytes();
-        failures.expect(total_over_ranks(comm, mine) == full, where, "state bytes ", mine,
-                        " do not add up to DDP's ", full);
-        const std::size_t most_per_element = 3 * sizeof(float);  // AdamW with amsgrad
-        failures.expect(
-            mine <= full / static_cast<std::size_t>(n) + ddp.buckets().size() * most_per_element,
-            where, "state bytes ", mine, " exceed 1/", n, " of DDP's ", full, " plus one element",
-            " per bucket");
-      },
-      tandem::LocalCommOptions{60s});
+    // Memory: the ranks' state adds up to DDP's exactly (no element lost or held twice), and
+    // a rank holds at most one element per bucket beyond 1/N.
+    const std::size_t full = ref_opt.state_bytes();
+    const std::size_t mine = opt.state_bytes();
+    failures.expect(total_over_ranks(comm, mine) == full, where, "state bytes ", mine,
+                    " do not add up to DDP's ", full);
+    const std::size_t most_per_element = 3 * sizeof(float);  // AdamW with amsgrad
+    failures.expect(
+        mine <= full / static_cast<std::size_t>(n) + ddp.buckets().size() * most_per_element, where,
+        "state bytes ", mine, " exceed 1/", n, " of DDP's ", full, " plus one element",
+        " per bucket");
+  });
 }
+
+#if defined(TANDEM_TEST_GLOO)
+/// This process's rank of the tandemrun job, or nullptr when it runs alone.
+tandem::GlooComm* job() {
+  static std::optional<tandem::GlooComm> comm = []() -> std::optional<tandem::GlooComm> {
+    if (!std::getenv("WORLD_SIZE")) return std::nullopt;
+    return tandem::init_process_group<tandem::GlooComm>();
+  }();
+  return comm ? &*comm : nullptr;
+}
+#else
+void* job() {
+  return nullptr;
+}
+#endif
 
 }  // namespace
 
+#if defined(TANDEM_TEST_GLOO)
+TEST_CASE("shard<1> and shard<2> equal DDP on GlooComm processes (tandemrun)") {
+  auto* comm = job();
+  if (comm == nullptr) return;  // alone: the LocalComm cases below
+  tandem::test::SplitRunner<tandem::GlooComm> run{comm};
+  Failures failures;
+  for (int n = 1; n <= comm->size(); ++n) {
+    const float stage2_tolerance = n <= 2 ? 0.0f : 1e-5f;
+    check_against_ddp<tandem::GlooComm, 1>(run, n, make_sgd, {}, failures);
+    check_against_ddp<tandem::GlooComm, 2>(run, n, make_sgd, {}, failures, stage2_tolerance);
+    check_against_ddp<tandem::GlooComm, 1>(run, n, make_adamw, {.scaler = true}, failures);
+    check_against_ddp<tandem::GlooComm, 2>(run, n, make_adamw, {.scaler = true}, failures,
+                                           stage2_tolerance);
+  }
+  failures.report();
+}
+#endif
+
 TEST_CASE("shard<1> and shard<2> equal DDP bit for bit: SGD, two groups, no_sync, lr change") {
+  if (job() != nullptr) return;  // under tandemrun: the GlooComm case only
+  tandem::test::LocalRunner run;
   Failures failures;
   for (int n = 1; n <= 4; ++n) {
-    check_against_ddp<Stage1>(n, make_sgd, {}, failures);
-    check_against_ddp<Stage2>(n, make_sgd, {}, failures);
+    check_against_ddp<LocalComm, 1>(run, n, make_sgd, {}, failures);
+    check_against_ddp<LocalComm, 2>(run, n, make_sgd, {}, failures);
   }
   failures.report();
 }
 
 TEST_CASE("shard<1> and shard<2> equal DDP bit for bit: AdamW and a GradScaler overflow") {
+  if (job() != nullptr) return;
+  tandem::test::LocalRunner run;
   Failures failures;
   for (int n = 1; n <= 4; ++n) {
-    check_against_ddp<Stage1>(n, make_adamw, {.scaler = true}, failures);
-    check_against_ddp<Stage2>(n, make_adamw, {.scaler = true}, failures);
-    check_against_ddp<Stage2>(n, make_adamw, {}, failures);
+    check_against_ddp<LocalComm, 1>(run, n, make_adamw, {.scaler = true}, failures);
+    check_against_ddp<LocalComm, 2>(run, n, make_adamw, {.scaler = true}, failures);
+    check_against_ddp<LocalComm, 2>(run, n, make_adamw, {}, failures);
   }
   failures.report();
 }
 
 TEST_CASE("ZeRO misuse is an Error") {
+  if (job() != nullptr) return;
   Failures failures;
   tandem::run_local(
       2,
@@ -323,6 +392,7 @@ RunResult checkpoint_run(int n, int first, int steps, const std::filesystem::pat
 }  // namespace
 
 TEST_CASE("a shard<1> checkpoint is DDP's layout: resumed at 2 ranks exactly, loaded at 3 and 1") {
+  if (job() != nullptr) return;
   const auto dir =
       std::filesystem::temp_directory_path() / ("tandem-zero-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
