@@ -15,6 +15,8 @@
 // Flags: --epochs E --batch-size B (per rank) --lr LR --seed S --data DIR --checkpoint-dir DIR
 //        --resume --timeout SECONDS --workers W --tensorboard DIR --max-steps N --wide
 //        --plain (the benchmark's recipe: one constant learning rate for all, no EMA)
+//        --zero 1|2 (ZeRO: the SGD momentum sharded across ranks; 2 also reduce-scatters the
+//        gradients; docs/zero.md)
 #include <cblas.h>
 #include <signal.h>
 
@@ -202,16 +204,27 @@ double evaluate(Comm& comm, Mlp<Comm>& model, const tandem::FashionMNIST& test) 
   return double(totals[0]) / double(totals[1]);
 }
 
-/// One rank's whole run. Returns the final test accuracy.
-template <tandem::Communicator Comm>
+/// DDP with overlap, and with --zero Stage the shard<Stage> policy.
+template <class Comm, int Stage>
+struct DdpFor {
+  using type = tandem::DistributedDataParallel<Comm, tandem::overlap, tandem::shard<Stage>>;
+};
+template <class Comm>
+struct DdpFor<Comm, 0> {
+  using type = tandem::DistributedDataParallel<Comm, tandem::overlap>;
+};
+
+/// One rank's whole run under ZeRO stage Stage (0: plain DDP). Returns the final test accuracy.
+template <int Stage, tandem::Communicator Comm>
 double train(Comm& comm, const Settings& settings) {
   const tandem::FashionMNIST train_set(tandem::split::train, settings.data);
   const tandem::FashionMNIST test_set(tandem::split::test, settings.data);
   Mlp<Comm> model(comm, fashion_mnist::hidden_width(settings), settings.seed);
-  tandem::DistributedDataParallel<Comm, tandem::overlap> ddp(comm, model.params());
+  typename DdpFor<Comm, Stage>::type ddp(comm, model.params());
 
   const auto groups = fashion_mnist::sgd_groups(settings);
   tandem::optim::SGD optimizer(model.params(), std::span(groups));
+  ddp.shard(optimizer);  // --zero: momentum for this rank's parts only (before a resume loads it)
   tandem::DistributedSampler sampler(train_set.size(), comm,
                                      {.shuffle = true, .seed = settings.seed});
   auto batches = sampler | tandem::views::batches(settings.batch_size);
@@ -255,7 +268,7 @@ double train(Comm& comm, const Settings& settings) {
       const double loss = model.loss_and_backward(images.data(), labels.data(), batch.size(),
                                                   [&](auto& param) { ddp.grad_ready(param); });
       ddp.finish_gradient_sync();
-      optimizer.step();
+      ddp.step(optimizer);  // optimizer.step(); with --zero, then the parameters' all_gather
       schedule.step();
       if (!settings.plain) ema.update();
       ++batches_done;
@@ -296,8 +309,16 @@ int main(int argc, char** argv) {
   // run_main prints an exception that ends the run and writes torchrun's error file.
   return tandem::run_main([&]() -> int {
     const auto accuracy =
-        examples::run_cpu_backend(settings->backend, settings->ranks, timeout,
-                                  [&](auto& comm) { return train(comm, *settings); });
+        examples::run_cpu_backend(settings->backend, settings->ranks, timeout, [&](auto& comm) {
+          switch (settings->zero) {
+            case 1:
+              return train<1>(comm, *settings);
+            case 2:
+              return train<2>(comm, *settings);
+            default:
+              return train<0>(comm, *settings);
+          }
+        });
     if (!accuracy) {
       std::fprintf(stderr, "fashion_mnist: backend '%s' is not built in\n",
                    settings->backend.c_str());

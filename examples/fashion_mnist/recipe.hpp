@@ -32,6 +32,7 @@ enum class program { cpu, gpu };
 struct Settings : examples::RunSettings {
   bool wide = false;
   bool plain = false;  // the benchmark's recipe: one constant lr, no EMA
+  int zero = 0;  // CPU only: ZeRO stage (DistributedDataParallel's shard<1>, shard<2>), 0: none
   // GPU only:
   std::string precision = "fp16";  // compute copies of the weights: fp16 (O2), bf16 (O2), fp32
   bool resident = false;           // the whole data set on the GPU, no Loader
@@ -100,7 +101,7 @@ inline int usage(program which) {
                  "usage: fashion_mnist [--backend gloo|shm|mpi|local] [--ranks N] [--epochs E]\n"
                  "  [--batch-size B] [--lr LR] [--seed S] [--data DIR] [--checkpoint-dir DIR]\n"
                  "  [--resume] [--timeout SECONDS] [--workers W] [--tensorboard DIR]\n"
-                 "  [--max-steps N] [--wide] [--plain]\n"
+                 "  [--max-steps N] [--wide] [--plain] [--zero 1|2]\n"
                  "  default backend: gloo under a launcher (WORLD_SIZE set), else local\n");
   } else {
     std::fprintf(stderr,
@@ -147,7 +148,11 @@ inline std::optional<Settings> parse(int argc, char** argv, program which) {
       s.checkpoint_dir = argv[++i];
     else if (arg == "--tensorboard")
       s.tensorboard = argv[++i];
-    else if (gpu && arg == "--precision") {
+    else if (!gpu && arg == "--zero") {
+      const auto stage = number(0, 2);
+      if (!stage) return std::nullopt;
+      s.zero = static_cast<int>(*stage);
+    } else if (gpu && arg == "--precision") {
       s.precision = argv[++i];
       if (s.precision != "fp16" && s.precision != "bf16" && s.precision != "fp32")
         return std::nullopt;
