@@ -49,6 +49,12 @@
 // size n is a power of two (whatever the scale: only an exact factor moves), and otherwise
 // within 4n float roundings of the mean's magnitude (4n * 2^-24 * sum|g| / (n * scale)); a sum
 // of scaled gradients past float's range is an inf that the scaler skips and backs off from.
+//
+// ZeRO (policies shard<1> and shard<2>, docs/zero.md): ddp.shard(opt) gives the optimizer only
+// this rank's parts of every bucket (tandem/ddp/shards.hpp); after finish_gradient_sync(),
+// ddp.step(opt) or ddp.step(scaler, opt) steps it and all-gathers the parameters. Under shard<2>
+// each bucket is reduce-scattered instead of all-reduced: afterwards a rank's own parts hold the
+// reduced gradients, and its other elements still its own local (unreduced) gradients.
 #pragma once
 
 #include <algorithm>
