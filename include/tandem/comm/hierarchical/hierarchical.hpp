@@ -1,0 +1,501 @@
+// tandem/comm/hierarchical/hierarchical.hpp - tandem::HierarchicalComm<Intra, Inter>, the
+// Communicator of a job across nodes whose ranks meet within a node over Intra (shared memory:
+// ShmComm) and between nodes over Inter (a network engine: GlooComm), the way NCCL, oneCCL and MPI
+// keep a node's traffic off the network.
+//   using Comm = tandem::HierarchicalComm<tandem::ShmComm, tandem::GlooComm>;
+//   auto comm = tandem::init_process_group<Comm>();   // under tandemrun / torchrun, any nodes
+// Needs: the two backends' headers and components (for ShmComm + GlooComm: tandem::shm and
+// tandem::gloo); this header includes neither.
+//
+// Design (docs/shm.md has the reasons):
+// - Nodes come from the World: ranks with the same node_rank (tandemrun's GROUP_RANK) form a
+//   node. At rendezvous each rank publishes its node_rank in the job's store; each node makes an
+//   Intra group of its ranks (in job-rank order) in a store prefix of its own, and, where there
+//   is more than one node, the job makes an Inter group of all ranks, from which the first rank
+//   of each node (its leader) splits a leaders' group (one rank per node, in node order).
+// - all_reduce, reduce and broadcast go hierarchically: an Intra reduce to the node's leader, the
+//   leaders' Inter all_reduce (reduce: to the root's node; broadcast: from it), an Intra
+//   broadcast from the leader (reduce: an Intra send to the root). avg is a sum whose division
+//   by the job's size comes last, on the leader. These are the operations DDP's buckets, metrics
+//   and checkpoints use; a node's ranks send one copy of the data over the network, not one each.
+// - Reduction order: each node's ranks are combined by Intra (ShmComm: in local rank order,
+//   LocalComm's code), then the nodes' partial results by Inter (GlooComm: gloo's ring order).
+//   Deterministic for a given job layout, and every rank gets the same bits (the leaders' result
+//   is broadcast). It differs from LocalComm's rank order in the last bits of floating point.
+// - The other operations (all_gather, gather, scatter, reduce_scatter, all_to_all, send, recv,
+//   barrier) go over the Inter group of all ranks: their data is per rank, so a node's share
+//   does not shrink on the way, and staging it through a leader would add a copy, not save one.
+// - On one node (every rank's node_rank the same) no Inter group is made at all: every operation
+//   is the Intra group's, so the job runs at ShmComm's speed. Likewise a group made by split or
+//   new_group whose ranks sit on one node.
+// - `_async` operations run in issue order on a worker thread of this communicator (as on every
+//   backend), which calls the two groups' sync operations; the tensors must stay alive and
+//   untouched until the Work completes.
+// - split and new_group: the Inter group of all ranks is split, the Intra groups are split with
+//   the same colour (keyed by the new rank, so node order is kept), and the new group's leaders
+//   are split from its Inter group.
+// - Failures: either level's tandem::Error (a dead or stopped peer, a timeout) is raised again
+//   naming this rank, the operation, the level and how that group's ranks map to the job's. The
+//   rank then closes both levels (its Intra segment and Inter connections), so that the ranks
+//   waiting for it at either level fail promptly too instead of waiting for their timeout; the
+//   communicator is unusable after a failure, and every later call raises at once.
+// - Disagreeing calls (a mismatch) are caught within each level where that backend checks, but a
+//   mismatch between nodes may surface as a failure of the other level; the group is then
+//   unusable (detects_mismatched_collectives is false for it).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tandem/comm/communicator.hpp"
+#include "tandem/comm/detail/frontend.hpp"
+#include "tandem/comm/detail/issue_order.hpp"
+#include "tandem/comm/detail/reduction.hpp"
+#include "tandem/comm/init.hpp"
+#include "tandem/core/error.hpp"
+#include "tandem/core/timeout.hpp"
+#include "tandem/core/world.hpp"
+#include "tandem/rendezvous/store.hpp"
+#include "tandem/tensor/memory.hpp"
+
+namespace tandem {
+
+/// How a HierarchicalComm behaves: `timeout` bounds every wait on both levels (it replaces the
+/// timeouts in `intra` and `inter`); the rest of each level's options pass through.
+template <class IntraOptions, class InterOptions>
+struct HierarchicalCommOptions {
+  /// How long any wait (rendezvous, collective, send, recv) lasts before it raises tandem::Error.
+  Timeout timeout = default_timeout;
+  /// The options of each node's group (ShmComm: ShmCommOptions).
+  IntraOptions intra{};
+  /// The options of the groups between nodes (GlooComm: GlooCommOptions).
+  InterOptions inter{};
+};
+
+namespace detail::hierarchical {
+
+/// "ranks 0, 1 are ranks 2, 3 here": how a sub-group's ranks map to this group's, for messages.
+inline std::string mapping(const std::vector<int>& members) {
+  std::string inner;
+  std::string outer;
+  for (std::size_t i = 0; i < members.size(); ++i) {
+    inner += (i ? ", " : "") + std::to_string(i);
+    outer += (i ? ", " : "") + std::to_string(members[i]);
+  }
+  const bool one = members.size() == 1;
+  return std::string(one ? "its rank " : "its ranks ") + inner +
+         (one ? " is rank " : " are ranks ") + outer + " here";
+}
+
+/// One rank's side of a HierarchicalComm: the two levels and where every rank sits. Heap-allocated
+/// and owned by the communicator, so that `_async` tasks may point at it while it moves.
+/// Operations run one at a time (IssueOrder), so nothing here is locked.
+template <class Intra, class Inter>
+class Engine : public IssueOrder {
+ public:
+  /// `node_of[r]` is rank r's node (0 .. nodes-1, in order of their first rank); the Intra group
+  /// holds this rank's node, in rank order; `inter` (all ranks) is absent on one node.
+  Engine(int rank, std::vector<int> node_of, Intra intra, std::optional<Inter> inter,
+         Timeout timeout)
+      : rank_(rank),
+        size_(static_cast<int>(node_of.size())),
+        node_of_(std::move(node_of)),
+        intra_(std::move(intra)),
+        inter_(std::move(inter)),
+        timeout_(timeout) {
+    nodes_ = node_of_.empty() ? 0 : *std::max_element(node_of_.begin(), node_of_.end()) + 1;
+    node_ = node_of_[static_cast<std::size_t>(rank_)];
+    std::vector<int> seen(static_cast<std::size_t>(nodes_), 0);
+    for (int r = 0; r < size_; ++r) {
+      const int node = node_of_[static_cast<std::size_t>(r)];
+      local_of_.push_back(seen[static_cast<std::size_t>(node)]++);
+      if (node == node_) members_.push_back(r);
+    }
+    const int local = local_of_[static_cast<std::size_t>(rank_)];
+    if (intra_->size() != static_cast<int>(members_.size()) || intra_->rank() != local) {
+      throw Error(rank_, "HierarchicalComm",
+                  "this node's group has rank " + std::to_string(intra_->rank()) + " of " +
+                      std::to_string(intra_->size()) + ", but the node holds " +
+                      std::to_string(members_.size()) + " ranks and this is its rank " +
+                      std::to_string(local) + " (its ranks must be in the job's order)");
+    }
+    if (nodes_ > 1 && (!inter_ || inter_->size() != size_ || inter_->rank() != rank_)) {
+      throw Error(rank_, "HierarchicalComm",
+                  "the group between nodes must hold every rank in this group's order");
+    }
+    if (nodes_ == 1) inter_.reset();  // one node: everything is the node's group
+  }
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+  ~Engine() { stop(); }  // runs what is still queued, while the levels exist
+
+  /// The leaders' group (one rank per node, in node order), split from the group of all ranks.
+  /// Collective over all ranks; nothing on one node. Its errors are the caller's to name (the
+  /// rendezvous or the split that made this group).
+  void make_leaders() {
+    if (nodes_ < 2) return;
+    leaders_ = inter_->split(is_leader() ? 0 : no_color, node_);
+  }
+
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  [[nodiscard]] int size() const noexcept { return size_; }
+  [[nodiscard]] int nodes() const noexcept { return nodes_; }
+  [[nodiscard]] int node() const noexcept { return node_; }
+  [[nodiscard]] Timeout timeout() const noexcept { return timeout_; }
+
+  // --- the algorithms: raw pointers and element counts (frontend.hpp) -------------------------
+
+  template <class T>
+  void all_reduce(const T* in, T* out, std::size_t count, ReduceOp op) {
+    guarded("all_reduce", [&] {
+      if (one_node()) return intra_->all_reduce(span(in, count), span(out, count), op);
+      copy_elements(in, count, out);
+      const ReduceOp partial = op == ReduceOp::avg ? ReduceOp::sum : op;
+      level_ = Level::node;
+      intra_->reduce(span(out, count), 0, partial);
+      if (is_leader()) {
+        level_ = Level::leaders;
+        leaders_->all_reduce(span(out, count), partial);
+        if (op == ReduceOp::avg) divide(out, count, size_);
+      }
+      level_ = Level::node;
+      intra_->broadcast(span(out, count), 0);
+    });
+  }
+
+  template <class T>
+  void reduce(T* buffer, std::size_t count, int root, ReduceOp op) {
+    guarded("reduce", [&] {
+      const int root_local = local_of_[static_cast<std::size_t>(root)];
+      if (one_node()) return intra_->reduce(span(buffer, count), root_local, op);
+      const int root_node = node_of_[static_cast<std::size_t>(root)];
+      const ReduceOp partial = op == ReduceOp::avg ? ReduceOp::sum : op;
+      // The leader reduces into a copy: its own buffer changes only where it is the root.
+      std::vector<T> node_sum;
+      if (is_leader()) node_sum.assign(buffer, buffer + count);
+      T* mine = is_leader() ? node_sum.data() : buffer;
+      level_ = Level::node;
+      intra_->reduce(span(mine, count), 0, partial);
+      if (is_leader()) {
+        level_ = Level::leaders;
+        leaders_->reduce(span(mine, count), root_node, partial);
+        if (node_ == root_node && op == ReduceOp::avg) divide(mine, count, size_);
+      }
+      if (node_ != root_node) return;
+      level_ = Level::node;
+      if (root_local == 0) {
+        copy_elements(mine, count, buffer);
+      } else if (is_leader()) {
+        intra_->send(std::span<const T>(mine, count), root_local, 0);
+      } else if (rank_ == root) {
+        intra_->recv(span(buffer, count), 0, 0);
+      }
+    });
+  }
+
+  template <class T>
+  void broadcast(T* buffer, std::size_t count, int root) {
+    guarded("broadcast", [&] {
+      const int root_local = local_of_[static_cast<std::size_t>(root)];
+      if (one_node()) return intra_->broadcast(span(buffer, count), root_local);
+      const int root_node = node_of_[static_cast<std::size_t>(root)];
+      level_ = Level::node;
+      if (node_ == root_node) intra_->broadcast(span(buffer, count), root_local);
+      if (is_leader()) {
+        level_ = Level::leaders;
+        leaders_->broadcast(span(buffer, count), root_node);
+      }
+      level_ = Level::node;
+      if (node_ != root_node) intra_->broadcast(span(buffer, count), 0);
+    });
+  }
+
+  template <class T>
+  void all_gather(const T* in, T* out, std::size_t count) {
+    const auto n = static_cast<std::size_t>(size_);
+    flat("all_gather", [&](auto& c) { c.all_gather(span(in, count), span(out, n * count)); });
+  }
+
+  template <class T>
+  void gather(const T* in, T* out, std::size_t count, int root) {
+    const std::size_t total = rank_ == root ? static_cast<std::size_t>(size_) * count : 0;
+    flat("gather", [&](auto& c) { c.gather(span(in, count), span(out, total), root); });
+  }
+
+  template <class T>
+  void scatter(const T* in, T* out, std::size_t count, int root) {
+    const std::size_t total = rank_ == root ? static_cast<std::size_t>(size_) * count : 0;
+    flat("scatter", [&](auto& c) { c.scatter(span(in, total), span(out, count), root); });
+  }
+
+  template <class T>
+  void reduce_scatter(const T* in, T* out, std::size_t count, ReduceOp op) {
+    const auto n = static_cast<std::size_t>(size_);
+    flat("reduce_scatter",
+         [&](auto& c) { c.reduce_scatter(span(in, n * count), span(out, count), op); });
+  }
+
+  template <class T>
+  void all_to_all(const T* in, T* out, std::size_t total) {
+    flat("all_to_all", [&](auto& c) { c.all_to_all(span(in, total), span(out, total)); });
+  }
+
+  template <class T>
+  void send(const T* data, std::size_t count, int peer, int tag) {
+    flat("send", [&](auto& c) { c.send(span(data, count), peer, tag); });
+  }
+
+  template <class T>
+  void recv(T* data, std::size_t count, int peer, int tag) {
+    flat("recv", [&](auto& c) { c.recv(span(data, count), peer, tag); });
+  }
+
+  void barrier() {
+    flat("barrier", [&](auto& c) { c.barrier(); });
+  }
+
+  /// This rank's engine of its new group; null for no_color.
+  std::unique_ptr<Engine> split(int color, int key) {
+    std::unique_ptr<Engine> made;
+    guarded("split", [&] {
+      if (one_node()) {
+        level_ = Level::node;
+        auto intra = intra_->split(color, key);
+        if (!intra) return;
+        made = std::make_unique<Engine>(intra->rank(),
+                                        std::vector<int>(static_cast<std::size_t>(intra->size())),
+                                        std::move(*intra), std::nullopt, timeout_);
+        return;
+      }
+      level_ = Level::all;
+      auto inter = inter_->split(color, key);
+      // The new group's node of every rank, as the node's first rank here, in the new order.
+      std::int32_t node_id = 0;
+      std::vector<std::int32_t> node_ids;
+      if (inter) {
+        node_id = members_.front();
+        node_ids.resize(static_cast<std::size_t>(inter->size()));
+        inter->all_gather(std::span<const std::int32_t>(&node_id, 1), node_ids);
+      }
+      level_ = Level::node;
+      auto intra = intra_->split(inter ? color : no_color, inter ? inter->rank() : 0);
+      if (!inter) return;
+      std::vector<std::int32_t> distinct;
+      for (const std::int32_t id : node_ids) {
+        if (std::find(distinct.begin(), distinct.end(), id) == distinct.end()) {
+          distinct.push_back(id);
+        }
+      }
+      std::vector<int> node_of;
+      for (const std::int32_t id : node_ids) {
+        node_of.push_back(
+            static_cast<int>(std::find(distinct.begin(), distinct.end(), id) - distinct.begin()));
+      }
+      made = std::make_unique<Engine>(inter->rank(), std::move(node_of), std::move(*intra),
+                                      std::move(inter), timeout_);
+      level_ = Level::all;  // the new leaders' group is split from the new group of all ranks
+      made->make_leaders();
+    });
+    return made;
+  }
+
+ private:
+  template <class T>
+  static std::span<T> span(T* data, std::size_t count) noexcept {
+    return std::span<T>(data, count);
+  }
+
+  [[nodiscard]] bool one_node() const noexcept { return nodes_ == 1; }
+  [[nodiscard]] bool is_leader() const noexcept { return members_.front() == rank_; }
+
+  /// An operation that is the same over every rank: the node's group on one node, else the
+  /// group of all ranks.
+  template <class Body>
+  void flat(const char* operation, Body&& body) {
+    guarded(operation, [&] {
+      if (one_node()) return body(*intra_);
+      level_ = Level::all;
+      body(*inter_);
+    });
+  }
+
+  /// Runs body (which sets `level_` as it goes); a failure at either level is raised again naming
+  /// this rank and the level, after this rank has closed both levels (see the top of the header).
+  template <class Body>
+  void guarded(const char* operation, Body&& body) {
+    if (broken_) {
+      throw Error(rank_, operation,
+                  "this communicator is unusable after an earlier failure (" + *broken_ + ")");
+    }
+    level_ = Level::node;
+    try {
+      body();
+    } catch (const Error& e) {
+      const std::string cause = describe_level() + ": " + e.cause();
+      close(cause);
+      throw Error(rank_, operation, cause);
+    } catch (const std::exception& e) {
+      const std::string cause = describe_level() + ": " + e.what();
+      close(cause);
+      throw Error(rank_, operation, cause);
+    }
+  }
+
+  [[nodiscard]] std::string describe_level() const {
+    if (level_ == Level::node) {
+      return "in node " + std::to_string(node_) + "'s group (" + mapping(members_) + ")";
+    }
+    if (level_ == Level::leaders) {
+      std::vector<int> leaders;
+      for (int r = 0; r < size_; ++r) {
+        if (local_of_[static_cast<std::size_t>(r)] == 0) leaders.push_back(r);
+      }
+      return "in the leaders' group between nodes (" + mapping(leaders) + ")";
+    }
+    return "in the group of all ranks";
+  }
+
+  /// Marks this communicator unusable and ends both levels: the peers that wait for this rank at
+  /// either level then see it leave and fail at once.
+  void close(const std::string& cause) noexcept {
+    broken_ = cause;
+    leaders_.reset();
+    inter_.reset();
+    intra_.reset();
+  }
+
+  int rank_;
+  int size_;
+  std::vector<int> node_of_;   ///< per rank of this group: its node
+  std::vector<int> local_of_;  ///< per rank of this group: its rank within its node
+  std::vector<int> members_;   ///< this node's ranks, in order (the first is the leader)
+  int nodes_ = 1;
+  int node_ = 0;
+  std::optional<Intra> intra_;
+  std::optional<Inter> inter_;    ///< every rank; absent on one node
+  std::optional<Inter> leaders_;  ///< the first rank of every node; on leaders only
+  Timeout timeout_;
+  /// Where the running operation is, for messages: a node's group, the leaders', or all ranks'.
+  enum class Level { node, leaders, all };
+  Level level_ = Level::node;
+  std::optional<std::string> broken_;
+};
+
+}  // namespace detail::hierarchical
+
+/// A communicator across nodes: each node's ranks meet over Intra, one leader per node over
+/// Inter. Models tandem::Communicator, and tandem::ProcessGroupBackend where both levels do; see
+/// the top of this header. Its public operations (and memory_space, host) come from
+/// detail::CollectiveFrontend.
+template <Communicator Intra, Communicator Inter>
+class HierarchicalComm : public detail::CollectiveFrontend<HierarchicalComm<Intra, Inter>, host> {
+  using Engine = detail::hierarchical::Engine<Intra, Inter>;
+
+ public:
+  /// What init_process_group<HierarchicalComm> and rendezvous take besides the World and store.
+  using options_type =
+      HierarchicalCommOptions<typename Intra::options_type, typename Inter::options_type>;
+
+  /// Moves both levels; the moved-from communicator may only be destroyed or assigned.
+  HierarchicalComm(HierarchicalComm&&) noexcept = default;
+  /// Moves both levels; the moved-from communicator may only be destroyed or assigned.
+  HierarchicalComm& operator=(HierarchicalComm&&) noexcept = default;
+  ~HierarchicalComm() = default;
+
+  /// Joins this rank with the others of `world`, meeting them in `store` (every rank passes the
+  /// same store; init_process_group gives one of its own). Collective. The ranks with one
+  /// world.node_rank form a node; on one node only the Intra group is made.
+  [[nodiscard]] static HierarchicalComm rendezvous(const World& world, AnyStore& store,
+                                                   const options_type& options = {}) {
+    world.validate();
+    constexpr const char* operation = "HierarchicalComm rendezvous";
+    // Ranks call rendezvous on a store the same number of times, so this count names the group.
+    const std::int64_t generation =
+        store.add("hierarchical/rendezvous/rank" + std::to_string(world.rank), 1);
+    const std::string name = "hierarchical/" + std::to_string(generation);
+    AnyStore scoped(PrefixStore<AnyStore>(name, store));
+    scoped.set("node/" + std::to_string(world.rank), std::to_string(world.node_rank));
+    std::vector<int> node_ranks;
+    for (int r = 0; r < world.world_size; ++r) {
+      const std::string value = scoped.get("node/" + std::to_string(r), options.timeout);
+      node_ranks.push_back(std::atoi(value.c_str()));
+    }
+    // Nodes in the order of their first rank; a rank's place in its node in job-rank order.
+    std::vector<int> distinct;
+    std::vector<int> node_of;
+    for (const int n : node_ranks) {
+      auto at = std::find(distinct.begin(), distinct.end(), n);
+      if (at == distinct.end()) at = distinct.insert(distinct.end(), n);
+      node_of.push_back(static_cast<int>(at - distinct.begin()));
+    }
+    const int node = node_of[static_cast<std::size_t>(world.rank)];
+    int local = 0;
+    int node_size = 0;
+    for (int r = 0; r < world.world_size; ++r) {
+      if (node_of[static_cast<std::size_t>(r)] != node) continue;
+      if (r < world.rank) ++local;
+      ++node_size;
+    }
+    auto intra_options = options.intra;
+    intra_options.timeout = options.timeout;
+    auto inter_options = options.inter;
+    inter_options.timeout = options.timeout;
+    // Which step failed, for the message: a rank that is missing shows up at one of them.
+    std::string step = "making node " + std::to_string(node) + "'s group";
+    try {
+      AnyStore node_store(
+          PrefixStore<AnyStore>(name + "/node" + std::to_string(world.node_rank), store));
+      Intra intra =
+          Intra::rendezvous(World::single_node(local, node_size), node_store, intra_options);
+      std::optional<Inter> inter;
+      if (distinct.size() > 1) {
+        step = "making the group of all ranks between nodes";
+        AnyStore all_store(PrefixStore<AnyStore>(name + "/all", store));
+        inter.emplace(Inter::rendezvous(world, all_store, inter_options));
+      }
+      step = "checking the groups";
+      auto engine = std::make_unique<Engine>(world.rank, std::move(node_of), std::move(intra),
+                                             std::move(inter), options.timeout);
+      step = "making the leaders' group between nodes";
+      engine->make_leaders();
+      return HierarchicalComm(std::move(engine));
+    } catch (const Error& e) {
+      throw Error(world.rank, operation, step + ": " + e.cause());
+    }
+  }
+
+  /// The number of nodes this group spans (1: every operation is the node's group's).
+  [[nodiscard]] int nodes() const { return self().nodes(); }
+  /// This rank's node, 0 .. nodes()-1, in the order of the nodes' first ranks.
+  [[nodiscard]] int node() const { return self().node(); }
+
+ private:
+  friend class detail::CollectiveFrontend<HierarchicalComm, host>;
+
+  explicit HierarchicalComm(std::unique_ptr<Engine> self) : self_(std::move(self)) {}
+
+  Engine& self() const {
+    if (!self_) throw Error("HierarchicalComm", "this communicator was moved from");
+    return *self_;
+  }
+
+  /// split's collective part (see CollectiveFrontend::split).
+  std::optional<HierarchicalComm> split_group(int color, int key) {
+    auto made = self().split(color, key);
+    if (!made) return std::nullopt;
+    return HierarchicalComm(std::move(made));
+  }
+
+  std::unique_ptr<Engine> self_;
+};
+
+}  // namespace tandem
