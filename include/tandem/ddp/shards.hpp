@@ -27,11 +27,8 @@
 
 namespace tandem {
 
-/// One bucket as ZeRO cuts it.
-struct ShardedBucket {
-  /// First element of the bucket in the flat arena, and its element count.
-  std::size_t offset = 0;
-  std::size_t count = 0;
+/// One bucket (its offset and count in the flat arena) and how ZeRO cuts it.
+struct ShardedBucket : Bucket {
   /// Elements of each rank's equal part (count / world size).
   std::size_t part = 0;
   /// Elements in the tail (count % world size), owned one each by ranks 0 .. tail - 1.
@@ -48,8 +45,7 @@ class ShardLayout {
       : world_(static_cast<std::size_t>(world_size)), rank_(static_cast<std::size_t>(rank)) {
     std::vector<std::pair<std::size_t, std::size_t>> owned;
     for (const auto& bucket : buckets) {
-      ShardedBucket b{bucket.offset, bucket.count, bucket.count / world_, bucket.count % world_,
-                      staging_};
+      ShardedBucket b{bucket, bucket.count / world_, bucket.count % world_, staging_};
       // staging: the own part, then (with a tail) one element sent and world_ received.
       staging_ += b.part + (b.tail > 0 ? 1 + world_ : 0);
       if (b.part > 0) owned.emplace_back(b.offset + rank_ * b.part, b.part);

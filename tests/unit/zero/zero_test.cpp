@@ -17,7 +17,6 @@
 // shard<1> (the same all_reduce as DDP) still bit for bit.
 #include <doctest/doctest.h>
 
-#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -27,6 +26,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <unistd.h>
@@ -47,7 +47,6 @@
 
 namespace {
 
-using namespace std::chrono_literals;
 using tandem::LocalComm;
 using tandem::test::Failures;
 
@@ -95,6 +94,26 @@ tandem::optim::AdamW<float> make_adamw(tandem::Parameters<float>& params) {
                {params_with_prefix("layer2."), {.lr = 0.02, .amsgrad = true}}});
 }
 
+/// One rank's model as the tests train it: the arena of build(), a D over it and an optimizer O
+/// that `make` makes (not sharded yet: the tests call ddp.shard(opt) themselves).
+template <class D, class O>
+struct Trainee {
+  tandem::Parameters<float> params;
+  D ddp;
+  O opt;
+
+  template <class Comm, class Make>
+  Trainee(Comm& comm, Make make) : ddp(comm, built(params)), opt(make(params)) {}
+
+ private:
+  static tandem::Parameters<float>& built(tandem::Parameters<float>& params) {
+    build(params);
+    return params;
+  }
+};
+template <class D, class Make>
+using TraineeOf = Trainee<D, std::invoke_result_t<Make&, tandem::Parameters<float>&>>;
+
 struct Loop {
   bool scaler = false;  // GradScaler(comm); step 3 overflows on the last rank only
   int first = 0;        // the first step's number (a resumed run goes on from there)
@@ -105,7 +124,10 @@ struct Loop {
 /// step 2 accumulates two micro-batches under no_sync(); step 3 halves group 0's lr afterwards.
 /// Returns, per step, whether the optimizer stepped.
 template <class Comm, class D, class O>
-std::vector<bool> train(Comm& comm, tandem::Parameters<float>& params, D& ddp, O& opt, Loop loop) {
+std::vector<bool> train(Comm& comm, Trainee<D, O>& t, Loop loop) {
+  auto& params = t.params;
+  auto& ddp = t.ddp;
+  auto& opt = t.opt;
   std::optional<tandem::GradScaler<>> scaler;
   if (loop.scaler) scaler.emplace(comm, tandem::GradScalerOptions{.init_scale = 1024.0});
   std::vector<bool> stepped;
@@ -204,18 +226,14 @@ void check_against_ddp(Run& run, int n, Make make, Loop loop, Failures& failures
   using Sharded = typename StageOn<Comm, Stage>::type;
   run(n, [&](Comm& comm) {
     const int me = comm.rank();
-    tandem::Parameters<float> ref_params;
-    build(ref_params);
-    DdpOn<Comm> ref(comm, ref_params);
-    auto ref_opt = make(ref_params);
-    const auto ref_stepped = train(comm, ref_params, ref, ref_opt, loop);
-
-    tandem::Parameters<float> params;
-    build(params);
-    Sharded ddp(comm, params);
-    auto opt = make(params);
+    TraineeOf<DdpOn<Comm>, Make> ref(comm, make);
+    const auto ref_stepped = train(comm, ref, loop);
+    TraineeOf<Sharded, Make> sharded(comm, make);
+    auto& params = sharded.params;
+    auto& ddp = sharded.ddp;
+    auto& opt = sharded.opt;
     ddp.shard(opt);
-    const auto stepped = train(comm, params, ddp, opt, loop);
+    const auto stepped = train(comm, sharded, loop);
 
     const std::string where = "stage " + std::to_string(Sharded::shard_stage) + ", " +
                               std::to_string(n) + " ranks, rank " + std::to_string(me) + ": ";
@@ -224,14 +242,14 @@ void check_against_ddp(Run& run, int n, Make make, Loop loop, Failures& failures
       failures.expect(stepped.size() > 3 && !stepped[3], where,
                       "the overflow on the last rank did not skip step 3 here");
     }
-    failures.expect(agree(params.values(), ref_params.values(), tolerance), where,
+    failures.expect(agree(params.values(), ref.params.values(), tolerance), where,
                     "parameters differ from DDP's");
-    const std::string state = compare(opt.state_dict(), ref_opt.state_dict(), tolerance);
+    const std::string state = compare(opt.state_dict(), ref.opt.state_dict(), tolerance);
     failures.expect(state.empty(), where, "gathered optimizer state: ", state);
 
     // Memory: the ranks' state adds up to DDP's exactly (no element lost or held twice), and
     // a rank holds at most one element per bucket beyond 1/N.
-    const std::size_t full = ref_opt.state_bytes();
+    const std::size_t full = ref.opt.state_bytes();
     const std::size_t mine = opt.state_bytes();
     failures.expect(total_over_ranks(comm, mine) == full, where, "state bytes ", mine,
                     " do not add up to DDP's ", full);
@@ -304,50 +322,47 @@ TEST_CASE("shard<1> and shard<2> equal DDP bit for bit: AdamW and a GradScaler o
 TEST_CASE("ZeRO misuse is an Error") {
   if (job() != nullptr) return;
   Failures failures;
-  tandem::run_local(
-      2,
-      [&](LocalComm& comm) {
-        tandem::Parameters<float> params;
-        build(params);
-        Stage2 ddp(comm, params);
-        auto opt = make_sgd(params);
-        auto error_of = [](auto&& fn) -> std::string {
-          try {
-            fn();
-          } catch (const tandem::Error& e) {
-            return e.what();
-          }
-          return {};
-        };
-        // A full optimizer stepped through the DDP.
-        const std::string unsharded = error_of([&] { ddp.step(opt); });
-        failures.expect(unsharded.find("ddp.shard(opt)") != std::string::npos,
-                        "unsharded step: ", unsharded);
-        // shard<2> with a scaler whose inf check is not agreed across ranks.
-        ddp.shard(opt);
-        tandem::GradScaler<> lonely;
-        (void)lonely.scale(1.0f);
-        const std::string scaler = error_of([&] { ddp.step(lonely, opt); });
-        failures.expect(scaler.find("GradScaler(comm)") != std::string::npos,
-                        "scaler without comm: ", scaler);
-        // Sharding twice, and a sharded optimizer stepped around the DDP.
-        const std::string twice = error_of([&] { ddp.shard(opt); });
-        failures.expect(twice.find("sharded already") != std::string::npos, "twice: ", twice);
-        for (auto& p : params) ddp.grad_ready(p);
-        ddp.finish_gradient_sync();
-        opt.step();  // no all_gather: the ranks' parameters now differ
-        const std::string skipped = error_of([&] { ddp.grad_ready(*params.begin()); });
-        failures.expect(skipped.find("followed by ddp.step(opt)") != std::string::npos,
-                        "skipped gather: ", skipped);
-        ddp.gather_parameters();
-        // Another arena's optimizer.
-        tandem::Parameters<float> other;
-        build(other);
-        auto stranger = make_sgd(other);
-        const std::string arena = error_of([&] { ddp.shard(stranger); });
-        failures.expect(arena.find("another arena") != std::string::npos, "arena: ", arena);
-      },
-      tandem::LocalCommOptions{60s});
+  tandem::test::LocalRunner{}(2, [&](LocalComm& comm) {
+    Trainee<Stage2, tandem::optim::SGD<float>> trainee(comm, make_sgd);
+    auto& params = trainee.params;
+    auto& ddp = trainee.ddp;
+    auto& opt = trainee.opt;
+    auto error_of = [](auto&& fn) -> std::string {
+      try {
+        fn();
+      } catch (const tandem::Error& e) {
+        return e.what();
+      }
+      return {};
+    };
+    // A full optimizer stepped through the DDP.
+    const std::string unsharded = error_of([&] { ddp.step(opt); });
+    failures.expect(unsharded.find("ddp.shard(opt)") != std::string::npos,
+                    "unsharded step: ", unsharded);
+    // shard<2> with a scaler whose inf check is not agreed across ranks.
+    ddp.shard(opt);
+    tandem::GradScaler<> lonely;
+    (void)lonely.scale(1.0f);
+    const std::string scaler = error_of([&] { ddp.step(lonely, opt); });
+    failures.expect(scaler.find("GradScaler(comm)") != std::string::npos,
+                    "scaler without comm: ", scaler);
+    // Sharding twice, and a sharded optimizer stepped around the DDP.
+    const std::string twice = error_of([&] { ddp.shard(opt); });
+    failures.expect(twice.find("sharded already") != std::string::npos, "twice: ", twice);
+    for (auto& p : params) ddp.grad_ready(p);
+    ddp.finish_gradient_sync();
+    opt.step();  // no all_gather: the ranks' parameters now differ
+    const std::string skipped = error_of([&] { ddp.grad_ready(*params.begin()); });
+    failures.expect(skipped.find("followed by ddp.step(opt)") != std::string::npos,
+                    "skipped gather: ", skipped);
+    ddp.gather_parameters();
+    // Another arena's optimizer.
+    tandem::Parameters<float> other;
+    build(other);
+    auto stranger = make_sgd(other);
+    const std::string arena = error_of([&] { ddp.shard(stranger); });
+    failures.expect(arena.find("another arena") != std::string::npos, "arena: ", arena);
+  });
   failures.report();
 }
 
@@ -365,27 +380,24 @@ RunResult checkpoint_run(int n, int first, int steps, const std::filesystem::pat
                          const std::filesystem::path& save) {
   RunResult result;
   std::mutex mutex;
-  tandem::run_local(
-      n,
-      [&](LocalComm& comm) {
-        tandem::Parameters<float> params;
-        build(params);
-        D ddp(comm, params);
-        auto opt = make_adamw(params);
-        ddp.shard(opt);
-        tandem::TrainingState state;
-        state.model(params).optimizer(opt);
-        if (!load.empty()) tandem::load_checkpoint(comm, load, state);
-        train(comm, params, ddp, opt, {.first = first, .steps = steps});
-        if (!save.empty()) tandem::save_checkpoint(comm, save, state);
-        auto dict = opt.state_dict();  // collective under sharding
-        if (comm.rank() == 0) {
-          std::lock_guard lock(mutex);
-          result.params.assign(params.values().begin(), params.values().end());
-          result.state = std::move(dict);
-        }
-      },
-      tandem::LocalCommOptions{60s});
+  tandem::test::LocalRunner{}(n, [&](LocalComm& comm) {
+    Trainee<D, tandem::optim::AdamW<float>> trainee(comm, make_adamw);
+    auto& params = trainee.params;
+    auto& ddp = trainee.ddp;
+    auto& opt = trainee.opt;
+    ddp.shard(opt);
+    tandem::TrainingState state;
+    state.model(params).optimizer(opt);
+    if (!load.empty()) tandem::load_checkpoint(comm, load, state);
+    train(comm, trainee, {.first = first, .steps = steps});
+    if (!save.empty()) tandem::save_checkpoint(comm, save, state);
+    auto dict = opt.state_dict();  // collective under sharding
+    if (comm.rank() == 0) {
+      std::lock_guard lock(mutex);
+      result.params.assign(params.values().begin(), params.values().end());
+      result.state = std::move(dict);
+    }
+  });
   return result;
 }
 
