@@ -120,6 +120,21 @@ TEST_CASE("HierarchicalComm: DDP's N ranks x batch b equal 1 rank x batch N*b") 
   CHECK(tandem::test::ddp::check_theorem<Comm>(run, comm().size()) == 0);
 }
 
+TEST_CASE("HierarchicalComm: a level's rank numbers are this group's in its messages") {
+  using tandem::detail::hierarchical::renumbered;
+  const std::vector<int> node{2, 3};
+  CHECK(renumbered("rank 1 died (its process is gone)", node) ==
+        "rank 3 died (its process is gone)");
+  CHECK(renumbered("timed out after 3 s waiting for rank 1 (arrived: rank 0); rank 1 is stopped",
+                   node) ==
+        "timed out after 3 s waiting for rank 3 (arrived: rank 2); rank 3 is stopped");
+  CHECK(renumbered("ranks 0, 1 and 2 (ranks 2, and 0)", {4, 5, 6}) ==
+        "ranks 4, 5 and 6 (ranks 6, and 4)");
+  // Not a member, not after the word rank, or no number: left as it is.
+  CHECK(renumbered("rank 7; frank 1; 2 ranks; the other ranks (gloo: rank)", node) ==
+        "rank 7; frank 1; 2 ranks; the other ranks (gloo: rank)");
+}
+
 TEST_CASE("HierarchicalComm: a rank that leaves fails the others at either level, promptly") {
   // The victim destroys its communicator instead of joining an all_reduce: first the last rank
   // (a non-leader where its node has two: the others notice it in shared memory), then the first
@@ -142,10 +157,15 @@ TEST_CASE("HierarchicalComm: a rank that leaves fails the others at either level
         group->all_reduce(data);
         FAIL_CHECK("rank " << me << " completed an all_reduce that rank " << victim << " left");
       } catch (const tandem::Error& e) {
-        // "in node 1's group (...): rank 1 left the group", "in the leaders' group ...: gloo: ..."
+        // "in node 1's group (ranks 2, 3): rank 3 left the group ...", "in the leaders' group
+        // between nodes (ranks 0, 2): gloo: ...": the victim's node names it by its job rank.
         CHECK_MESSAGE(tandem::test::mentions(e.what(), "rank " + std::to_string(me) + ":",
-                                             "all_reduce", "group", "(its rank"),
+                                             "all_reduce", "group", "(rank"),
                       std::string(e.what()));
+        if (me / 2 == victim / 2) {
+          CHECK_MESSAGE(tandem::test::mentions(e.what(), "rank " + std::to_string(victim) + " "),
+                        std::string(e.what()));
+        }
       }
       CHECK(std::chrono::steady_clock::now() - start < 10s);
       try {

@@ -35,7 +35,8 @@
 //   the same colour (keyed by the new rank, so node order is kept), and the new group's leaders
 //   are split from its Inter group.
 // - Failures: either level's tandem::Error (a dead or stopped peer, a timeout) is raised again
-//   naming this rank, the operation, the level and how that group's ranks map to the job's. The
+//   naming this rank, the operation and the level, with the level's rank numbers turned into
+//   this group's ("in node 1's group (ranks 2, 3): rank 3 died (its process is gone)"). The
 //   rank then closes both levels (its Intra segment and Inter connections), so that the ranks
 //   waiting for it at either level fail promptly too instead of waiting for their timeout; the
 //   communicator is unusable after a failure, and every later call raises at once.
@@ -83,17 +84,58 @@ struct HierarchicalCommOptions {
 
 namespace detail::hierarchical {
 
-/// "ranks 0, 1 are ranks 2, 3 here": how a sub-group's ranks map to this group's, for messages.
-inline std::string mapping(const std::vector<int>& members) {
-  std::string inner;
-  std::string outer;
+/// "ranks 2, 3": a sub-group's members as ranks of this group, for messages.
+inline std::string members_text(const std::vector<int>& members) {
+  std::string text = members.size() == 1 ? "rank " : "ranks ";
   for (std::size_t i = 0; i < members.size(); ++i) {
-    inner += (i ? ", " : "") + std::to_string(i);
-    outer += (i ? ", " : "") + std::to_string(members[i]);
+    text += (i ? ", " : "") + std::to_string(members[i]);
   }
-  const bool one = members.size() == 1;
-  return std::string(one ? "its rank " : "its ranks ") + inner +
-         (one ? " is rank " : " are ranks ") + outer + " here";
+  return text;
+}
+
+/// A sub-group's message with its rank numbers as this group's: "rank 1 died" in node 1's group
+/// (ranks 2, 3) reads "rank 3 died", so that no message names a rank by a number it does not
+/// have here. Renumbers the lists after "rank " and "ranks " ("ranks 0, 1 and 2"); a number
+/// that is no member is left as it is.
+inline std::string renumbered(const std::string& text, const std::vector<int>& members) {
+  auto digit = [&](std::size_t at) {
+    return at < text.size() && text[at] >= '0' && text[at] <= '9';
+  };
+  auto letter = [&](std::size_t at) {
+    const char c = text[at];
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+  };
+  std::string out;
+  std::size_t i = 0;
+  while (i < text.size()) {
+    std::size_t word = 0;
+    if (i == 0 || !letter(i - 1)) {
+      if (text.compare(i, 5, "rank ") == 0) word = 5;
+      if (text.compare(i, 6, "ranks ") == 0) word = 6;
+    }
+    if (word == 0 || !digit(i + word)) {
+      out += text[i++];
+      continue;
+    }
+    out.append(text, i, word);
+    i += word;
+    while (digit(i)) {  // a number, then ", ", " and " or ", and " before another
+      std::size_t end = i;
+      while (digit(end)) ++end;
+      const unsigned long n = std::stoul(text.substr(i, end - i));
+      out += n < members.size() ? std::to_string(members[n]) : text.substr(i, end - i);
+      i = end;
+      for (const char* joint : {", and ", " and ", ", "}) {
+        const std::size_t length = std::char_traits<char>::length(joint);
+        if (text.compare(i, length, joint) == 0 && digit(i + length)) {
+          out += joint;
+          i += length;
+          break;
+        }
+      }
+    }
+  }
+  return out;
 }
 
 /// One rank's side of a HierarchicalComm: the two levels and where every rank sits. Heap-allocated
@@ -340,28 +382,31 @@ class Engine : public IssueOrder {
     try {
       body();
     } catch (const Error& e) {
-      const std::string cause = describe_level() + ": " + e.cause();
-      close(cause);
-      throw Error(rank_, operation, cause);
+      fail(operation, e.cause());
     } catch (const std::exception& e) {
-      const std::string cause = describe_level() + ": " + e.what();
-      close(cause);
-      throw Error(rank_, operation, cause);
+      fail(operation, e.what());
     }
   }
 
-  [[nodiscard]] std::string describe_level() const {
+  /// Raises the failure of `operation` at the current level, its ranks renumbered as this
+  /// group's, after closing both levels.
+  [[noreturn]] void fail(const char* operation, const std::string& level_cause) {
+    std::string cause;
     if (level_ == Level::node) {
-      return "in node " + std::to_string(node_) + "'s group (" + mapping(members_) + ")";
-    }
-    if (level_ == Level::leaders) {
+      cause = "in node " + std::to_string(node_) + "'s group (" + members_text(members_) +
+              "): " + renumbered(level_cause, members_);
+    } else if (level_ == Level::leaders) {
       std::vector<int> leaders;
       for (int r = 0; r < size_; ++r) {
         if (local_of_[static_cast<std::size_t>(r)] == 0) leaders.push_back(r);
       }
-      return "in the leaders' group between nodes (" + mapping(leaders) + ")";
+      cause = "in the leaders' group between nodes (" + members_text(leaders) +
+              "): " + renumbered(level_cause, leaders);
+    } else {
+      cause = "in the group of all ranks: " + level_cause;  // numbered as this group already
     }
-    return "in the group of all ranks";
+    close(cause);
+    throw Error(rank_, operation, cause);
   }
 
   /// Marks this communicator unusable and ends both levels: the peers that wait for this rank at
