@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The training examples' crash-and-resume test: a 2-rank Gloo run of PROGRAM under tandemrun,
-# then the same run with rank 1 killed by SIGKILL at step 150 under `tandemrun --max-restarts 1`:
-# the launcher reports it and restarts, the run resumes from the checkpoint of step RESUMED, and
-# its final checkpoint (step FINAL) equals the uninterrupted run's bit for bit (tandem-ckpt diff).
+# The training examples' crash-and-resume test: a 2-rank run of PROGRAM under tandemrun (its
+# default backend under a launcher, or the one its flags name), then the same run with rank 1
+# killed by SIGKILL at step 150 under `tandemrun --max-restarts 1`: the launcher reports it and
+# restarts, the run resumes from the checkpoint of step RESUMED, and its final checkpoint (step
+# FINAL) equals the uninterrupted run's bit for bit (tandem-ckpt diff).
 # Each example's crash_resume_test.sh calls it with its own steps and flags.
 #   crash_resume_test.sh TANDEMRUN PROGRAM TANDEM_CKPT RESUMED FINAL [PROGRAM'S FLAGS...]
 set -euo pipefail

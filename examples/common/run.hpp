@@ -1,8 +1,9 @@
 // examples/common/run.hpp - what the training examples (fashion_mnist, its GPU variant,
 // torch_resnet) share around their training loop: the numeric flags every one takes, the CPU
-// backend a --backend flag names started the way a PyTorch user starts it, --resume from the
-// newest checkpoint, and whether this is torchrun's first attempt (the crash tests kill a rank
-// there only).
+// backend a --backend flag names started the way a PyTorch user starts it (and the one a run
+// without the flag gets: default_cpu_backend), --resume from the newest checkpoint, and whether
+// this is torchrun's first attempt (the crash tests kill a rank there only).
+//   s.backend = examples::default_cpu_backend();   // before the flags are read
 //   auto accuracy = examples::run_cpu_backend(s.backend, s.ranks, timeout,
 //                                             [&](auto& comm) { return train(comm, s); });
 #pragma once
@@ -30,6 +31,9 @@
 #endif
 #if TANDEM_EXAMPLE_WITH_SHM
 #include "tandem/comm/shm/shm.hpp"
+#endif
+#if TANDEM_EXAMPLE_WITH_SHM && TANDEM_EXAMPLE_WITH_GLOO
+#include "tandem/comm/hierarchical/hierarchical.hpp"
 #endif
 
 namespace examples {
@@ -172,10 +176,26 @@ double run_env_rank(std::chrono::seconds timeout, Train& train) {
   return result;
 }
 
+/// The backend of a run without --backend: under a launcher (WORLD_SIZE set) the shared-memory
+/// path, "hierarchical" (each node's ranks in shared memory, Gloo between nodes; on one node no
+/// Gloo at all), else "local" (threads). Where the shared-memory component is not built: "gloo";
+/// where Gloo is not: "shm" (one node only).
+inline std::string default_cpu_backend() {
+  if (!std::getenv("WORLD_SIZE")) return "local";
+#if TANDEM_EXAMPLE_WITH_SHM && TANDEM_EXAMPLE_WITH_GLOO
+  return "hierarchical";
+#elif TANDEM_EXAMPLE_WITH_SHM
+  return "shm";
+#else
+  return "gloo";
+#endif
+}
+
 /// Runs train(comm) on the CPU backend `backend` names and returns rank 0's result: "local" as
 /// `ranks` threads of this process, "gloo" as this process's rank of torchrun's job (env://),
-/// "shm" the same in shared memory (ShmComm: every rank on this host), "mpi" as its rank of
-/// mpirun's. nullopt where that backend is not built in.
+/// "shm" the same in shared memory (ShmComm: every rank on this host), "hierarchical" the same
+/// over HierarchicalComm<ShmComm, GlooComm> (shared memory within each node, Gloo between the
+/// nodes' leaders), "mpi" as its rank of mpirun's. nullopt where that backend is not built in.
 template <class Train>
 std::optional<double> run_cpu_backend(const std::string& backend, int ranks,
                                       std::chrono::seconds timeout, Train&& train) {
@@ -195,6 +215,12 @@ std::optional<double> run_cpu_backend(const std::string& backend, int ranks,
 #endif
 #if TANDEM_EXAMPLE_WITH_SHM
   if (backend == "shm") return run_env_rank<tandem::ShmComm>(timeout, train);
+#endif
+#if TANDEM_EXAMPLE_WITH_SHM && TANDEM_EXAMPLE_WITH_GLOO
+  if (backend == "hierarchical") {
+    return run_env_rank<tandem::HierarchicalComm<tandem::ShmComm, tandem::GlooComm>>(timeout,
+                                                                                     train);
+  }
 #endif
 #if TANDEM_EXAMPLE_WITH_MPI
   if (backend == "mpi") {
