@@ -51,8 +51,9 @@
 //   must stay alive and untouched until the Work completes.
 // - split and new_group make a group with a segment of its own, through the same store.
 // - Every rank of a group runs on one host: rendezvous compares the ranks' host names and raises
-//   a tandem::Error otherwise. Across nodes use GlooComm or MpiComm (the hierarchical
-//   communicator that joins ShmComm within nodes to an engine between them is not built yet).
+//   a tandem::Error otherwise. Across nodes use HierarchicalComm<ShmComm, GlooComm>
+//   (tandem/comm/hierarchical/hierarchical.hpp: ShmComm within each node, Gloo between the
+//   nodes' leaders), or GlooComm or MpiComm alone.
 #pragma once
 
 #include <cstdint>
