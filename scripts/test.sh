@@ -37,7 +37,7 @@ fi
 # the rooms that parse, index and compute over buffers, dev the rest (CUDA, libtorch, consumers,
 # packaging, interop, docs, examples) and every room a later change adds. The CUDA tests of every
 # room build in dev, the one preset with nvcc. Presets named on the command line build every room.
-tsan_rooms="unit/local;unit/ddp;unit/gloo;unit/mpi;unit/shm;unit/init;unit/launch;unit/data;unit/rendezvous;fault"
+tsan_rooms="unit/local;unit/ddp;unit/gloo;unit/mpi;unit/shm;unit/hierarchical;unit/init;unit/launch;unit/data;unit/rendezvous;fault"
 asan_rooms="unit/core;unit/tensor;unit/arena;unit/amp;unit/optim;unit/ema;unit/nn;unit/io;fuzz"
 room_flags() {
   if [ "${split_rooms}" != 1 ]; then

@@ -5,7 +5,9 @@
 //   #include <tandem/tandem.hpp>
 //   tandem::run_local(4, [](tandem::LocalComm& comm) { /* comm.all_reduce(...) */ });
 // Needs: Linux. Engines with libraries of their own have headers of their own:
-// tandem/comm/gloo/gloo.hpp (tandem::gloo), tandem/comm/mpi/mpi.hpp (tandem::mpi), tandem/cuda.hpp.
+// tandem/comm/gloo/gloo.hpp (tandem::gloo), tandem/comm/mpi/mpi.hpp (tandem::mpi),
+// tandem/comm/shm/shm.hpp (tandem::shm), tandem/comm/hierarchical/hierarchical.hpp (with its two
+// levels' components), tandem/cuda.hpp.
 #pragma once
 
 #include "tandem/core/config.hpp"
