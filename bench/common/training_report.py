@@ -38,14 +38,14 @@ def results_table(names, runs, per_epoch, ratios, digits=2):
 
 
 def best_run_summary(names, runs, per_epoch, best, ratio_target, also="", peer="torch_ddp",
-                     peer_label="PyTorch DDP"):
+                     peer_label="PyTorch DDP", lead="Best tandem run"):
     """The sentence on the best tandem run against `peer`: seconds per epoch, the ratio of epoch
     times against its target, `also` (more of the same sentence), and the two final accuracies
-    against the 0.5-point target."""
+    against the 0.5-point target. `lead` names the run's role (the best one, the default one)."""
     ratio = per_epoch[best] / per_epoch[peer]
     gap = runs[best][-1][1] - runs[peer][-1][1]
     met = lambda ok: "met" if ok else "not met"
-    return (f"Best tandem run: {names[best]}, {per_epoch[best]:.2f} s per epoch: {ratio:.2f}x "
+    return (f"{lead}: {names[best]}, {per_epoch[best]:.2f} s per epoch: {ratio:.2f}x "
             f"{peer_label}'s epoch time (target <= {ratio_target}x: {met(ratio <= ratio_target)})"
             f"{also}; accuracy {runs[best][-1][1]:.2f} % against {peer_label}'s "
             f"{runs[peer][-1][1]:.2f} % ({gap:+.2f} points; target within 0.5: "
