@@ -115,6 +115,7 @@ def worker(rank, args, port, failed):
         opt.zero_grad(set_to_none=False)
         if s >= args.warmup:
             times.append(time.perf_counter() - start)
+    rss, hwm = resident()  # before checksum()'s float64 temporaries
     times = sorted(reduced(times, dist.ReduceOp.MAX))
     median = times[len(times) // 2]
 
@@ -129,7 +130,6 @@ def worker(rank, args, port, failed):
     expected = args.warmup + args.steps
     moved = abs(final - initial) > 1e-6 * max(1.0, abs(initial))
     ok = moved and low[0] == high[0] and low[1] == expected and high[1] == expected
-    rss, hwm = resident()
     state, rss, hwm = reduced([state_bytes, rss, hwm], dist.ReduceOp.MAX)
     if rank == 0:
         if ok:
