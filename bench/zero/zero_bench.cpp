@@ -234,6 +234,7 @@ Options parse(int argc, char** argv) {
   return options;
 }
 
+#if TANDEM_BENCH_GLOO || TANDEM_BENCH_SHM
 /// This process's rank of the launcher's job (env://) over Comm.
 template <class Comm>
 bool run_process(const Options& options) {
@@ -244,6 +245,7 @@ bool run_process(const Options& options) {
   comm.barrier();
   return ok;
 }
+#endif
 
 }  // namespace
 
