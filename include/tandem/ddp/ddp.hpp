@@ -505,22 +505,12 @@ class DistributedDataParallel {
       reset_step();
       return;
     }
-    std::exception_ptr failure;
-    try {
+    std::exception_ptr failure = detail::ddp::launch_and_wait(works_, [&] {
       for (; next_launch_ < plan_.buckets.size(); ++next_launch_) {
         zero_unused(plan_.buckets[next_launch_]);
         launch(next_launch_);
       }
-    } catch (...) {
-      failure = std::current_exception();
-    }
-    for (auto& work : works_) {
-      try {
-        work.wait();
-      } catch (...) {
-        if (!failure) failure = std::current_exception();
-      }
-    }
+    });
     if constexpr (config::compressed) {
       if (!failure) arena_->expand(plan_.buckets);
     }

@@ -110,6 +110,27 @@ struct copy_or_zero {
   TANDEM_HD void operator()(std::size_t) const { to[0] = have ? from[0] : T{}; }
 };
 
+/// Runs `launch` (which starts collectives, adding their Works to `works`), then waits for every
+/// Work in `works` even after a failure, so that none is left writing memory the caller may
+/// free. Returns the first failure (launch's, then the Works' in order), or null.
+template <class Launch>
+std::exception_ptr launch_and_wait(std::vector<Work>& works, Launch&& launch) {
+  std::exception_ptr failure;
+  try {
+    launch();
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  for (auto& work : works) {
+    try {
+      work.wait();
+    } catch (...) {
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  return failure;
+}
+
 /// Makes data[begin, end) (arena coordinates) whole on every rank from each rank's own parts:
 /// one all_gather per bucket overlapping [begin, end) for its equal parts (straight into the
 /// arena) and one of world-size padded elements for its tail. Collective: every rank calls it
@@ -136,8 +157,7 @@ void all_gather_parts(Comm& comm, const Exec& exec, const ShardLayout& layout, S
   }
   exec.synchronize();  // the copies are written before the communicator reads them
   std::vector<Work> works;
-  std::exception_ptr failure;
-  try {
+  const std::exception_ptr failure = launch_and_wait(works, [&] {
     for (const auto* b : chosen) {
       S* own = staging + b->staging_offset;
       if (b->part > 0) {
@@ -149,16 +169,7 @@ void all_gather_parts(Comm& comm, const Exec& exec, const ShardLayout& layout, S
                                               View<S, Space>(own + b->part + 1, n)));
       }
     }
-  } catch (...) {
-    failure = std::current_exception();
-  }
-  for (auto& work : works) {
-    try {
-      work.wait();
-    } catch (...) {
-      if (!failure) failure = std::current_exception();
-    }
-  }
+  });
   if (failure) std::rethrow_exception(failure);
   for (const auto* b : chosen) {
     if (b->tail == 0) continue;
