@@ -7,9 +7,12 @@
 // every epoch and --resume. Matrix products through OpenBLAS. Rank 0's last line states the test
 // accuracy. What this program shares with its GPU variant (fashion_mnist_cuda.cu) - flags, the
 // initialisation, the param groups, the schedule, the EMA - is in recipe.hpp.
-//   build/dev/tools/tandemrun --nproc-per-node 2 build/dev/examples/fashion_mnist   Gloo (default)
+//   build/dev/tools/tandemrun --nproc-per-node 2 build/dev/examples/fashion_mnist
+//                              shared memory (the default: HierarchicalComm<ShmComm, GlooComm>)
+//   build/dev/tools/tandemrun --nproc-per-node 2 build/dev/examples/fashion_mnist --backend gloo
+//                                                                  plain Gloo
 //   build/dev/tools/tandemrun --nproc-per-node 2 build/dev/examples/fashion_mnist --backend shm
-//                                                                  processes in shared memory
+//                                                  ShmComm alone (one host only)
 //   build/dev/examples/fashion_mnist --backend local --ranks 2                        threads
 //   mpirun -n 2 build/dev/examples/fashion_mnist --backend mpi                        MPI
 // Flags: --epochs E --batch-size B (per rank) --lr LR --seed S --data DIR --checkpoint-dir DIR

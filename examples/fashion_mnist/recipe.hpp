@@ -98,11 +98,12 @@ inline tandem::EMAOptions ema_options() {
 inline int usage(program which) {
   if (which == program::cpu) {
     std::fprintf(stderr,
-                 "usage: fashion_mnist [--backend gloo|shm|mpi|local] [--ranks N] [--epochs E]\n"
-                 "  [--batch-size B] [--lr LR] [--seed S] [--data DIR] [--checkpoint-dir DIR]\n"
-                 "  [--resume] [--timeout SECONDS] [--workers W] [--tensorboard DIR]\n"
-                 "  [--max-steps N] [--wide] [--plain] [--zero 1|2]\n"
-                 "  default backend: gloo under a launcher (WORLD_SIZE set), else local\n");
+                 "usage: fashion_mnist [--backend hierarchical|shm|gloo|mpi|local] [--ranks N]\n"
+                 "  [--epochs E] [--batch-size B] [--lr LR] [--seed S] [--data DIR]\n"
+                 "  [--checkpoint-dir DIR] [--resume] [--timeout SECONDS] [--workers W]\n"
+                 "  [--tensorboard DIR] [--max-steps N] [--wide] [--plain] [--zero 1|2]\n"
+                 "  default backend: hierarchical under a launcher (WORLD_SIZE set: shared memory\n"
+                 "  within a node, Gloo between nodes), else local; plain Gloo: --backend gloo\n");
   } else {
     std::fprintf(stderr,
                  "usage: fashion_mnist_cuda [--backend nccl|gloo|local] [--ranks N] [--epochs E]\n"
@@ -118,7 +119,7 @@ inline int usage(program which) {
 inline std::optional<Settings> parse(int argc, char** argv, program which) {
   Settings s;
   if (which == program::cpu)
-    s.backend = std::getenv("WORLD_SIZE") ? "gloo" : "local";
+    s.backend = examples::default_cpu_backend();
   else
     s.backend = "nccl";
   const bool gpu = which == program::gpu;
