@@ -334,12 +334,17 @@ class DistributedDataParallel {
 
   static constexpr const char* operation = "torch::DistributedDataParallel";
 
+  // The owning handle to a gradient accumulator: std::shared_ptr in libtorch 1.13,
+  // c10::intrusive_ptr in 2.15 (PyTorch's wheel); both give -> and a test for null.
+  using AccumulatorPtr = decltype(::torch::autograd::impl::grad_accumulator(
+      std::declval<const ::torch::autograd::Variable&>()));
+
   struct Slot {
     std::string name;
     at::Tensor tensor;  // the module's parameter or buffer
     Parameters<float>::Parameter* entry = nullptr;
     at::Tensor grad_view;  // trained: the view of its arena gradient
-    std::shared_ptr<::torch::autograd::Node> accumulator;
+    AccumulatorPtr accumulator;
     std::uintptr_t hook_key = 0;
   };
 
