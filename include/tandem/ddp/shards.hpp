@@ -41,6 +41,8 @@ struct ShardedBucket : Bucket {
 class ShardLayout {
  public:
   ShardLayout() = default;
+  /// Cuts each bucket into world_size equal parts and a tail (count % world_size elements, one
+  /// each for the first ranks), and collects the parts that `rank` owns.
   ShardLayout(const std::vector<Bucket>& buckets, int world_size, int rank)
       : world_(static_cast<std::size_t>(world_size)), rank_(static_cast<std::size_t>(rank)) {
     std::vector<std::pair<std::size_t, std::size_t>> owned;
@@ -73,7 +75,9 @@ class ShardLayout {
   [[nodiscard]] std::size_t owned_elements() const noexcept { return owned_elements_; }
   /// Elements of staging a rank needs for one pass of collectives over every bucket.
   [[nodiscard]] std::size_t staging() const noexcept { return staging_; }
+  /// The number of ranks the buckets are cut for.
   [[nodiscard]] std::size_t world_size() const noexcept { return world_; }
+  /// The rank whose parts owned() lists.
   [[nodiscard]] std::size_t rank() const noexcept { return rank_; }
 
  private:
