@@ -302,6 +302,25 @@ class DistributedDataParallel {
   /// guard ends; the first backward after it reduces the sum (gradient accumulation).
   [[nodiscard]] NoSyncGuard no_sync() { return inner_->no_sync(); }
 
+  /// ZeRO (policies shard<1>, shard<2>; docs/zero.md): gives `opt`, a tandem optimizer over
+  /// parameters(), only this rank's parts of the arena. Call it before the first step and step
+  /// through step(opt). Does nothing without a shard policy.
+  template <class O>
+  void shard(O& opt) {
+    inner_->shard(opt);
+  }
+  /// Steps `opt` after loss.backward(): opt.step() and, under shard<1>/shard<2>, the all_gather
+  /// that brings every rank's updated parts into the module's parameters (collective then).
+  template <class O>
+  void step(O& opt) {
+    inner_->step(opt);
+  }
+  /// The same through a GradScaler (tandem::DistributedDataParallel::step); whether it stepped.
+  template <class Scaler, class O>
+  bool step(Scaler& scaler, O& opt) {
+    return inner_->step(scaler, opt);
+  }
+
   /// The arena (parameters, gradients, buffers): what tandem's optimizers, GradScaler and EMA
   /// take. Its names are the module's named_parameters() / named_buffers() keys.
   [[nodiscard]] Parameters<float>& parameters() noexcept { return arena_; }

@@ -2,7 +2,8 @@
 // loss.backward() equal one process's gradients over the whole batch, with overlap and with
 // sync_at_end, an unused branch, no_sync accumulation, buffers from rank 0, the arena's names,
 // the misuses that must be clear Errors, and (with the io component) checkpoints under the
-// module's state_dict keys: every key once, buffers of every dtype, an exact resume.
+// module's state_dict keys: every key once, buffers of every dtype, an exact resume; ZeRO's
+// shard<1>/shard<2> through the bridge, bit for bit plain DDP's.
 // Tolerance: 1e-5 relative (plus 1e-6 absolute). The ranks' mean is (sum of per-rank float
 // gradients) / n in rank order, the reference a float sum over the same slices in another order:
 // the same numbers up to a few roundings of values of order 1.
@@ -307,7 +308,7 @@ void train(Ddp& ddp, Optimizer& opt, const Steps& data, int rank, int from, int 
     auto loss = torch::nn::functional::cross_entropy(ddp.forward(data.x[i]), data.y[i]);
     opt.zero_grad();
     loss.backward();
-    opt.step();
+    ddp.step(opt);  // opt.step(), and under ZeRO the parameters' all_gather
   }
 }
 
@@ -457,6 +458,56 @@ TEST_CASE("checkpoints: a run resumed at step 3 ends bit-identical to the uninte
                     ->as<torch::nn::BatchNorm1d>()
                     ->num_batches_tracked.item<std::int64_t>() == 5);
   std::filesystem::remove_all(dir);
+}
+
+namespace {
+
+/// Each rank's parameters and buffers, and its optimizer state's bytes, after `steps` steps of
+/// SGD with momentum on 2 LocalComm ranks wrapped with `Policies` (ZeRO: ddp.shard(opt)).
+template <class... Policies>
+std::pair<std::vector<std::vector<torch::Tensor>>, std::vector<std::size_t>> trained_with(
+    const Steps& data, int steps) {
+  std::vector<Tiny> nets;
+  for (int r = 0; r < 2; ++r) {
+    torch::manual_seed(3);
+    nets.emplace_back();
+  }
+  std::vector<std::vector<torch::Tensor>> weights(2);
+  std::vector<std::size_t> state_bytes(2);
+  tandem::run_local(2, [&](LocalComm& comm) {
+    const int r = comm.rank();
+    tandem::torch::DistributedDataParallel<LocalComm, Policies...> ddp(comm, nets[r].ptr());
+    tandem::optim::SGD opt(ddp.parameters(), {.lr = 0.1, .momentum = 0.9});
+    ddp.shard(opt);
+    train(ddp, opt, data, r, 0, steps);
+    weights[r] = snapshot(*nets[r]);
+    state_bytes[r] = opt.state_bytes();
+  });
+  return {weights, state_bytes};
+}
+
+}  // namespace
+
+TEST_CASE("ZeRO through the bridge: shard<1> and shard<2> end bit-identical to plain DDP") {
+  torch::set_num_threads(1);
+  const Steps data(4, 5);
+  const auto [ddp_weights, ddp_state] = trained_with<>(data, 4);
+  const auto [stage1_weights, stage1_state] = trained_with<tandem::shard<1>>(data, 4);
+  const auto [stage2_weights, stage2_state] = trained_with<tandem::shard<2>>(data, 4);
+  for (std::size_t r = 0; r < 2; ++r) {
+    DOCTEST_REQUIRE(stage1_weights[r].size() == ddp_weights[r].size());
+    DOCTEST_REQUIRE(stage2_weights[r].size() == ddp_weights[r].size());
+    for (std::size_t i = 0; i < ddp_weights[r].size(); ++i) {
+      DOCTEST_CHECK_MESSAGE(torch::equal(stage1_weights[r][i], ddp_weights[r][i]),
+                            "shard<1>, rank " << r << ", tensor " << i);
+      DOCTEST_CHECK_MESSAGE(torch::equal(stage2_weights[r][i], ddp_weights[r][i]),
+                            "shard<2>, rank " << r << ", tensor " << i);
+    }
+    // Each rank keeps momentum for its half of the arena (plus at most one tail element).
+    DOCTEST_CHECK(stage1_state[r] <= ddp_state[r] / 2 + sizeof(float));
+    DOCTEST_CHECK(stage2_state[r] <= ddp_state[r] / 2 + sizeof(float));
+  }
+  DOCTEST_CHECK(stage1_state[0] + stage1_state[1] == ddp_state[0]);
 }
 
 TEST_CASE("checkpoints: a buffer of a dtype the file cannot hold is an Error naming it") {
