@@ -4,8 +4,9 @@
 // errors; consolidated checkpoints loaded at other world sizes, with and without sharding.
 // Built with Gloo (TANDEM_TEST_GLOO) and started by tandemrun (ctest zero_gloo_np3, WORLD_SIZE
 // set), the same comparison runs on GlooComm processes, on groups of 1 .. WORLD_SIZE ranks split
-// off the job, and nothing else; built with MPI (TANDEM_TEST_MPI, ctest zero_mpi_np4: always
-// under mpirun), the same on MpiComm processes.
+// off the job, and nothing else; built with ShmComm (TANDEM_TEST_SHM, ctest zero_shm_np3) the
+// same on the intra-node shared-memory path; built with MPI (TANDEM_TEST_MPI, ctest
+// zero_mpi_np4: always under mpirun), the same on MpiComm processes.
 //
 // Bit for bit: LocalComm's reduce_scatter and all_reduce add the ranks' inputs in rank order, so
 // a shard<2> gradient equals the DDP one; the optimizers update each element on its own, so
@@ -45,6 +46,9 @@
 #if defined(TANDEM_TEST_GLOO)
 #include "tandem/comm/gloo/gloo.hpp"
 #include "tandem/comm/init.hpp"
+#elif defined(TANDEM_TEST_SHM)
+#include "tandem/comm/init.hpp"
+#include "tandem/comm/shm/shm.hpp"
 #endif
 #if defined(TANDEM_TEST_MPI)
 #include "tandem/comm/mpi/mpi.hpp"
@@ -282,12 +286,17 @@ void check_job(JobComm& job) {
   failures.report();
 }
 
+#if defined(TANDEM_TEST_GLOO) || defined(TANDEM_TEST_SHM)
 #if defined(TANDEM_TEST_GLOO)
+using LaunchedComm = tandem::GlooComm;
+#else
+using LaunchedComm = tandem::ShmComm;
+#endif
 /// This process's rank of the tandemrun job, or nullptr when it runs alone.
-tandem::GlooComm* gloo_job() {
-  static std::optional<tandem::GlooComm> comm = []() -> std::optional<tandem::GlooComm> {
+LaunchedComm* launched_job() {
+  static std::optional<LaunchedComm> comm = []() -> std::optional<LaunchedComm> {
     if (!std::getenv("WORLD_SIZE")) return std::nullopt;
-    return tandem::init_process_group<tandem::GlooComm>();
+    return tandem::init_process_group<LaunchedComm>();
   }();
   return comm ? &*comm : nullptr;
 }
@@ -297,8 +306,8 @@ tandem::GlooComm* gloo_job() {
 bool in_job() {
 #if defined(TANDEM_TEST_MPI)
   return true;  // the MPI build runs only under mpirun
-#elif defined(TANDEM_TEST_GLOO)
-  return gloo_job() != nullptr;
+#elif defined(TANDEM_TEST_GLOO) || defined(TANDEM_TEST_SHM)
+  return launched_job() != nullptr;
 #else
   return false;
 #endif
@@ -308,7 +317,11 @@ bool in_job() {
 
 #if defined(TANDEM_TEST_GLOO)
 TEST_CASE("shard<1> and shard<2> equal DDP on GlooComm processes (tandemrun)") {
-  if (auto* comm = gloo_job()) check_job(*comm);  // alone: the LocalComm cases below
+  if (auto* comm = launched_job()) check_job(*comm);  // alone: the LocalComm cases below
+}
+#elif defined(TANDEM_TEST_SHM)
+TEST_CASE("shard<1> and shard<2> equal DDP on ShmComm processes (tandemrun)") {
+  if (auto* comm = launched_job()) check_job(*comm);  // alone: the LocalComm cases below
 }
 #endif
 
