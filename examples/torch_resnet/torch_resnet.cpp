@@ -10,7 +10,8 @@
 // every epoch (and every --checkpoint-every steps) and --resume. Rank 0's last line states the
 // test accuracy; --min-accuracy makes the run fail unless it trained.
 //   build/release/tools/tandemrun --standalone --nproc-per-node 2
-//       build/release/examples/torch_resnet/torch_resnet --epochs 3        (one line) Gloo
+//       build/release/examples/torch_resnet/torch_resnet --epochs 3   (one line) shared memory
+//       (the default CPU backend: HierarchicalComm<ShmComm, GlooComm>; --backend gloo: plain Gloo)
 //   build/release/examples/torch_resnet/torch_resnet --backend local --ranks 2   threads
 //   mpirun -n 2 build/release/examples/torch_resnet/torch_resnet --backend mpi     MPI
 // Flags: --epochs E --batch-size B (per rank) --lr LR --weight-decay WD --width W --seed S
@@ -83,18 +84,19 @@ struct Settings : examples::RunSettings {
 
 int usage() {
   std::fprintf(stderr,
-               "usage: torch_resnet [--backend gloo|mpi|local] [--ranks N] [--epochs E]\n"
-               "  [--batch-size B] [--lr LR] [--weight-decay WD] [--width W] [--seed S]\n"
-               "  [--data DIR] [--init FILE] [--checkpoint-dir DIR] [--checkpoint-every N]\n"
-               "  [--resume] [--timeout SECONDS] [--workers W] [--tensorboard DIR]\n"
-               "  [--max-steps N] [--min-accuracy PERCENT] [--no-sync-bn]\n"
-               "  default backend: gloo under a launcher (WORLD_SIZE set), else local\n");
+               "usage: torch_resnet [--backend hierarchical|shm|gloo|mpi|local] [--ranks N]\n"
+               "  [--epochs E] [--batch-size B] [--lr LR] [--weight-decay WD] [--width W]\n"
+               "  [--seed S] [--data DIR] [--init FILE] [--checkpoint-dir DIR]\n"
+               "  [--checkpoint-every N] [--resume] [--timeout SECONDS] [--workers W]\n"
+               "  [--tensorboard DIR] [--max-steps N] [--min-accuracy PERCENT] [--no-sync-bn]\n"
+               "  default backend: hierarchical under a launcher (WORLD_SIZE set: shared memory\n"
+               "  within a node, Gloo between nodes), else local; plain Gloo: --backend gloo\n");
   return 2;
 }
 
 std::optional<Settings> parse(int argc, char** argv) {
   Settings s;
-  s.backend = std::getenv("WORLD_SIZE") ? "gloo" : "local";
+  s.backend = examples::default_cpu_backend();
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
     if (arg == "--resume") {
