@@ -9,8 +9,10 @@ after the victim entered it, so the victim is blocked inside it. LocalComm's ran
 the victim thread itself leaves at the point (--signal exit) or stops there for good (--signal
 stop); see fault_worker.cpp.
 
-Modes: env (gloo or shm ranks started here by hand over env://), tandemrun (gloo or shm under
-tandemrun --standalone), mpirun (mpi), threads (local).
+Modes: env (gloo, shm or hierarchical ranks started here by hand over env://), tandemrun (gloo
+or shm under tandemrun --standalone), mpirun (mpi), threads (local). hierarchical cuts the job
+into nodes of two ranks (GROUP_RANK = rank / 2) on this host: shared memory within each, Gloo
+between the nodes' first ranks, so a fault crosses both levels.
 
 A trial passes when, within the collective timeout + 5 s of the fault, every surviving rank has
 ended non-zero with a tandem::Error naming the operation (under a launcher: or was ended by the
@@ -102,6 +104,11 @@ def start(args, trial, directory):
             renv = dict(env, RANK=str(r), WORLD_SIZE=str(args.world), LOCAL_RANK=str(r),
                         LOCAL_WORLD_SIZE=str(args.world), MASTER_ADDR="127.0.0.1",
                         MASTER_PORT=str(port))
+            if args.backend == "hierarchical":
+                node, nodes = r // 2, (args.world + 1) // 2
+                renv.update(LOCAL_RANK=str(r % 2),
+                            LOCAL_WORLD_SIZE=str(min(2, args.world - 2 * node)),
+                            GROUP_RANK=str(node), GROUP_WORLD_SIZE=str(nodes))
             ranks[r] = subprocess.Popen([args.worker] + wargs, env=renv,
                                         stdout=out(f"out{r}"), stderr=out(f"err{r}"),
                                         start_new_session=True)
@@ -383,7 +390,7 @@ def main():
     parser.add_argument("--worker")
     parser.add_argument("--tandemrun")
     parser.add_argument("--mpirun")
-    parser.add_argument("--backend", choices=["local", "gloo", "shm", "mpi"])
+    parser.add_argument("--backend", choices=["local", "gloo", "shm", "hierarchical", "mpi"])
     parser.add_argument("--mode", choices=["threads", "env", "tandemrun", "mpirun"])
     parser.add_argument("--signal", choices=["kill", "stop", "exit"])
     parser.add_argument("--world", type=int, default=2)
@@ -403,7 +410,7 @@ def main():
     if not (args.worker and args.backend and args.mode and args.signal):
         parser.error("--worker, --backend, --mode and --signal are needed")
     expected = {"local": ("threads",), "gloo": ("env", "tandemrun"), "shm": ("env", "tandemrun"),
-                "mpi": ("mpirun",)}
+                "hierarchical": ("env",), "mpi": ("mpirun",)}
     if args.mode not in expected[args.backend]:
         parser.error(f"backend {args.backend} runs in mode {expected[args.backend]}")
     if (args.backend == "local") != (args.signal in ("exit", "stop") and args.mode == "threads"):

@@ -3,8 +3,8 @@
 // loss averaged over the ranks each step) that one rank, the victim, abandons at a chosen step
 // and point. tests/fault/fault_driver.py starts it and injects the fault; see the README there.
 //
-// Processes (gloo, shm, mpi): the victim announces where it is in DIR/rank<V>.at and the driver
-// sends the signal (SIGKILL or SIGSTOP) from outside:
+// Processes (gloo, shm, hierarchical, mpi): the victim announces where it is in DIR/rank<V>.at
+// and the driver sends the signal (SIGKILL or SIGSTOP) from outside:
 //   before  the victim announces and waits for the signal before entering the collective;
 //   after   the victim leaves the collective, announces and waits for the signal;
 //   inside  the victim announces and enters the collective; the survivors straggle (sleep
@@ -58,6 +58,9 @@
 #if TANDEM_FAULT_WITH_SHM
 #include "tandem/comm/init.hpp"
 #include "tandem/comm/shm/shm.hpp"
+#endif
+#if TANDEM_FAULT_WITH_SHM && TANDEM_FAULT_WITH_GLOO
+#include "tandem/comm/hierarchical/hierarchical.hpp"
 #endif
 
 namespace {
@@ -293,11 +296,11 @@ int run_process(const Settings& settings, int rank, MakeComm&& make_comm) {
 }
 
 int usage() {
-  std::fprintf(
-      stderr,
-      "usage: fault_worker --backend local|gloo|shm|mpi --dir DIR [--ranks N] [--steps S]\n"
-      "  [--timeout-ms T] [--fault-step S --point before|inside|after\n"
-      "  --target grads|loss --victim V --fault exit|stop --straggle-ms D]\n");
+  std::fprintf(stderr,
+               "usage: fault_worker --backend local|gloo|shm|hierarchical|mpi --dir DIR [--ranks "
+               "N] [--steps S]\n"
+               "  [--timeout-ms T] [--fault-step S --point before|inside|after\n"
+               "  --target grads|loss --victim V --fault exit|stop --straggle-ms D]\n");
   return 2;
 }
 
@@ -362,6 +365,17 @@ int main(int argc, char** argv) {
       tandem::ShmCommOptions options;
       options.timeout = timeout;
       return tandem::init_process_group<tandem::ShmComm>("env://", options);
+    });
+  }
+#endif
+#if TANDEM_FAULT_WITH_SHM && TANDEM_FAULT_WITH_GLOO
+  if (settings.backend == "hierarchical") {
+    using Comm = tandem::HierarchicalComm<tandem::ShmComm, tandem::GlooComm>;
+    const auto rank = tandem::parse_int(std::getenv("RANK") ? std::getenv("RANK") : "");
+    return run_process(settings, rank ? static_cast<int>(*rank) : -1, [&] {
+      Comm::options_type options;
+      options.timeout = timeout;  // both levels'
+      return tandem::init_process_group<Comm>("env://", options);
     });
   }
 #endif
