@@ -1,7 +1,8 @@
 // ZeRO (DistributedDataParallel's shard<1> and shard<2>) on LocalComm, 1 to 4 ranks: the same
 // parameters and optimizer state as plain DDP bit for bit, with two param groups, an LR change,
 // no_sync accumulation and a GradScaler overflow on one rank; state memory 1/N of DDP's; misuse
-// errors; consolidated checkpoints loaded at other world sizes, with and without sharding.
+// errors; consolidated checkpoints loaded at other world sizes, with and without sharding; the
+// apex O2 compute copy (amp::ComputeWeights) refreshed after ddp.step, the same as DDP's.
 // Built with Gloo (TANDEM_TEST_GLOO) and started by tandemrun (ctest zero_gloo_np3, WORLD_SIZE
 // set), the same comparison runs on GlooComm processes, on groups of 1 .. WORLD_SIZE ranks split
 // off the job, and nothing else; built with ShmComm (TANDEM_TEST_SHM, ctest zero_shm_np3) the
@@ -37,6 +38,7 @@
 #include "support/collective_suite.hpp"
 #include "support/runners.hpp"
 #include "tandem/amp/grad_scaler.hpp"
+#include "tandem/amp/precision.hpp"
 #include "tandem/arena/parameters.hpp"
 #include "tandem/comm/local/local.hpp"
 #include "tandem/ddp/ddp.hpp"
@@ -353,6 +355,56 @@ TEST_CASE("shard<1> and shard<2> equal DDP bit for bit: AdamW and a GradScaler o
     check_against_ddp<LocalComm, 2>(run, n, make_adamw, {}, failures);
   }
   failures.report();
+}
+
+namespace {
+
+/// Each rank's master values and half compute copy after 4 steps of apex O2 (the backward reads
+/// and writes the half copy, whose gradients are cast into the arena) on n LocalComm ranks with D
+/// and SGD with momentum, stepped through ddp.step: under ZeRO the all_gather brings the master
+/// values back whole, so one refresh() gives every rank the whole compute copy.
+template <class D>
+std::vector<std::pair<std::vector<float>, std::vector<float>>> trained_o2(int n) {
+  std::vector<std::pair<std::vector<float>, std::vector<float>>> out(static_cast<std::size_t>(n));
+  tandem::run_local(n, [&](LocalComm& comm) {
+    Trainee<D, tandem::optim::SGD<float>> t(comm, make_sgd);
+    t.ddp.shard(t.opt);
+    tandem::amp::ComputeWeights<tandem::amp::O2<>> weights(t.params.numel());
+    std::vector<tandem::Parameters<float>::Parameter*> order;
+    for (auto& p : t.params) order.push_back(&p);
+    for (int s = 0; s < 4; ++s) {
+      weights.refresh(tandem::on_host, t.params.values());
+      t.ddp.before_forward();
+      const auto half_values = weights.values();
+      const auto half_grads = weights.grads();
+      for (std::size_t i = 0; i < half_grads.size(); ++i) {
+        const float wave = std::sin(static_cast<float>(1 + i + 7 * comm.rank() + 13 * s));
+        half_grads[i] = tandem::half(0.3f * static_cast<float>(half_values[i]) + wave);
+      }
+      weights.grads_to_master(tandem::on_host, t.params.grads());
+      for (auto it = order.rbegin(); it != order.rend(); ++it) t.ddp.grad_ready(**it);
+      t.ddp.finish_gradient_sync();
+      t.ddp.step(t.opt);
+      t.opt.zero_grad();
+    }
+    weights.refresh(tandem::on_host, t.params.values());
+    auto& mine = out[static_cast<std::size_t>(comm.rank())];
+    const auto values = t.params.values();
+    mine.first.assign(values.begin(), values.end());
+    for (const tandem::half h : weights.values()) mine.second.push_back(static_cast<float>(h));
+  });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("shard<1> and shard<2> under O2: the same master and half weights as DDP") {
+  if (in_job()) return;
+  for (int n = 1; n <= 3; ++n) {
+    const auto plain = trained_o2<Plain>(n);
+    CHECK_MESSAGE((trained_o2<Stage1>(n) == plain), n << " ranks, shard<1>");
+    CHECK_MESSAGE((trained_o2<Stage2>(n) == plain), n << " ranks, shard<2>");
+  }
 }
 
 TEST_CASE("ZeRO misuse is an Error") {
