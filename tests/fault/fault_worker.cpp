@@ -295,12 +295,26 @@ int run_process(const Settings& settings, int rank, MakeComm&& make_comm) {
   }
 }
 
+#if TANDEM_FAULT_WITH_GLOO || TANDEM_FAULT_WITH_SHM
+/// A process rank of a job started over env:// (gloo, shm, hierarchical): Comm made by
+/// init_process_group with the collective timeout, the rank read from RANK for the bookkeeping.
+template <class Comm>
+int run_env_process(const Settings& settings, std::chrono::milliseconds timeout) {
+  const auto rank = tandem::parse_int(std::getenv("RANK") ? std::getenv("RANK") : "");
+  return run_process(settings, rank ? static_cast<int>(*rank) : -1, [&] {
+    typename Comm::options_type options;
+    options.timeout = timeout;  // HierarchicalComm: both levels'
+    return tandem::init_process_group<Comm>("env://", options);
+  });
+}
+#endif
+
 int usage() {
-  std::fprintf(stderr,
-               "usage: fault_worker --backend local|gloo|shm|hierarchical|mpi --dir DIR [--ranks "
-               "N] [--steps S]\n"
-               "  [--timeout-ms T] [--fault-step S --point before|inside|after\n"
-               "  --target grads|loss --victim V --fault exit|stop --straggle-ms D]\n");
+  std::fprintf(
+      stderr,
+      "usage: fault_worker --backend local|gloo|shm|hierarchical|mpi --dir DIR\n"
+      "  [--ranks N] [--steps S] [--timeout-ms T] [--fault-step S --point before|inside|after\n"
+      "  --target grads|loss --victim V --fault exit|stop --straggle-ms D]\n");
   return 2;
 }
 
@@ -349,34 +363,15 @@ int main(int argc, char** argv) {
   const auto timeout = std::chrono::milliseconds(settings.timeout_ms);
   if (settings.backend == "local") return run_local(settings);
 #if TANDEM_FAULT_WITH_GLOO
-  if (settings.backend == "gloo") {
-    const auto rank = tandem::parse_int(std::getenv("RANK") ? std::getenv("RANK") : "");
-    return run_process(settings, rank ? static_cast<int>(*rank) : -1, [&] {
-      tandem::GlooCommOptions options;
-      options.timeout = timeout;
-      return tandem::init_process_group<tandem::GlooComm>("env://", options);
-    });
-  }
+  if (settings.backend == "gloo") return run_env_process<tandem::GlooComm>(settings, timeout);
 #endif
 #if TANDEM_FAULT_WITH_SHM
-  if (settings.backend == "shm") {
-    const auto rank = tandem::parse_int(std::getenv("RANK") ? std::getenv("RANK") : "");
-    return run_process(settings, rank ? static_cast<int>(*rank) : -1, [&] {
-      tandem::ShmCommOptions options;
-      options.timeout = timeout;
-      return tandem::init_process_group<tandem::ShmComm>("env://", options);
-    });
-  }
+  if (settings.backend == "shm") return run_env_process<tandem::ShmComm>(settings, timeout);
 #endif
 #if TANDEM_FAULT_WITH_SHM && TANDEM_FAULT_WITH_GLOO
   if (settings.backend == "hierarchical") {
-    using Comm = tandem::HierarchicalComm<tandem::ShmComm, tandem::GlooComm>;
-    const auto rank = tandem::parse_int(std::getenv("RANK") ? std::getenv("RANK") : "");
-    return run_process(settings, rank ? static_cast<int>(*rank) : -1, [&] {
-      Comm::options_type options;
-      options.timeout = timeout;  // both levels'
-      return tandem::init_process_group<Comm>("env://", options);
-    });
+    return run_env_process<tandem::HierarchicalComm<tandem::ShmComm, tandem::GlooComm>>(settings,
+                                                                                        timeout);
   }
 #endif
 #if TANDEM_FAULT_WITH_MPI

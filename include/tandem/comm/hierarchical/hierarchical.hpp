@@ -93,6 +93,20 @@ inline std::string members_text(const std::vector<int>& members) {
   return text;
 }
 
+/// Each id's number in the order the ids first appear: {5, 5, 2, 5} -> {0, 0, 1, 0}. Nodes are
+/// numbered so, in the order of their first rank.
+template <class Id>
+std::vector<int> numbered_by_first_appearance(const std::vector<Id>& ids) {
+  std::vector<Id> distinct;
+  std::vector<int> numbers;
+  for (const Id& id : ids) {
+    auto at = std::find(distinct.begin(), distinct.end(), id);
+    if (at == distinct.end()) at = distinct.insert(distinct.end(), id);
+    numbers.push_back(static_cast<int>(at - distinct.begin()));
+  }
+  return numbers;
+}
+
 /// A sub-group's message with its rank numbers as this group's: "rank 1 died" in node 1's group
 /// (ranks 2, 3) reads "rank 3 died", so that no message names a rank by a number it does not
 /// have here. Renumbers the lists after "rank " and "ranks " ("ranks 0, 1 and 2"); a number
@@ -331,19 +345,8 @@ class Engine : public IssueOrder {
       level_ = Level::node;
       auto intra = intra_->split(inter ? color : no_color, inter ? inter->rank() : 0);
       if (!inter) return;
-      std::vector<std::int32_t> distinct;
-      for (const std::int32_t id : node_ids) {
-        if (std::find(distinct.begin(), distinct.end(), id) == distinct.end()) {
-          distinct.push_back(id);
-        }
-      }
-      std::vector<int> node_of;
-      for (const std::int32_t id : node_ids) {
-        node_of.push_back(
-            static_cast<int>(std::find(distinct.begin(), distinct.end(), id) - distinct.begin()));
-      }
-      made = std::make_unique<Engine>(inter->rank(), std::move(node_of), std::move(*intra),
-                                      std::move(inter), timeout_);
+      made = std::make_unique<Engine>(inter->rank(), numbered_by_first_appearance(node_ids),
+                                      std::move(*intra), std::move(inter), timeout_);
       level_ = Level::all;  // the new leaders' group is split from the new group of all ranks
       made->make_leaders();
     });
@@ -475,13 +478,7 @@ class HierarchicalComm : public detail::CollectiveFrontend<HierarchicalComm<Intr
       node_ranks.push_back(std::atoi(value.c_str()));
     }
     // Nodes in the order of their first rank; a rank's place in its node in job-rank order.
-    std::vector<int> distinct;
-    std::vector<int> node_of;
-    for (const int n : node_ranks) {
-      auto at = std::find(distinct.begin(), distinct.end(), n);
-      if (at == distinct.end()) at = distinct.insert(distinct.end(), n);
-      node_of.push_back(static_cast<int>(at - distinct.begin()));
-    }
+    std::vector<int> node_of = detail::hierarchical::numbered_by_first_appearance(node_ranks);
     const int node = node_of[static_cast<std::size_t>(world.rank)];
     int local = 0;
     int node_size = 0;
@@ -502,7 +499,7 @@ class HierarchicalComm : public detail::CollectiveFrontend<HierarchicalComm<Intr
       Intra intra =
           Intra::rendezvous(World::single_node(local, node_size), node_store, intra_options);
       std::optional<Inter> inter;
-      if (distinct.size() > 1) {
+      if (std::any_of(node_of.begin(), node_of.end(), [](int n) { return n > 0; })) {
         step = "making the group of all ranks between nodes";
         AnyStore all_store(PrefixStore<AnyStore>(name + "/all", store));
         inter.emplace(Inter::rendezvous(world, all_store, inter_options));
