@@ -5,7 +5,8 @@
 # momentum 0.9, weight decay on conv/linear weights only, warm-up + cosine, EMA, batch 64 per
 # rank) and the same data order (DistributedSampler, seed 0). PyTorch: DDP over gloo, 2 processes
 # started by hand (Debian's torchrun crashes, see MACHINE-NOTES); tandem: 2 ranks with the
-# default backend (HierarchicalComm: shared memory on one node), Gloo, MPI and threads. Writes seconds of training per epoch, test accuracy and the ratios to
+# default backend (HierarchicalComm: shared memory on one node), Gloo, MPI and threads, and the
+# default backend once more with --no-sync-bn (per-rank BatchNorm, as PyTorch's side has). Writes seconds of training per epoch, test accuracy and the ratios to
 # bench/results/torch-resnet.md, and accuracy against time to torch-resnet.png (matplotlib).
 #   bench/torch_resnet/run_torch_resnet.sh [BUILD_DIR] [EPOCHS]     (default build/release, 2)
 # Needs: torch_resnet and tandemrun built (Release, libtorch found), OpenMPI, Debian's
@@ -36,11 +37,12 @@ common=(--epochs "$epochs" --init "$tmp/init.safetensors")
 port=$((29500 + RANDOM % 1000))
 run torch_ddp bash -c "for r in 0 1; do RANK=\$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port $python $here/torch_resnet.py ${common[*]} & done; wait"
 run tandem_default "$tandemrun" --standalone --nproc-per-node 2 "$program" "${common[@]}"
+run tandem_default_nosyncbn "$tandemrun" --standalone --nproc-per-node 2 "$program" --no-sync-bn "${common[@]}"
 run tandem_gloo "$tandemrun" --standalone --nproc-per-node 2 "$program" --backend gloo "${common[@]}"
 run tandem_mpi mpirun -n 2 --oversubscribe --bind-to none "$program" --backend mpi "${common[@]}"
 run tandem_local "$program" --backend local --ranks 2 "${common[@]}"
-names=(torch_ddp tandem_default tandem_gloo tandem_mpi tandem_local)
-for name in tandem_default tandem_gloo tandem_mpi tandem_local; do tandem_epochs <"$tmp/$name.log" >"$tmp/$name.epochs"; done
+names=(torch_ddp tandem_default tandem_default_nosyncbn tandem_gloo tandem_mpi tandem_local)
+for name in "${names[@]:1}"; do tandem_epochs <"$tmp/$name.log" >"$tmp/$name.epochs"; done
 grep "^EPOCH" "$tmp/torch_ddp.log" | awk '{print $1, $2, $3, $4 * 100}' >"$tmp/torch_ddp.epochs"
 for name in "${names[@]}"; do
   [[ $(wc -l <"$tmp/$name.epochs") -eq $epochs ]] || {
@@ -55,6 +57,7 @@ from training_report import best_run_summary, plot_accuracy, read_runs, results_
 tmp, out, plot, commit, epochs, load_before, load_after = sys.argv[1:8]
 names = {"torch_ddp": "PyTorch DDP, 2 processes (gloo)",
          "tandem_default": "tandem, 2 ranks (default: HierarchicalComm, shared memory)",
+         "tandem_default_nosyncbn": "tandem, 2 ranks (default backend, --no-sync-bn: per-rank BatchNorm)",
          "tandem_gloo": "tandem, 2 ranks (Gloo)",
          "tandem_mpi": "tandem, 2 ranks (MPI)", "tandem_local": "tandem, 2 ranks (threads)"}
 runs, per_epoch = read_runs(tmp, names, 70.0)
@@ -82,6 +85,8 @@ lines += results_table(names, runs, per_epoch, {
 lines += ["", best_run_summary(names, runs, per_epoch, best, 0.7), "",
           best_run_summary(names, runs, per_epoch, "tandem_default", 0.7,
                            lead="The default backend"), "",
+          best_run_summary(names, runs, per_epoch, "tandem_default_nosyncbn", 0.7,
+                           lead="Like for like (per-rank BatchNorm on both sides)"), "",
           "![test accuracy against training time](torch-resnet.png)"]
 write_report(out, lines)
 plot_accuracy(runs, names, plot, "seconds of training (2-core VM, shared)",
