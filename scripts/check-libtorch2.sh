@@ -10,9 +10,14 @@
 # .whl's torch/include, torch/lib and torch/share/cmake), or an installed PyTorch's
 #   python3 -c 'import torch, os; print(os.path.dirname(torch.__file__))'
 # BUILD_DIR (default build/libtorch2) receives objects, executables and logs.
-# It links libtorch_cpu and libc10 only, never libtorch.so, which needs libtorch_cuda and its
-# CUDA libraries; a CUDA wheel's libtorch_cpu itself still needs libcudart and libcupti (ldd is
-# shown, and nothing runs when a library is missing). Gloo is linked before libtorch_cpu: the
+# The CPU steps link libtorch_cpu and libc10 only, never libtorch.so, which needs libtorch_cuda
+# and its CUDA libraries; a CUDA wheel's libtorch_cpu itself still needs libcudart and libcupti
+# (ldd is shown, and nothing runs when a library is missing). Where the wheel has CUDA
+# (libc10_cuda.so) and nvcc is here (NVCC, else /usr/local/cuda/bin/nvcc), the CUDA steps compile
+# tests/unit/torch/ddp_cuda_test.cu and examples/torch_resnet/torch_resnet_cuda.cu with nvcc
+# (CUDA_ARCH, default 90), link them against libtorch_cuda, libc10_cuda and NCCL (CUDA libraries
+# that libtorch_cuda needs and this machine lacks are let through with --allow-shlib-undefined),
+# and run them where a GPU is (each exits 77, SKIP, without one). Gloo is linked before libtorch_cpu: the
 # wheel's libtorch_cpu exports its own gloo symbols, which would otherwise bind in place of the
 # system libgloo's (GlooComm then fails to listen). Gloo, MPI and zlib are optional (their tests
 # are skipped without them). Each step prints PASS, FAIL or SKIP; the exit status is 1 when one
@@ -195,6 +200,65 @@ if ((example_ok)) && ((${#gloo[@]})); then
   run "example_torch_resnet_gloo_crash_resume" timeout 600 \
     "$source_dir/examples/torch_resnet/crash_resume_test.sh" "$build_dir/tandemrun" \
     "$build_dir/torch_resnet" "$build_dir/tandem-ckpt"
+fi
+
+# The CUDA path: the bridge over NcclComm (device arena, libtorch's stream) and the CUDA example.
+nvcc=${NVCC:-/usr/local/cuda/bin/nvcc}
+cuda_home=$(cd "$(dirname "$nvcc")/.." 2>/dev/null && pwd)
+if [[ ! -e $torch_dir/lib/libc10_cuda.so ]]; then
+  record SKIP "CUDA steps: this libtorch has no CUDA (no libc10_cuda.so)"
+elif [[ ! -x $nvcc ]]; then
+  record SKIP "CUDA steps: no nvcc at $nvcc (set NVCC)"
+else
+  cuda_flags=(-forward-unknown-to-host-compiler "-D_GLIBCXX_USE_CXX11_ABI=$abi" -std=c++20
+    "--generate-code=arch=compute_${CUDA_ARCH:-90},code=[sm_${CUDA_ARCH:-90}]"
+    -Werror=all-warnings -Xcompiler=-Wall,-Wextra -I"$source_dir/include"
+    "-isystem=$cuda_home/include" "-isystem=$torch_dir/include"
+    "-isystem=$torch_dir/include/torch/csrc/api/include")
+  # shellcheck disable=SC2054  # the commas belong to the linker flags
+  cuda_libs=(-L"$torch_dir/lib" -Wl,--no-as-needed -ltorch_cuda -lc10_cuda -ltorch_cpu -lc10
+    -Wl,--as-needed -Wl,-rpath,"$torch_dir/lib" -Wl,--allow-shlib-undefined
+    -L"$cuda_home/lib64" -Wl,-rpath,"$cuda_home/lib64" -lnccl -lcudart -lpthread)
+  nvcc_compile() {  # nvcc_compile NAME SOURCE FLAGS...
+    local name=$1 source=$2
+    shift 2
+    echo "-- compiling $source with nvcc"
+    if "$nvcc" "${cuda_flags[@]}" "$@" -x cu -c "$source_dir/$source" -o "$build_dir/$name.o" \
+      >"$build_dir/$name.log" 2>&1; then
+      record PASS "nvcc compile $source against libtorch $version"
+    else
+      grep -E 'error' "$build_dir/$name.log" | head -20
+      record FAIL "nvcc compile $source (log: $build_dir/$name.log)"
+      return 1
+    fi
+  }
+  cuda_link() {  # cuda_link NAME OBJECTS_AND_LIBS...: fails when it cannot run here either
+    local name=$1 missing
+    shift
+    if $cxx -o "$build_dir/$name" "$@" >"$build_dir/$name.link.log" 2>&1; then
+      record PASS "link $name against libtorch_cuda"
+      missing=$(ldd "$build_dir/$name" | awk '/not found/{print $1}' | sort -u | tr '\n' ' ')
+      if [[ -n $missing ]]; then
+        record SKIP "running $name: libraries not found here: $missing"
+        return 1
+      fi
+    else
+      grep -E 'undefined|error' "$build_dir/$name.link.log" | head -20
+      record FAIL "link $name (log: $build_dir/$name.link.log)"
+      return 1
+    fi
+  }
+  if nvcc_compile torch_bridge_cuda tests/unit/torch/ddp_cuda_test.cu -I"$source_dir/tests" &&
+    cuda_link torch_bridge_cuda "$build_dir/torch_bridge_cuda.o" "${cuda_libs[@]}"; then
+    run "torch_bridge_cuda (NcclComm, device arena)" "$build_dir/torch_bridge_cuda"
+  fi
+  if ((${#zlib[@]})) &&
+    nvcc_compile torch_resnet_cuda examples/torch_resnet/torch_resnet_cuda.cu \
+      -I"$source_dir/examples" &&
+    cuda_link torch_resnet_cuda "$build_dir/torch_resnet_cuda.o" "${zlib[@]}" "${cuda_libs[@]}"; then
+    run "example_torch_resnet_cuda (200 steps, one GPU)" "$build_dir/torch_resnet_cuda" \
+      --epochs 1 --max-steps 200 --min-accuracy 70
+  fi
 fi
 
 echo

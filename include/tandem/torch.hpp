@@ -5,7 +5,8 @@
 //   auto loss = torch::nn::functional::cross_entropy(ddp.forward(x), y);
 //   opt.zero_grad(); loss.backward(); opt.step();               // averaged when backward returns
 //   tandem::torch::model(state, ddp);                           // checkpoints with state_dict keys
-// Needs: libtorch 1.13 or 2.x (the tandem::torch CMake component).
+// Needs: libtorch 1.13 or 2.x (the tandem::torch CMake component). CUDA modules (over NcclComm)
+// also need <tandem/torch/cuda.hpp>, in a .cu file (libtorch with CUDA).
 #pragma once
 
 #include "tandem/torch/ddp.hpp"

@@ -4,7 +4,8 @@
 //   tandem::torch::DistributedDataParallel ddp(comm, model);      // model: shared_ptr<Net>
 //   auto loss = torch::nn::functional::cross_entropy(ddp.forward(x), y);
 //   opt.zero_grad(); loss.backward(); opt.step();                  // tandem::optim or torch::optim
-// Needs: libtorch (1.13 or 2.x; the tandem::torch CMake component) and a host Communicator.
+// Needs: libtorch (1.13 or 2.x; the tandem::torch CMake component) and a Communicator. CUDA
+// modules: a device communicator (NcclComm) and #include <tandem/torch/cuda.hpp> (see CUDA below).
 //
 // How it works. Construction (collective) checks that every rank's module has the same
 // parameters and buffers (names, shapes, dtypes; an Error names the first difference and which
@@ -29,7 +30,19 @@
 // at the next ddp.forward() (or ddp.attach()), which re-points them at the active block.
 // Checkpoints: tandem::torch::model(state, ddp) (state_dict.hpp) registers the arena and the
 // tensors outside it (tensors_outside_arena()) with a TrainingState under the module's keys.
-// Only float32 CPU parameters are supported (an Error otherwise); CUDA modules are future work.
+// Parameters must be float32 (keep them so; autocast computes in 16 bits), all on one device.
+//
+// CUDA. With a device communicator (NcclComm) the module must live on its GPU (module->to(...)
+// before wrapping) and the arena is device memory (Parameters<float, device>): the same views,
+// hooks and buckets. libtorch queues its kernels on its current stream; the bridge binds to the
+// current stream at construction: the arena's passes run there (cuda_exec), the communicator is
+// set to order its operations after it (comm.use_stream), so buckets start during backward with
+// no host wait and later work on that stream sees the reduced gradients. Train on that stream: a
+// forward or backward under another current stream is an Error (construct the wrapper under the
+// same stream guard). Include <tandem/torch/cuda.hpp> (in a .cu file compiled by nvcc, with
+// <tandem/cuda.hpp> and the NCCL backend): it supplies this stream binding, which a CPU build
+// does not need. A CUDA module with a host communicator is an Error (copy the module to the CPU,
+// or use NcclComm). Use tandem's GradScaler, EMA and optimizers with ddp.executor().
 // Parameters added to the module (or replaced, or moved with .to()) after wrapping are an Error at
 // the next forward or backward. A forward in eval mode (module->eval()) runs no collective, so
 // distributed evaluation may give ranks different batch counts.
@@ -117,18 +130,34 @@ inline std::uint64_t text_hash(const std::string& text,
   return hash;
 }
 
+/// Collective: every rank's `mine`, rank r's at r * mine.size(). The values travel as libtorch
+/// tensors on `device` (the CPU, or the GPU of a device communicator: in Space).
+template <class Space, element_type T, Communicator Comm>
+std::vector<T> all_gather_values(Comm& comm, std::vector<T> mine, const at::Device& device) {
+  const auto options = at::TensorOptions().dtype(scalar_type_of<T>());
+  const auto count = static_cast<std::int64_t>(mine.size());
+  const at::Tensor in = at::from_blob(mine.data(), {count}, options).to(device);
+  at::Tensor all = at::empty({count * comm.size()}, options.device(device));
+  comm.all_gather(view<T, Space>(in), view<T, Space>(all));
+  all = all.cpu();  // after the collective: libtorch's stream order, or the host's
+  const T* first = all.data_ptr<T>();
+  return std::vector<T>(first, first + all.numel());
+}
+
 /// Collective: an Error on every rank unless all ranks hold the same `entries`; it names the
-/// first entry in which they differ and which ranks have what.
-template <Communicator Comm>
+/// first entry in which they differ and which ranks have what. The hashes and texts travel on
+/// `device` (in Space).
+template <class Space, Communicator Comm>
 void require_same_entries(Comm& comm, const std::vector<std::string>& entries,
-                          const char* operation) {
+                          const char* operation, const at::Device& device) {
   const auto n = static_cast<std::size_t>(comm.size());
   std::uint64_t whole = 0;
   for (const auto& entry : entries) whole = text_hash(entry + "\n", whole);
-  std::vector<std::int64_t> mine{static_cast<std::int64_t>(whole),
-                                 static_cast<std::int64_t>(entries.size())};
-  std::vector<std::int64_t> all(2 * n);
-  comm.all_gather(mine, all);
+  const auto all =
+      all_gather_values<Space>(comm,
+                               std::vector<std::int64_t>{static_cast<std::int64_t>(whole),
+                                                         static_cast<std::int64_t>(entries.size())},
+                               device);
   std::size_t common = entries.size();
   bool same = true;
   for (std::size_t r = 0; r < n; ++r) {
@@ -141,8 +170,8 @@ void require_same_entries(Comm& comm, const std::vector<std::string>& entries,
   for (std::size_t i = 0; i < common; ++i) {
     hashes[i] = static_cast<std::int64_t>(text_hash(entries[i]));
   }
-  std::vector<std::int64_t> all_hashes(common * n);
-  if (common > 0) comm.all_gather(hashes, all_hashes);
+  std::vector<std::int64_t> all_hashes;
+  if (common > 0) all_hashes = all_gather_values<Space>(comm, std::move(hashes), device);
   std::size_t first = common;
   for (std::size_t i = 0; i < common && first == common; ++i) {
     for (std::size_t r = 1; r < n; ++r) {
@@ -153,8 +182,7 @@ void require_same_entries(Comm& comm, const std::vector<std::string>& entries,
   const std::string own = first < entries.size() ? entries[first] : "nothing (fewer entries)";
   std::vector<std::uint8_t> text(text_bytes, 0);
   std::memcpy(text.data(), own.data(), std::min(own.size(), text_bytes - 1));
-  std::vector<std::uint8_t> texts(text_bytes * n);
-  comm.all_gather(text, texts);
+  const auto texts = all_gather_values<Space>(comm, std::move(text), device);
 
   std::vector<std::string> seen(n);
   for (std::size_t r = 0; r < n; ++r) {
@@ -195,25 +223,51 @@ struct GradReadyHook final : ::torch::autograd::FunctionPostHook {
 
 }  // namespace detail
 
+/// How the bridge orders its work with libtorch's in the arena's memory space Space: the executor
+/// that runs the arena's passes, bound once at construction, and a check before each use. Host
+/// memory needs no order (libtorch's CPU kernels have finished when they return).
+/// tandem/torch/cuda.hpp specialises it for device memory (libtorch's current CUDA stream).
+template <memory_space Space>
+struct StreamOrder {
+  static_assert(host_accessible<Space>,
+                "tandem::torch::DistributedDataParallel: a CUDA module on a device communicator "
+                "needs #include <tandem/torch/cuda.hpp> (in a .cu file compiled by nvcc)");
+  /// What runs the arena's passes.
+  using executor = host_exec;
+  /// The executor for a module on `device`; a device specialisation also orders `comm` after it.
+  template <class Comm>
+  static executor bind(Comm& /*comm*/, const at::Device& /*device*/) {
+    return {};
+  }
+  /// An Error naming `where` when libtorch's work would no longer be ordered with `exec`'s.
+  static void check(const executor& /*exec*/, const at::Device& /*device*/, int /*rank*/,
+                    const char* /*where*/) {}
+};
+
 /// Data-parallel training of a libtorch module over `Comm` (see the top of this header).
 /// Policies are tandem::DistributedDataParallel's. The communicator and the module must outlive
 /// it; it neither copies nor moves. On destruction the module gets its own storage back (copies
 /// of the arena's values and gradients).
 template <Communicator Comm, class... Policies>
 class DistributedDataParallel {
-  static_assert(host_accessible<typename Comm::memory_space>,
-                "tandem::torch::DistributedDataParallel: CUDA modules and device communicators "
-                "(NcclComm) are not supported yet; use a host communicator with a CPU module");
-
  public:
+  /// Where the arena lives: host memory for a host communicator (CPU modules), the
+  /// communicator's device memory for a device one (CUDA modules).
+  using arena_space = std::conditional_t<host_accessible<typename Comm::memory_space>, host,
+                                         typename Comm::memory_space>;
+  /// The arena: the module's float32 parameters, gradients and buffers.
+  using arena_type = Parameters<float, arena_space>;
+  /// What runs the arena's passes (host_exec; cuda_exec on libtorch's stream for CUDA modules).
+  using executor_type = typename StreamOrder<arena_space>::executor;
   /// The tandem DDP that reduces the arena.
   using inner_type = tandem::DistributedDataParallel<Comm, Policies...>;
   /// Its RAII guard for gradient accumulation (see no_sync()).
   using NoSyncGuard = typename inner_type::NoSyncGuard;
 
   /// Collective: checks, moves into the arena and broadcasts `module`'s parameters and buffers
-  /// (see the top of this header). An Error, on every rank, when the ranks' modules differ or a
-  /// parameter is not a float32 CPU tensor; the module is left untouched then.
+  /// (see the top of this header). An Error, on every rank, when the ranks' modules differ, a
+  /// parameter is not float32, or the module is not where the communicator moves tensors (the
+  /// CPU for a host communicator, its GPU for a device one); the module is left untouched then.
   template <class Module>
   requires std::derived_from<Module, ::torch::nn::Module> DistributedDataParallel(
       Comm& comm, std::shared_ptr<Module> module)
@@ -271,6 +325,8 @@ class DistributedDataParallel {
   /// zero) and, in training mode, broadcasts the buffers from rank 0 (policy broadcast_buffers,
   /// the default; collective).
   void before_forward() {
+    StreamOrder<arena_space>::check(exec_, device_, comm_->rank(),
+                                    "torch::DistributedDataParallel::forward");
     check_unchanged("torch::DistributedDataParallel::forward");
     attach();
     attach_grads(/*undefined_is_zero=*/true);
@@ -323,7 +379,12 @@ class DistributedDataParallel {
 
   /// The arena (parameters, gradients, buffers): what tandem's optimizers, GradScaler and EMA
   /// take. Its names are the module's named_parameters() / named_buffers() keys.
-  [[nodiscard]] Parameters<float>& parameters() noexcept { return arena_; }
+  [[nodiscard]] arena_type& parameters() noexcept { return arena_; }
+  /// The executor of the arena's passes: give it to tandem's optimizers, GradScaler and EMA on a
+  /// CUDA module (cuda_exec on libtorch's stream), so that they run in the same stream order.
+  [[nodiscard]] const executor_type& executor() const noexcept { return exec_; }
+  /// Where the module lives (the CPU, or its GPU).
+  [[nodiscard]] const at::Device& device() const noexcept { return device_; }
   /// The wrapped module.
   [[nodiscard]] ::torch::nn::Module& module() const noexcept { return *module_; }
   /// The wrapped module, shared.
@@ -345,7 +406,7 @@ class DistributedDataParallel {
   /// are not float32 and the second names of tied parameters and buffers. With parameters(),
   /// every key of named_parameters() and named_buffers() once; tandem::torch::model() registers
   /// both with a checkpoint.
-  [[nodiscard]] NamedTensorSets& tensors_outside_arena() noexcept { return outside_; }
+  [[nodiscard]] NamedTensorSets<arena_space>& tensors_outside_arena() noexcept { return outside_; }
 
  private:
   template <class>
@@ -361,7 +422,7 @@ class DistributedDataParallel {
   struct Slot {
     std::string name;
     at::Tensor tensor;  // the module's parameter or buffer
-    Parameters<float>::Parameter* entry = nullptr;
+    typename arena_type::Parameter* entry = nullptr;
     at::Tensor grad_view;  // trained: the view of its arena gradient
     AccumulatorPtr accumulator;
     std::uintptr_t hook_key = 0;
@@ -369,7 +430,7 @@ class DistributedDataParallel {
 
   at::Tensor blob(float* data, const Slot& slot) const {
     return at::from_blob(data, slot.tensor.sizes(),
-                         at::TensorOptions().dtype(at::kFloat).device(at::kCPU));
+                         at::TensorOptions().dtype(at::kFloat).device(device_));
   }
 
   void wrap() {
@@ -390,7 +451,10 @@ class DistributedDataParallel {
       entries.push_back("buffer '" + item.key() + "' " + detail::sizes_text(t.sizes()) + " " +
                         dtype_name(t.scalar_type()) + " on " + t.device().str());
     }
-    detail::require_same_entries(*comm_, entries, operation);
+    // Where the module must be, and libtorch's stream bound before the first collective.
+    device_ = expected_device(params);
+    exec_ = StreamOrder<arena_space>::bind(*comm_, device_);
+    detail::require_same_entries<arena_space>(*comm_, entries, operation, device_);
 
     // Same everywhere, so every rank raises the same Errors below.
     std::unordered_map<const void*, std::string> seen;  // a tensor's first name
@@ -401,13 +465,13 @@ class DistributedDataParallel {
     std::vector<Alias> aliases;  // tied: a tensor's second and later names
     for (const auto& item : params) {
       const auto& t = item.value();
-      if (t.scalar_type() != at::kFloat || !t.is_cpu() || t.layout() != c10::kStrided) {
+      if (t.scalar_type() != at::kFloat || t.layout() != c10::kStrided) {
         throw Error(rank, operation,
                     "parameter '" + item.key() + "' is a " + dtype_name(t.scalar_type()) +
-                        " tensor on " + t.device().str() +
-                        "; tandem::torch::DistributedDataParallel supports dense float32 CPU "
+                        " tensor; tandem::torch::DistributedDataParallel supports dense float32 "
                         "parameters only (keep parameters float32; use autocast for 16-bit)");
       }
+      require_on_device(item.key(), "parameter", t);
       const auto [where, fresh] = seen.emplace(t.unsafeGetTensorImpl(), item.key());
       if (!fresh) {  // a shared (tied) parameter: its first name owns the slot
         aliases.push_back({item.key(), where->second, t});
@@ -425,12 +489,10 @@ class DistributedDataParallel {
     }
     for (const auto& item : buffers) {
       const auto& t = item.value();
-      if (auto problem = layout_problem(t); !problem.empty() || !t.is_cpu()) {
-        throw Error(
-            rank, operation,
-            "buffer '" + item.key() + "': " +
-                (problem.empty() ? "it is on " + t.device().str() + ", not the CPU" : problem));
+      if (auto problem = layout_problem(t); !problem.empty()) {
+        throw Error(rank, operation, "buffer '" + item.key() + "': " + problem);
       }
+      require_on_device(item.key(), "buffer", t);
       if (const auto [where, fresh] = seen.emplace(t.unsafeGetTensorImpl(), item.key()); !fresh) {
         aliases.push_back({item.key(), where->second, t});
         continue;
@@ -443,13 +505,18 @@ class DistributedDataParallel {
         other_buffers_.emplace_back(item.key(), t);
       }
     }
-    arena_.finalize();
+    if constexpr (host_accessible<arena_space>) {
+      arena_.finalize();
+    } else {
+      arena_.finalize(exec_);
+    }
     for (const auto& [name, t] : other_buffers_) outside_.add(name, t);
     for (const auto& alias : aliases) {
       if (const auto* first = arena_.find(alias.first)) {
         const auto sizes = alias.tensor.sizes();
-        outside_.of<float>().add(alias.name, std::vector<std::int64_t>(sizes.begin(), sizes.end()),
-                                 [first] { return first->value(); });
+        outside_.template of<float>().add(alias.name,
+                                          std::vector<std::int64_t>(sizes.begin(), sizes.end()),
+                                          [first] { return first->value(); });
       } else {
         outside_.add(alias.name, alias.tensor);
       }
@@ -483,8 +550,43 @@ class DistributedDataParallel {
           std::make_unique<detail::GradReadyHook<DistributedDataParallel>>(this, i));
     }
     // tandem's DDP checks its arena once more (cheap) and broadcasts rank 0's values and buffers.
-    inner_ = std::make_unique<inner_type>(*comm_, arena_);
+    inner_ = std::make_unique<inner_type>(*comm_, arena_, exec_);
     broadcast_other_buffers();
+  }
+
+  /// Where the module must live: the CPU for a host communicator; for a device one, its GPU (the
+  /// communicator's device() where it has one, else the first parameter's GPU).
+  template <class Named>
+  at::Device expected_device(const Named& params) const {
+    if constexpr (host_accessible<arena_space>) {
+      return at::Device(at::kCPU);
+    } else {
+      if constexpr (requires(const Comm& c) { c.device(); }) {
+        return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(comm_->device()));
+      } else {
+        for (const auto& item : params) {
+          if (item.value().is_cuda()) return item.value().device();
+        }
+        return at::Device(at::kCUDA, 0);
+      }
+    }
+  }
+
+  /// An Error unless `t` (parameter or buffer `name`) lives where the communicator moves tensors.
+  void require_on_device(const std::string& name, const char* kind, const at::Tensor& t) const {
+    if (t.device() == device_) return;
+    std::string fix;
+    if constexpr (host_accessible<arena_space>) {
+      fix =
+          "a host communicator moves CPU tensors: keep the module on the CPU, or train a CUDA "
+          "module over NcclComm";
+    } else {
+      fix = "the communicator's GPU is " + device_.str() + ": move the module there (module->to(" +
+            "torch::Device(torch::kCUDA, " + std::to_string(device_.index()) +
+            "))) before wrapping";
+    }
+    throw Error(comm_->rank(), operation,
+                std::string(kind) + " '" + name + "' is on " + t.device().str() + "; " + fix);
   }
 
   /// Gradients into the arena: a .grad() that is not the arena view is copied in (undefined:
@@ -507,6 +609,8 @@ class DistributedDataParallel {
 
   /// From the hook: parameter i's gradient is complete for this backward.
   void on_grad_ready(std::size_t i) {
+    StreamOrder<arena_space>::check(exec_, device_, comm_->rank(),
+                                    "torch::DistributedDataParallel (backward)");
     if (!callback_queued_) {
       ::torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
       callback_queued_ = true;
@@ -559,33 +663,45 @@ class DistributedDataParallel {
   /// Rank 0's non-float32 buffers everywhere, packed into one broadcast of bytes.
   void broadcast_other_buffers() {
     if (other_buffers_.empty() || comm_->size() == 1) return;
-    std::size_t total = 0;
-    for (const auto& [name, t] : other_buffers_) total += t.nbytes();
-    std::vector<std::uint8_t> bytes(total);
-    std::size_t at = 0;
-    for (const auto& [name, t] : other_buffers_) {
-      if (!t.is_contiguous()) {
-        throw Error(comm_->rank(), operation, "buffer '" + name + "' is not contiguous");
+    if constexpr (!host_accessible<arena_space>) {
+      // In libtorch's stream order (the communicator's caller stream), one broadcast each: a few
+      // counters, and packing them would take as many copies.
+      for (const auto& [name, t] : other_buffers_) {
+        visit_dtype(t, operation, comm_->rank(), [&](auto tag) {
+          comm_->broadcast(view<decltype(tag), arena_space>(t, operation, comm_->rank()), 0);
+        });
       }
-      std::memcpy(bytes.data() + at, t.data_ptr(), t.nbytes());
-      at += t.nbytes();
-    }
-    comm_->broadcast(bytes, 0);
-    at = 0;
-    for (const auto& [name, t] : other_buffers_) {
-      std::memcpy(t.data_ptr(), bytes.data() + at, t.nbytes());
-      at += t.nbytes();
+    } else {
+      std::size_t total = 0;
+      for (const auto& [name, t] : other_buffers_) total += t.nbytes();
+      std::vector<std::uint8_t> bytes(total);
+      std::size_t at = 0;
+      for (const auto& [name, t] : other_buffers_) {
+        if (!t.is_contiguous()) {
+          throw Error(comm_->rank(), operation, "buffer '" + name + "' is not contiguous");
+        }
+        std::memcpy(bytes.data() + at, t.data_ptr(), t.nbytes());
+        at += t.nbytes();
+      }
+      comm_->broadcast(bytes, 0);
+      at = 0;
+      for (const auto& [name, t] : other_buffers_) {
+        std::memcpy(t.data_ptr(), bytes.data() + at, t.nbytes());
+        at += t.nbytes();
+      }
     }
   }
 
   Comm* comm_;
   std::shared_ptr<::torch::nn::Module> module_;
   ::torch::nn::AnyModule forward_;
-  Parameters<float> arena_;
+  arena_type arena_;
+  executor_type exec_{};
+  at::Device device_{at::kCPU};
   std::vector<Slot> trained_;
   std::vector<Slot> arena_buffers_;  // float32 buffers and frozen parameters
   std::vector<std::pair<std::string, at::Tensor>> other_buffers_;
-  NamedTensorSets outside_;
+  NamedTensorSets<arena_space> outside_;
   std::vector<const c10::TensorImpl*> known_;
   float* attached_values_ = nullptr;
   float* attached_buffers_ = nullptr;

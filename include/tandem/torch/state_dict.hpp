@@ -20,6 +20,7 @@
 #include <functional>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -33,34 +34,35 @@
 
 namespace tandem::torch {
 
-/// Named host tensors of element type T, read the way TrainingState::model() reads an arena:
-/// none of them a trained parameter, all of them buffers(). Each entry finds its elements when it
-/// is read, so it follows storage that moved since it was registered.
-template <element_type T>
+/// Named tensors of element type T in memory space Space (host for a CPU module, device for a
+/// CUDA one), read the way TrainingState::model() reads an arena: none of them a trained
+/// parameter, all of them buffers(). Each entry finds its elements when it is read, so it follows
+/// storage that moved since it was registered.
+template <element_type T, memory_space Space = host>
 class NamedTensors {
  public:
   /// One tensor: its state_dict key, its sizes, and a way to its elements now.
   class Entry {
    public:
     /// `value` gives the elements when the entry is read.
-    Entry(std::string name, std::vector<std::int64_t> shape, std::function<View<T, host>()> value)
+    Entry(std::string name, std::vector<std::int64_t> shape, std::function<View<T, Space>()> value)
         : name_(std::move(name)), shape_(std::move(shape)), value_(std::move(value)) {}
     /// The state_dict key.
     [[nodiscard]] const std::string& name() const noexcept { return name_; }
     /// The sizes, outermost first.
     [[nodiscard]] const std::vector<std::int64_t>& shape() const noexcept { return shape_; }
     /// The elements, where they are now.
-    [[nodiscard]] View<T, host> value() const { return value_(); }
+    [[nodiscard]] View<T, Space> value() const { return value_(); }
 
    private:
     std::string name_;
     std::vector<std::int64_t> shape_;
-    std::function<View<T, host>()> value_;
+    std::function<View<T, Space>()> value_;
   };
 
   /// Adds a tensor under `name`.
   void add(std::string name, std::vector<std::int64_t> shape,
-           std::function<View<T, host>()> value) {
+           std::function<View<T, Space>()> value) {
     entries_.emplace_back(std::move(name), std::move(shape), std::move(value));
   }
   /// Whether it holds no tensor.
@@ -80,12 +82,18 @@ class NamedTensors {
 
 /// The tensors of a module's state_dict that a float32 arena does not hold, one NamedTensors per
 /// element type tandem moves, and the names of those of a dtype it does not (bool, int8, ...).
+/// Space is where the module's tensors live: host (CPU tensors) or device (CUDA tensors, read and
+/// written by checkpoints through the CUDA copies of tandem/cuda.hpp).
+template <memory_space Space = host>
 class NamedTensorSets {
  public:
+  /// The memory space of every tensor in the sets.
+  using memory_space = Space;
+
   /// The set of element type T.
   template <element_type T>
-  [[nodiscard]] NamedTensors<T>& of() noexcept {
-    return std::get<NamedTensors<T>>(sets_);
+  [[nodiscard]] NamedTensors<T, Space>& of() noexcept {
+    return std::get<NamedTensors<T, Space>>(sets_);
   }
 
   /// Adds the module's own tensor `t` under `name`, to the set of its dtype; one of a dtype
@@ -134,11 +142,12 @@ class NamedTensorSets {
   template <element_type T>
   void add_as(const std::string& name, std::vector<std::int64_t> shape, const at::Tensor& t) {
     of<T>().add(name, std::move(shape),
-                [t, name] { return view<T>(t, ("checkpoint of '" + name + "'").c_str()); });
+                [t, name] { return view<T, Space>(t, ("checkpoint of '" + name + "'").c_str()); });
   }
 
-  std::tuple<NamedTensors<float>, NamedTensors<double>, NamedTensors<half>, NamedTensors<bfloat16>,
-             NamedTensors<std::int32_t>, NamedTensors<std::int64_t>, NamedTensors<std::uint8_t>>
+  std::tuple<NamedTensors<float, Space>, NamedTensors<double, Space>, NamedTensors<half, Space>,
+             NamedTensors<bfloat16, Space>, NamedTensors<std::int32_t, Space>,
+             NamedTensors<std::int64_t, Space>, NamedTensors<std::uint8_t, Space>>
       sets_;
   std::vector<std::string> unsupported_;
 };
@@ -152,7 +161,10 @@ class NamedTensorSets {
 template <class State, class Ddp>
 requires requires(State& state, Ddp& ddp, std::string prefix) {
   state.model(ddp.parameters(), prefix);
-  { ddp.tensors_outside_arena() } -> std::same_as<NamedTensorSets&>;
+  {
+    ddp.tensors_outside_arena()
+    } -> std::same_as<NamedTensorSets<
+        typename std::remove_cvref_t<decltype(ddp.tensors_outside_arena())>::memory_space>&>;
 }
 State& model(State& state, Ddp& ddp, std::string prefix = "") {
   auto& outside = ddp.tensors_outside_arena();

@@ -1,0 +1,374 @@
+// torch_resnet.hpp - the program of examples/torch_resnet, shared by its CPU build
+// (torch_resnet.cpp: host communicators, float32) and its CUDA build (torch_resnet_cuda.cu:
+// NcclComm, autocast fp16 + GradScaler): the settings, the model, the recipe and the training loop,
+// which takes the difference as a Placement (where the module lives, whether it trains in mixed
+// precision, the autocast guard).
+//   return torch_resnet::train<torch_resnet::OnCpu>(comm, settings);   // see torch_resnet.cpp
+// Needs: libtorch and the tandem torch, data and io components.
+#pragma once
+
+#include <signal.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "common/run.hpp"
+#include "tandem/amp/grad_scaler.hpp"
+#include "tandem/comm/local/local.hpp"
+#include "tandem/core/env.hpp"
+#include "tandem/data/batches.hpp"
+#include "tandem/data/loader.hpp"
+#include "tandem/data/mnist.hpp"
+#include "tandem/data/sampler.hpp"
+#include "tandem/ema.hpp"
+#include "tandem/io/checkpoint.hpp"
+#include "tandem/io/log.hpp"
+#include "tandem/io/metrics.hpp"
+#include "tandem/io/progress.hpp"
+#include "tandem/io/safetensors.hpp"
+#include "tandem/io/tensorboard.hpp"
+#include "tandem/launch/elastic.hpp"
+#include "tandem/optim/lr_scheduler.hpp"
+#include "tandem/optim/sgd.hpp"
+#include "tandem/torch.hpp"
+
+namespace torch_resnet {
+
+namespace nn = torch::nn;
+
+struct Settings : examples::RunSettings {
+  double weight_decay = 5e-4;
+  std::int64_t width = 24;
+  std::string init;  // initial weights from a file (the benchmark: PyTorch's side wrote them)
+  std::int64_t checkpoint_every = 0;  // steps; 0: at each epoch's end only
+  double min_accuracy = 0;            // percent; below it the run fails
+  bool sync_bn = true;
+};
+
+int usage() {
+  std::fprintf(stderr,
+               "usage: torch_resnet [--backend hierarchical|shm|gloo|mpi|local] [--ranks N]\n"
+               "  [--epochs E] [--batch-size B] [--lr LR] [--weight-decay WD] [--width W]\n"
+               "  [--seed S] [--data DIR] [--init FILE] [--checkpoint-dir DIR]\n"
+               "  [--checkpoint-every N] [--resume] [--timeout SECONDS] [--workers W]\n"
+               "  [--tensorboard DIR] [--max-steps N] [--min-accuracy PERCENT] [--no-sync-bn]\n"
+               "  default backend: hierarchical under a launcher (WORLD_SIZE set: shared memory\n"
+               "  within a node, Gloo between nodes), else local; plain Gloo: --backend gloo\n");
+  return 2;
+}
+
+std::optional<Settings> parse(int argc, char** argv) {
+  Settings s;
+  s.backend = examples::default_cpu_backend();
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--resume") {
+      s.resume = true;
+      continue;
+    }
+    if (arg == "--no-sync-bn") {
+      s.sync_bn = false;
+      continue;
+    }
+    if (i + 1 >= argc) return std::nullopt;
+    const char* value = argv[++i];
+    auto number = [&](std::int64_t low, std::int64_t high) -> std::optional<std::int64_t> {
+      const auto v = tandem::parse_int(value);
+      if (!v || *v < low || *v > high) return std::nullopt;
+      return *v;
+    };
+    auto real = [&](double low) -> std::optional<double> {
+      char* end = nullptr;
+      const double v = std::strtod(value, &end);
+      if (end == value || *end != '\0' || !(v >= low)) return std::nullopt;
+      return v;
+    };
+    std::optional<std::int64_t> n;
+    std::optional<double> x;
+    if (arg == "--backend")
+      s.backend = value;
+    else if (arg == "--data")
+      s.data = value;
+    else if (arg == "--init")
+      s.init = value;
+    else if (arg == "--checkpoint-dir")
+      s.checkpoint_dir = value;
+    else if (arg == "--tensorboard")
+      s.tensorboard = value;
+    else if (arg == "--lr" && (x = real(0)) && *x > 0)
+      s.lr = *x;
+    else if (arg == "--weight-decay" && (x = real(0)))
+      s.weight_decay = *x;
+    else if (arg == "--min-accuracy" && (x = real(0)) && *x <= 100)
+      s.min_accuracy = *x;
+    else if (arg == "--width" && (n = number(1, 1024)))
+      s.width = *n;
+    else if (arg == "--checkpoint-every" && (n = number(0, INT64_MAX)))
+      s.checkpoint_every = *n;
+    else if (!examples::parse_run_number(arg, number, s))
+      return std::nullopt;
+  }
+  return s;
+}
+
+// The model. Its module tree (and so its state_dict names) is bench/torch_resnet/torch_resnet.py's:
+// every BatchNorm is a child of a Sequential, where convert_sync_batchnorm can replace it.
+
+nn::Conv2d conv(std::int64_t in, std::int64_t out, std::int64_t kernel, std::int64_t stride) {
+  return nn::Conv2d(
+      nn::Conv2dOptions(in, out, kernel).stride(stride).padding(kernel / 2).bias(false));
+}
+
+/// out = relu(body(x) + shortcut(x)); body = conv3x3-BN-ReLU-conv3x3-BN, shortcut = conv1x1-BN
+/// where the shape changes, else the identity (an empty Sequential).
+struct BlockImpl : nn::Module {
+  BlockImpl(std::int64_t in, std::int64_t out, std::int64_t stride)
+      : body(register_module(
+            "body", nn::Sequential(conv(in, out, 3, stride), nn::BatchNorm2d(out), nn::ReLU(),
+                                   conv(out, out, 3, 1), nn::BatchNorm2d(out)))),
+        shortcut(register_module("shortcut", nn::Sequential())) {
+    if (stride != 1 || in != out) {
+      shortcut->push_back(conv(in, out, 1, stride));
+      shortcut->push_back(nn::BatchNorm2d(out));
+    }
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return torch::relu(body->forward(x) + (shortcut->is_empty() ? x : shortcut->forward(x)));
+  }
+  nn::Sequential body, shortcut;
+};
+TORCH_MODULE(Block);
+
+/// stem (conv3x3 stride 2: 28 -> 14 pixels), layer1..3 (one block each: w, 2w, 4w channels at 14,
+/// 7, 4 pixels), global average pooling, fc.
+struct NetImpl : nn::Module {
+  explicit NetImpl(std::int64_t w)
+      : stem(register_module("stem",
+                             nn::Sequential(conv(1, w, 3, 2), nn::BatchNorm2d(w), nn::ReLU()))),
+        layer1(register_module("layer1", nn::Sequential(Block(w, w, 1)))),
+        layer2(register_module("layer2", nn::Sequential(Block(w, 2 * w, 2)))),
+        layer3(register_module("layer3", nn::Sequential(Block(2 * w, 4 * w, 2)))),
+        fc(register_module("fc", nn::Linear(4 * w, 10))) {}
+  torch::Tensor forward(torch::Tensor x) {
+    x = layer3->forward(layer2->forward(layer1->forward(stem->forward(x))));
+    return fc->forward(torch::flatten(torch::adaptive_avg_pool2d(x, {1, 1}), 1));
+  }
+  nn::Sequential stem, layer1, layer2, layer3;
+  nn::Linear fc;
+};
+TORCH_MODULE(Net);
+
+/// Loads every parameter and buffer of `net` from a safetensors file written under the names of
+/// its state_dict (strict: a missing name, a wrong dtype or size is an Error).
+void load_initial_weights(Net& net, const std::string& file) {
+  const auto weights = tandem::SafetensorsFile::map(file);
+  torch::NoGradGuard no_grad;
+  auto load = [&](const std::string& name, torch::Tensor& t) {
+    if (t.scalar_type() == torch::kInt64)
+      weights.read_into(name, std::span(t.data_ptr<std::int64_t>(), std::size_t(t.numel())));
+    else
+      weights.read_into(name, std::span(t.data_ptr<float>(), std::size_t(t.numel())));
+  };
+  for (auto& item : net->named_parameters()) load(item.key(), item.value());
+  for (auto& item : net->named_buffers()) load(item.key(), item.value());
+}
+
+/// SGD's param groups: runs of the arena alternately with and without weight decay (decay for
+/// conv and linear weights, none for BatchNorm's affine parameters and biases, by rank: PyTorch's
+/// usual split). A group is a contiguous run of the arena, so the two kinds come as runs.
+template <class Params>
+std::vector<tandem::optim::ParamGroup<tandem::optim::SGDOptions>> sgd_groups(
+    const Params& params, const Settings& settings) {
+  std::vector<tandem::optim::ParamGroup<tandem::optim::SGDOptions>> groups;
+  std::size_t first = 0;
+  bool first_decays = false;
+  auto close = [&](std::size_t last) {
+    if (last == first) return;
+    groups.push_back({tandem::optim::param_range(first, last),
+                      {.lr = settings.lr,
+                       .momentum = 0.9,
+                       .weight_decay = first_decays ? settings.weight_decay : 0.0}});
+  };
+  for (const auto& parameter : params) {
+    const bool decays = parameter.shape().rank() > 1;
+    if (parameter.index() == 0) first_decays = decays;
+    if (decays != first_decays) {
+      close(parameter.index());
+      first = parameter.index();
+      first_decays = decays;
+    }
+  }
+  close(params.size());
+  return groups;
+}
+
+/// Accuracy over the test set split by the evaluation sampler: every sample counted once.
+/// Through ddp.forward, which in eval mode runs no collective and points the module's tensors at
+/// the arena's active values (the EMA's while it is applied).
+template <class Comm, class Ddp>
+double evaluate(Comm& comm, Net& net, Ddp& ddp, const tandem::FashionMNIST& test) {
+  net->eval();
+  torch::NoGradGuard no_grad;
+  auto sampler = tandem::DistributedSampler::evaluation(test.size(), comm);
+  tandem::Loader loader(test, sampler | tandem::views::batches(500), {.workers = 0});
+  std::int64_t hits = 0;
+  for (const auto& batch : loader) {
+    auto [images, labels] = batch.views();
+    const auto count = static_cast<std::int64_t>(batch.size());
+    const auto x =
+        torch::from_blob(images.data(), {count, 1, 28, 28}, torch::kFloat32).to(ddp.device());
+    const auto y = torch::from_blob(labels.data(), {count}, torch::kInt64).to(ddp.device());
+    hits += ddp.forward(x).argmax(1).eq(y).sum().template item<std::int64_t>();
+  }
+  net->train();
+  const auto totals =
+      tandem::reduce_sum(comm, std::array<std::int64_t, 2>{hits, std::int64_t(sampler.size())});
+  return double(totals[0]) / double(totals[1]);
+}
+
+/// The CPU build's Placement: CPU tensors in float32 (see train()).
+struct OnCpu {
+  static constexpr bool mixed_precision = false;
+  template <class Comm>
+  static torch::Device device(const Comm& /*comm*/) {
+    return torch::kCPU;
+  }
+  /// No autocast: a guard that does nothing.
+  static int autocast() { return 0; }
+};
+
+/// One rank's whole run. Returns the final test accuracy. Placement says where: device(comm) is
+/// where the module and batches live, mixed_precision whether the forward runs under autocast
+/// (autocast() returns its guard) with a GradScaler (OnCpu: no; torch_resnet_cuda.cu: fp16).
+template <class Placement, tandem::Communicator Comm>
+double train(Comm& comm, const Settings& settings) {
+  const tandem::FashionMNIST train_set(tandem::split::train, settings.data);
+  const tandem::FashionMNIST test_set(tandem::split::test, settings.data);
+
+  torch::manual_seed(settings.seed);  // the same initial weights on every rank (DDP checks them)
+  Net net(settings.width);
+  if (!settings.init.empty()) load_initial_weights(net, settings.init);
+  net->to(Placement::device(comm));  // before wrapping: DDP takes the module where it lives
+  if (settings.sync_bn) {
+    const auto replaced = tandem::torch::convert_sync_batchnorm(*net, comm);
+    tandem::log0(comm) << "SyncBatchNorm in place of " << replaced.converted.size()
+                       << " BatchNorm2d modules";
+  }
+  tandem::torch::DistributedDataParallel<Comm, tandem::overlap> ddp(comm, net);
+  auto& params = ddp.parameters();
+  const auto device = ddp.device();
+
+  const auto groups = sgd_groups(params, settings);
+  // ddp.executor(): tandem's passes in libtorch's stream order (CUDA); host_exec on the CPU.
+  tandem::optim::SGD optimizer(params, std::span(groups), ddp.executor());
+  tandem::DistributedSampler sampler(train_set.size(), comm,
+                                     {.shuffle = true, .seed = settings.seed});
+  auto batches = sampler | tandem::views::batches(settings.batch_size);
+  const auto steps_per_epoch = static_cast<std::int64_t>(batches.size());
+  const std::int64_t total_steps = steps_per_epoch * settings.epochs;
+  auto schedule = tandem::lr::warmup_cosine(
+      optimizer, std::min<std::int64_t>(100, total_steps / 10), total_steps, 1.0, 0.01);
+  tandem::EMA ema(params, {.decay = 0.999, .use_warmup = true}, ddp.executor());
+  using Scaler = tandem::GradScaler<typename decltype(ddp)::arena_space>;
+  Scaler scaler(tandem::GradScalerOptions{.enabled = Placement::mixed_precision});
+  tandem::Loader loader(train_set, batches, {.workers = settings.workers});
+
+  std::int64_t step = 0;
+  std::size_t batches_done = 0;
+  // The module's state_dict keys (num_batches_tracked included): Python loads the parameters with
+  // model.load_state_dict(..., strict=False) from a checkpoint, strict from a model-only file.
+  tandem::TrainingState state;
+  tandem::torch::model(state, ddp)
+      .optimizer(optimizer)
+      .ema(ema, params)
+      .scheduler(schedule)
+      .sampler(sampler, batches_done)
+      .counter("step", step);
+  if constexpr (Placement::mixed_precision) state.scaler(scaler);
+  examples::resume_from_latest(comm, settings.resume, settings.checkpoint_dir, state, loader,
+                               batches_done, step);
+  tandem::TensorBoardWriter board = examples::rank0_board(comm, settings.tensorboard);
+  const bool first_attempt = examples::first_attempt();
+  auto checkpoint = [&] {
+    if (!settings.checkpoint_dir.empty())
+      tandem::save_checkpoint(comm, settings.checkpoint_dir, step, state);
+  };
+
+  double accuracy = 0;
+  double mean_loss = 0;
+  double trained_seconds = 0;  // training only: the evaluations are not counted
+  const bool limited = settings.max_steps >= 0;
+  using clock = std::chrono::steady_clock;
+  net->train();
+  for (auto epoch = static_cast<int>(sampler.epoch()); epoch < settings.epochs; ++epoch) {
+    examples::begin_epoch(sampler, epoch, batches_done);
+    const auto epoch_start = clock::now();
+    tandem::Progress progress =
+        examples::epoch_progress(comm, epoch, batches.size() - batches_done);
+    for (const auto& batch : loader) {
+      if (settings.crash_at_step == step && comm.rank() == 1 && first_attempt) ::raise(SIGKILL);
+      auto [images, labels] = batch.views();
+      const auto count = static_cast<std::int64_t>(batch.size());
+      const auto x =
+          torch::from_blob(images.data(), {count, 1, 28, 28}, torch::kFloat32).to(device);
+      const auto y = torch::from_blob(labels.data(), {count}, torch::kInt64).to(device);
+      torch::Tensor loss;
+      {
+        [[maybe_unused]] const auto autocast = Placement::autocast();
+        loss = torch::nn::functional::cross_entropy(ddp.forward(x), y);
+      }
+      optimizer.zero_grad();
+      if constexpr (Placement::mixed_precision) {
+        (loss * scaler.scale(1.0f)).backward();  // averaged over the ranks when it returns
+        ddp.step(scaler, optimizer);  // unscale + inf check, then the step unless one was found
+        scaler.update();
+      } else {
+        loss.backward();  // the gradients are averaged over the ranks when it returns
+        optimizer.step();
+      }
+      schedule.step();
+      ema.update();
+      ++batches_done;
+      ++step;
+      if (step % 50 == 0 || batches_done == batches.size()) {
+        mean_loss = tandem::reduce_mean(comm, loss.template item<double>());
+        board.add_scalar("train/loss", mean_loss, step);
+      }
+      progress.update({{"loss", mean_loss}, {"lr", optimizer.lr(0)}});
+      if (limited && step >= settings.max_steps) break;  // saved after the evaluation
+      // Between epochs' ends too; the end of an epoch is saved after its evaluation.
+      if (settings.checkpoint_every > 0 && step % settings.checkpoint_every == 0 &&
+          batches_done != batches.size())
+        checkpoint();
+    }
+    progress.finish();
+    trained_seconds += std::chrono::duration<double>(clock::now() - epoch_start).count();
+    accuracy = evaluate(comm, net, ddp, test_set);
+    double ema_accuracy = 0;
+    {
+      auto applied = ema.applied();  // the module's tensors hold the average until it ends
+      ema_accuracy = evaluate(comm, net, ddp, test_set);
+    }
+    examples::end_epoch(comm, board, {epoch, step, accuracy, ema_accuracy, trained_seconds},
+                        sampler, batches_done, batches.size());
+    checkpoint();
+    if (limited && step >= settings.max_steps) break;
+  }
+  examples::log_final_accuracy(comm, accuracy, step);
+  return accuracy;
+}
+
+}  // namespace torch_resnet
