@@ -5,14 +5,17 @@
 // Sequential / ModuleList / ModuleDict / registry-only children, with the member-held case.
 //
 // Tolerances. The golden values are exact (float64 from the float32 inputs). In float the
-// module computes the statistics with torch::var_mean (double accumulation on the CPU), merges
-// them in double, and runs the element-wise passes in float: each output element sees about
-// four float roundings ((x - mean) with mean rounded to float, the product, the bias), so we
-// allow 8 float eps relative to the record's largest magnitude (values near zero come from
-// cancellation of terms of that size) plus 8 eps of the value itself; running statistics are
-// rounded to float once per step: 4 eps relative. In double the only difference from the golden
-// values is summation order: 64 double eps relative to the record's scale, far below any
-// arithmetic mistake (the golden script's own self-check catches errors of 1e-12 relative).
+// module computes the statistics with double accumulation (libtorch's batch-norm statistics
+// kernel, or torch::var_mean for inputs without spatial dimensions), merges them in double, and
+// runs the element-wise passes in float: each output element sees about four float roundings
+// (the mean or the shift rounded to float, the product, the sum), so we allow 8 float eps
+// relative to the record's largest magnitude (values near zero come from cancellation of terms
+// of that size) plus 8 eps of the value itself; running statistics are rounded to float once per
+// step: 4 eps relative. In double the only difference from the golden values is summation order:
+// 64 double eps relative to the record's scale, far below any arithmetic mistake (the golden
+// script's own self-check catches errors of 1e-12 relative). The golden planes hold at most 6
+// values; cases with planes of 210 and 784 values (where libtorch's fused kernels sum in float
+// within a plane) hold the same float tolerances against batch norm in double on the whole batch.
 // libtorch brings glog, whose CHECK(cond) (abort on failure) replaces doctest's CHECK: this file
 // spells doctest's DOCTEST_CHECK (CHECK_MESSAGE, REQUIRE and CHECK_THROWS_AS are doctest's).
 #include <doctest/doctest.h>
@@ -193,6 +196,92 @@ TEST_CASE("tandem::torch::SyncBatchNorm matches PyTorch in double") {
   run_golden_case("r2", torch::kDouble, failures);
   run_golden_case("r3", torch::kDouble, failures);
   failures.report();
+}
+
+namespace {
+
+/// A tensor's values as doubles, for expect_close.
+std::vector<double> values_of(const torch::Tensor& t) {
+  const torch::Tensor flat = t.detach().to(torch::kDouble).contiguous().reshape({-1});
+  const double* data = flat.data_ptr<double>();
+  return {data, data + flat.numel()};
+}
+
+}  // namespace
+
+// The golden cases have planes of at most 6 values; here each (n, c) plane holds hundreds, where
+// libtorch's fused CPU kernels sum in float within a plane (see the header's Arithmetic). The
+// same tolerances as the golden float cases hold against batch norm in double on the whole batch.
+TEST_CASE("SyncBatchNorm on planes of hundreds of values equals double BatchNorm on the batch") {
+  torch::set_num_threads(1);
+  struct Case {
+    std::vector<int64_t> spatial;
+    bool affine;
+  };
+  for (const Case& c : {Case{{28, 28}, true}, Case{{5, 6, 7}, false}}) {
+    CAPTURE(c.affine);
+    torch::manual_seed(31);
+    const std::vector<int64_t> sizes{5, 3};
+    const int64_t channels = 3;
+    std::vector<int64_t> shape{sizes[0] + sizes[1], channels};
+    shape.insert(shape.end(), c.spatial.begin(), c.spatial.end());
+    std::vector<int64_t> per_channel(shape.size(), 1);
+    per_channel[1] = channels;
+    // Channel offsets far from zero, as in the golden cases: (x - mean) cancels.
+    const auto x = torch::randn(shape) * 2 + torch::linspace(-3.0, 5.0, channels).view(per_channel);
+    const auto dy = torch::randn(shape);
+    const auto weight = 0.5 + torch::rand({channels});
+    const auto bias = torch::randn({channels});
+
+    const auto x64 = x.to(torch::kDouble).requires_grad_(true);
+    torch::Tensor w64, b64;  // undefined without affine
+    if (c.affine) {
+      w64 = weight.to(torch::kDouble).requires_grad_(true);
+      b64 = bias.to(torch::kDouble).requires_grad_(true);
+    }
+    const auto mean64 = torch::zeros({channels}, torch::kDouble);
+    const auto var64 = torch::ones({channels}, torch::kDouble);
+    const auto y64 = torch::batch_norm(x64, w64, b64, mean64, var64, /*training=*/true, 0.1, 1e-5,
+                                       /*cudnn_enabled=*/false);
+    (y64 * dy.to(torch::kDouble)).sum().backward();
+
+    Failures failures;
+    tandem::run_local(
+        2,
+        [&](LocalComm& comm) {
+          const std::string rank = " r" + std::to_string(comm.rank());
+          tt::SyncBatchNorm bn(comm, torch::nn::BatchNormOptions(channels).affine(c.affine));
+          if (c.affine) {
+            const torch::NoGradGuard no_grad;
+            bn->weight.copy_(weight);
+            bn->bias.copy_(bias);
+          }
+          const auto mine = rows_of(x, sizes, comm.rank()).clone().requires_grad_(true);
+          const auto y = bn(mine);
+          (y * rows_of(dy, sizes, comm.rank())).sum().backward();
+          expect_close(failures, "output" + rank, y, values_of(rows_of(y64, sizes, comm.rank())),
+                       torch::kFloat, 8);
+          expect_close(failures, "grad_input" + rank, mine.grad(),
+                       values_of(rows_of(x64.grad(), sizes, comm.rank())), torch::kFloat, 8);
+          expect_close(failures, "running_mean" + rank, bn->running_mean, values_of(mean64),
+                       torch::kFloat, 4);
+          expect_close(failures, "running_var" + rank, bn->running_var, values_of(var64),
+                       torch::kFloat, 4);
+          if (!c.affine) return;
+          // The ranks' own weight and bias gradients sum to the whole batch's.
+          for (auto* grad : {&bn->weight.mutable_grad(), &bn->bias.mutable_grad()}) {
+            comm.all_reduce(tandem::View<float>(grad->data_ptr<float>(),
+                                                static_cast<std::size_t>(grad->numel())),
+                            tandem::ReduceOp::sum);
+          }
+          expect_close(failures, "summed grad_weight" + rank, bn->weight.grad(),
+                       values_of(w64.grad()), torch::kFloat, 8);
+          expect_close(failures, "summed grad_bias" + rank, bn->bias.grad(), values_of(b64.grad()),
+                       torch::kFloat, 8);
+        },
+        {.timeout = 60s});
+    failures.report();
+  }
 }
 
 TEST_CASE("SyncBatchNorm's parameter, buffer and state keys equal BatchNorm2d's") {
