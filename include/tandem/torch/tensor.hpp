@@ -1,17 +1,20 @@
-// tandem/torch/tensor.hpp - libtorch tensors on tandem's communicators: a checked typed view
-// (tandem::torch::view<float>(t)), collectives that dispatch on the tensor's run-time dtype
-// (tandem::torch::all_reduce(comm, t), broadcast), and reduce_mean / reduce_sum of a tensor.
-//   tandem::torch::all_reduce(comm, grads, tandem::ReduceOp::avg);      // any supported dtype
+// tandem/torch/tensor.hpp - libtorch tensors on tandem's communicators: torch::Tensor as a
+// DynamicTensor (comm.all_reduce(t), every operation of tandem's communicators), a checked typed
+// view (tandem::torch::view<float>(t)), collectives for any Communicator that dispatch on the
+// tensor's run-time dtype (tandem::torch::all_reduce(comm, t), broadcast), and reduce_mean /
+// reduce_sum of a tensor.
+//   comm.all_reduce(grads, tandem::ReduceOp::avg);                     // any supported dtype
 //   comm.all_reduce(tandem::torch::view<float>(t));                    // the typed way
 //   torch::Tensor mean = tandem::reduce_mean(comm, loss.detach());     // PyTorch's reduce_tensor
 // Needs: libtorch (1.13 or 2.x; the tandem::torch CMake component) and a Communicator.
 //
-// Why a view and not `comm.all_reduce(t)` itself: tandem's Tensor concept fixes the element
-// type and memory space at compile time (that is how a backend picks its typed algorithm and a
-// wrong type fails to compile), while a torch::Tensor carries its dtype and device at run time.
-// So a torch::Tensor does not model Tensor by itself; view<T, Space>(t) checks dtype, layout,
-// contiguity and device once and gives a tandem::View that does, and the free functions below do
-// that check for whichever of tandem's seven element types the tensor holds. Anything else - an
+// How: tandem's Tensor concept fixes the element type and memory space at compile time (that is
+// how a backend picks its typed algorithm and a wrong type fails to compile), while a
+// torch::Tensor carries its dtype and device at run time. So a torch::Tensor is a DynamicTensor
+// (tensor/dynamic.hpp) instead: tandem's communicators (LocalComm, GlooComm, MpiComm, ShmComm,
+// HierarchicalComm, NcclComm) take it in every operation and see it through a typed view after
+// the checks below; view<T, Space>(t) does the same check for one element type, and the free
+// functions below do it for any Communicator (a user's own included). Anything else - an
 // undefined, sparse or non-contiguous tensor, a dtype tandem does not move (bool, int8, int16,
 // complex), a CUDA tensor on a host communicator or a CPU tensor on a device one - is a
 // tandem::Error that names the operation and the cause, never a silent copy.
@@ -23,6 +26,7 @@
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include <ATen/ATen.h>
 #include <torch/cuda.h>
@@ -30,6 +34,7 @@
 #include "tandem/comm/communicator.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/tensor/dtype.hpp"
+#include "tandem/tensor/dynamic.hpp"
 #include "tandem/tensor/memory.hpp"
 #include "tandem/tensor/tensor.hpp"
 
@@ -127,22 +132,49 @@ decltype(auto) visit_dtype(const at::Tensor& t, const char* operation, int rank,
   }
 }
 
+}  // namespace tandem::torch
+
+namespace tandem {
+
+/// torch::Tensor (at::Tensor) is a DynamicTensor: tandem's communicators take it directly. A
+/// CUDA tensor on a device communicator is seen after the device's queued work has finished
+/// (libtorch's kernels run on its current stream, which the communicator does not know).
+template <>
+struct dynamic_tensor_traits<at::Tensor> {
+  static constexpr bool enabled = true;
+
+  /// f(view of `t` as its own element type, in Space); an Error naming `operation` otherwise.
+  template <memory_space Space, class F>
+  static decltype(auto) visit(const at::Tensor& t, const char* operation, int rank, F&& f) {
+    if (auto problem = torch::layout_problem(t); !problem.empty()) {
+      throw Error(rank, operation, problem);
+    }
+    return torch::visit_dtype(t, operation, rank, [&](auto tag) -> decltype(auto) {
+      return f(view<decltype(tag), Space>(t, operation, rank));
+    });
+  }
+
+  /// `t` seen as E in Space; an Error naming `operation` when it cannot be.
+  template <element_type E, memory_space Space>
+  static View<E, Space> view(const at::Tensor& t, const char* operation, int rank) {
+    auto typed = torch::view<E, Space>(t, operation, rank);
+    if constexpr (!host_accessible<Space>) ::torch::cuda::synchronize(t.device().index());
+    return typed;
+  }
+};
+
+}  // namespace tandem
+
+namespace tandem::torch {
+
 namespace detail {
 
 /// f(view) with the typed view of `t` in Comm's memory space (after the device's queued work
-/// has finished, for CUDA tensors).
+/// has finished, for CUDA tensors), for any Communicator.
 template <Communicator Comm, class F>
 decltype(auto) with_view(Comm& comm, const at::Tensor& t, const char* operation, F&& f) {
-  using Space = std::conditional_t<host_accessible<typename Comm::memory_space>, host,
-                                   typename Comm::memory_space>;
-  const int rank = comm.rank();
-  if (auto problem = layout_problem(t); !problem.empty()) throw Error(rank, operation, problem);
-  return visit_dtype(t, operation, rank, [&](auto tag) -> decltype(auto) {
-    using T = decltype(tag);
-    auto v = view<T, Space>(t, operation, rank);
-    if constexpr (!host_accessible<Space>) ::torch::cuda::synchronize(t.device().index());
-    return f(v);
-  });
+  return tandem::detail::visit_dynamic<typename Comm::memory_space>(t, operation, comm.rank(),
+                                                                    std::forward<F>(f));
 }
 
 }  // namespace detail

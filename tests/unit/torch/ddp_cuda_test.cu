@@ -1,13 +1,14 @@
 // The libtorch bridge on CUDA: tandem::torch::DistributedDataParallel of a CUDA module over
 // NcclComm, one thread per GPU of this process (run_local_nccl: world size 1 on a one-GPU
-// machine, where NCCL refuses a second rank). Checked: after backward() the module's gradients
-// are views into the device arena and equal one process's gradients over the whole batch
-// (gradient_check.hpp's tolerance), with overlap and with sync_at_end, under no_sync
-// accumulation and with an unused branch; buffers broadcast; tandem's SGD on ddp.executor()
-// moves the module's parameters; a forward under another current stream, a CPU module and a
-// module on another GPU are Errors naming the cause; a checkpoint of the module (device arena and
-// the int64 buffers on the GPU) saves and loads back. Built where libtorch has CUDA; without a
-// GPU it prints "SKIPPED: ..." and exits 77 (its own main, hence NO_MAIN).
+// machine, where NCCL refuses a second rank). Checked: NcclComm takes CUDA torch tensors
+// directly (comm.all_reduce(t)); after backward() the module's gradients are views into the
+// device arena and equal one process's gradients over the whole batch (gradient_check.hpp's
+// tolerance), with overlap and with sync_at_end, under no_sync accumulation and with an unused
+// branch; buffers broadcast; tandem's SGD on ddp.executor() moves the module's parameters; a
+// forward under another current stream, a CPU module and a module on another GPU are Errors
+// naming the cause; a checkpoint of the module (device arena and the int64 buffers on the GPU)
+// saves and loads back. Built where libtorch has CUDA; without a GPU it prints "SKIPPED: ..."
+// and exits 77 (its own main, hence NO_MAIN).
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
@@ -102,6 +103,23 @@ TEST_CASE("parameters and gradients are views into the device arena; SGD moves t
     opt.step();
     const auto moved = net->fc1->weight.detach();
     DOCTEST_CHECK(::torch::allclose(moved.cpu(), (before - 0.5f * grad).cpu(), 1e-6, 1e-7));
+  });
+}
+
+TEST_CASE("NcclComm takes CUDA torch tensors directly; a CPU tensor is an Error") {
+  const int n = gpus();
+  tandem::run_local_nccl(n, [&](tandem::NcclComm& comm) {
+    const auto device = gpu_of(comm);
+    const c10::cuda::CUDAGuard on_gpu(device.index());
+    auto t = ::torch::full({4}, float(comm.rank() + 1), ::torch::TensorOptions().device(device));
+    comm.all_reduce(t);
+    DOCTEST_CHECK(t.cpu().eq(float(n * (n + 1) / 2)).all().item<bool>());
+    auto halves = ::torch::full({3}, 2.0f, ::torch::TensorOptions().device(device)).to(at::kHalf);
+    comm.broadcast(halves, 0);
+    DOCTEST_CHECK(halves.cpu().to(at::kFloat).eq(2.0f).all().item<bool>());
+    DOCTEST_CHECK_THROWS_WITH_AS(comm.all_reduce(::torch::ones({2})),
+                                 doctest::Contains("a CPU tensor is not in device memory"),
+                                 tandem::Error);
   });
 }
 

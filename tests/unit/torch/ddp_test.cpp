@@ -265,6 +265,55 @@ TEST_CASE("reduce_mean and all_reduce take torch tensors") {
   });
 }
 
+TEST_CASE("tandem's communicators take torch tensors directly (comm.all_reduce(t))") {
+  tandem::run_local(3, [](LocalComm& comm) {
+    const int r = comm.rank();
+    auto t = torch::full({5}, float(r + 1));
+    comm.all_reduce(t);
+    DOCTEST_CHECK(t.eq(6.0f).all().item<bool>());
+    auto longs = torch::full({2}, std::int64_t{r}, torch::kLong);
+    comm.all_reduce(longs, tandem::ReduceOp::max);
+    DOCTEST_CHECK(longs.eq(2).all().item<bool>());
+    auto halves = torch::full({3}, float(r), torch::kHalf);
+    comm.all_reduce_async(halves).wait();
+    DOCTEST_CHECK(halves.to(torch::kFloat).eq(3.0f).all().item<bool>());
+    auto b = torch::full({4}, double(r));
+    comm.broadcast(b, 1);
+    DOCTEST_CHECK(b.eq(1.0).all().item<bool>());
+
+    // (in, out) pairs: both torch, or a torch tensor beside a tandem View of its dtype.
+    const auto mine = torch::full({2}, std::int32_t(10 * r), torch::kInt);
+    auto all = torch::empty({6}, torch::kInt);
+    comm.all_gather(mine, all);
+    DOCTEST_CHECK(all.equal(torch::tensor({0, 0, 10, 10, 20, 20}, torch::kInt)));
+    auto parts = torch::empty({2});
+    comm.reduce_scatter(torch::arange(6, torch::kFloat), parts);
+    DOCTEST_CHECK(parts.equal(torch::tensor({0.0f, 3.0f}) + 6.0f * r));  // 3 x [0, 6)
+    std::vector<float> sums(3);
+    const auto ones = torch::ones({3});
+    comm.all_reduce(ones, tandem::View<float>(sums.data(), sums.size()));
+    DOCTEST_CHECK(sums == std::vector<float>{3, 3, 3});
+
+    // Point to point: rank 0 sends rank 1 a tensor.
+    if (r == 0) comm.send(torch::tensor({7, 8}, torch::kLong), 1);
+    if (r == 1) {
+      auto got = torch::zeros({2}, torch::kLong);
+      comm.recv(got, 0);
+      DOCTEST_CHECK(got.equal(torch::tensor({7, 8}, torch::kLong)));
+    }
+
+    // Errors name the operation and the cause, on every rank alike (nothing was sent).
+    auto e = error_of([&] { comm.all_reduce(torch::zeros({3, 4}).t()); });
+    DOCTEST_CHECK(contains(e, "all_reduce"));
+    DOCTEST_CHECK(contains(e, "not contiguous"));
+    e = error_of([&] { comm.all_reduce(torch::zeros({4}, torch::kBool)); });
+    DOCTEST_CHECK(contains(e, "is not one tandem moves"));
+    auto doubles = torch::empty({6}, torch::kDouble);
+    e = error_of([&] { comm.all_gather(torch::zeros({2}), doubles); });
+    DOCTEST_CHECK(contains(e, "the tensor's dtype is Double, the view's Float"));
+  });
+}
+
 #if TANDEM_TEST_IO
 namespace {
 

@@ -5,7 +5,9 @@
 //   class MyComm : public tandem::detail::CollectiveFrontend<MyComm, tandem::host> { ... };
 // Needs: the standard library. Not a public header: backends include it.
 // A host frontend (Space host) also takes device tensors: it stages them through pinned memory
-// (detail/staging.hpp), so device code runs on Gloo or LocalComm unchanged.
+// (detail/staging.hpp), so device code runs on Gloo or LocalComm unchanged. Every operation also
+// takes DynamicTensors (tensor/dynamic.hpp: a torch::Tensor, with tandem/torch.hpp), seen
+// through typed views once their dtype, layout and device are checked.
 //
 // What Derived provides (the base is its friend):
 // - `Engine& self() const`: its engine, at a stable address (heap-allocated, so that `_async`
@@ -32,9 +34,14 @@
 #include "tandem/comm/communicator.hpp"
 #include "tandem/comm/detail/collective_args.hpp"
 #include "tandem/comm/detail/staging.hpp"
+#include "tandem/tensor/dynamic.hpp"
 #include "tandem/tensor/tensor.hpp"
 
 namespace tandem::detail {
+
+/// An (in, out) pair in which at least one is a DynamicTensor and neither is anything else.
+template <class In, class Out>
+concept DynamicPair = AnyTensor<In> && AnyTensor<Out> &&(DynamicTensor<In> || DynamicTensor<Out>);
 
 template <class Derived, class Space>
 class CollectiveFrontend {
@@ -256,6 +263,125 @@ class CollectiveFrontend {
     } else {
       return derived().run_later("recv", false, [&] { return derived().recv_task(t, peer, tag); });
     }
+  }
+
+  // --- DynamicTensors (a torch::Tensor): the same operations on typed views ------------------
+  // A dynamic argument is seen with its own element type, or that of the other argument of an
+  // (in, out) pair; an Error names the operation and the cause when it cannot be (a dtype tandem
+  // does not move or that differs from the other argument's, not dense and contiguous, not in
+  // this communicator's memory).
+
+  template <DynamicTensor T>
+  void all_reduce(T&& t, ReduceOp op = ReduceOp::sum) {
+    visit_dynamic<Space>(t, "all_reduce", rank(), [&](auto v) { all_reduce(v, v, op); });
+  }
+  template <class In, class Out>
+  requires DynamicPair<In, Out>
+  void all_reduce(In&& in, Out&& out, ReduceOp op = ReduceOp::sum) {
+    with_typed_pair<Space>(in, out, "all_reduce", rank(),
+                           [&](auto i, auto o) { all_reduce(i, o, op); });
+  }
+  template <DynamicTensor T>
+  Work all_reduce_async(T&& t, ReduceOp op = ReduceOp::sum) {
+    return visit_dynamic<Space>(t, "all_reduce_async", rank(),
+                                [&](auto v) { return all_reduce_async(v, v, op); });
+  }
+  template <class In, class Out>
+  requires DynamicPair<In, Out> Work all_reduce_async(In&& in, Out&& out,
+                                                      ReduceOp op = ReduceOp::sum) {
+    return with_typed_pair<Space>(in, out, "all_reduce_async", rank(),
+                                  [&](auto i, auto o) { return all_reduce_async(i, o, op); });
+  }
+  template <DynamicTensor T>
+  void reduce(T&& t, int root, ReduceOp op = ReduceOp::sum) {
+    visit_dynamic<Space>(t, "reduce", rank(), [&](auto v) { reduce(v, root, op); });
+  }
+  template <DynamicTensor T>
+  Work reduce_async(T&& t, int root, ReduceOp op = ReduceOp::sum) {
+    return visit_dynamic<Space>(t, "reduce_async", rank(),
+                                [&](auto v) { return reduce_async(v, root, op); });
+  }
+  template <DynamicTensor T>
+  void broadcast(T&& t, int root) {
+    visit_dynamic<Space>(t, "broadcast", rank(), [&](auto v) { broadcast(v, root); });
+  }
+  template <DynamicTensor T>
+  Work broadcast_async(T&& t, int root) {
+    return visit_dynamic<Space>(t, "broadcast_async", rank(),
+                                [&](auto v) { return broadcast_async(v, root); });
+  }
+  template <class In, class Out>
+  requires DynamicPair<In, Out>
+  void all_gather(In&& in, Out&& out) {
+    with_typed_pair<Space>(in, out, "all_gather", rank(),
+                           [&](auto i, auto o) { all_gather(i, o); });
+  }
+  template <class In, class Out>
+  requires DynamicPair<In, Out> Work all_gather_async(In&& in, Out&& out) {
+    return with_typed_pair<Space>(in, out, "all_gather_async", rank(),
+                                  [&](auto i, auto o) { return all_gather_async(i, o); });
+  }
+  template <class In, class Out>
+  requires DynamicPair<In, Out>
+  void gather(In&& in, Out&& out, int root) {
+    with_typed_pair<Space>(in, out, "gather", rank(), [&](auto i, auto o) { gather(i, o, root); });
+  }
+  template <class In, class Out>
+  requires DynamicPair<In, Out> Work gather_async(In&& in, Out&& out, int root) {
+    return with_typed_pair<Space>(in, out, "gather_async", rank(),
+                                  [&](auto i, auto o) { return gather_async(i, o, root); });
+  }
+  template <class In, class Out>
+  requires DynamicPair<In, Out>
+  void scatter(In&& in, Out&& out, int root) {
+    with_typed_pair<Space>(in, out, "scatter", rank(),
+                           [&](auto i, auto o) { scatter(i, o, root); });
+  }
+  template <class In, class Out>
+  requires DynamicPair<In, Out> Work scatter_async(In&& in, Out&& out, int root) {
+    return with_typed_pair<Space>(in, out, "scatter_async", rank(),
+                                  [&](auto i, auto o) { return scatter_async(i, o, root); });
+  }
+  template <class In, class Out>
+  requires DynamicPair<In, Out>
+  void reduce_scatter(In&& in, Out&& out, ReduceOp op = ReduceOp::sum) {
+    with_typed_pair<Space>(in, out, "reduce_scatter", rank(),
+                           [&](auto i, auto o) { reduce_scatter(i, o, op); });
+  }
+  template <class In, class Out>
+  requires DynamicPair<In, Out> Work reduce_scatter_async(In&& in, Out&& out,
+                                                          ReduceOp op = ReduceOp::sum) {
+    return with_typed_pair<Space>(in, out, "reduce_scatter_async", rank(),
+                                  [&](auto i, auto o) { return reduce_scatter_async(i, o, op); });
+  }
+  template <class In, class Out>
+  requires DynamicPair<In, Out>
+  void all_to_all(In&& in, Out&& out) {
+    with_typed_pair<Space>(in, out, "all_to_all", rank(),
+                           [&](auto i, auto o) { all_to_all(i, o); });
+  }
+  template <class In, class Out>
+  requires DynamicPair<In, Out> Work all_to_all_async(In&& in, Out&& out) {
+    return with_typed_pair<Space>(in, out, "all_to_all_async", rank(),
+                                  [&](auto i, auto o) { return all_to_all_async(i, o); });
+  }
+  template <DynamicTensor T>
+  void send(T&& t, int peer, int tag = 0) {
+    visit_dynamic<Space>(t, "send", rank(), [&](auto v) { send(v, peer, tag); });
+  }
+  template <DynamicTensor T>
+  Work send_async(T&& t, int peer, int tag = 0) {
+    return visit_dynamic<Space>(t, "send_async", rank(),
+                                [&](auto v) { return send_async(v, peer, tag); });
+  }
+  template <DynamicTensor T>
+  void recv(T&& t, int peer, int tag = 0) {
+    visit_dynamic<Space>(t, "recv", rank(), [&](auto v) { recv(v, peer, tag); });
+  }
+  template <DynamicTensor T>
+  Work recv_async(T&& t, int peer, int tag = 0) {
+    return visit_dynamic<Space>(t, "recv_async", rank(),
+                                [&](auto v) { return recv_async(v, peer, tag); });
   }
 
   // --- barrier and split --------------------------------------------------------------------
