@@ -33,6 +33,7 @@ namespace tandem {
 /// Not a dynamic tensor unless specialised (see the top of this header).
 template <class T>
 struct dynamic_tensor_traits {
+  /// Whether T is a DynamicTensor: false unless a specialisation says true.
   static constexpr bool enabled = false;
 };
 

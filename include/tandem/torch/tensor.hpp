@@ -141,6 +141,7 @@ namespace tandem {
 /// (libtorch's kernels run on its current stream, which the communicator does not know).
 template <>
 struct dynamic_tensor_traits<at::Tensor> {
+  /// at::Tensor is a DynamicTensor.
   static constexpr bool enabled = true;
 
   /// f(view of `t` as its own element type, in Space); an Error naming `operation` otherwise.
