@@ -210,6 +210,7 @@ if [[ ! -e $torch_dir/lib/libc10_cuda.so ]]; then
 elif [[ ! -x $nvcc ]]; then
   record SKIP "CUDA steps: no nvcc at $nvcc (set NVCC)"
 else
+  # shellcheck disable=SC2054  # the commas belong to nvcc's flags
   cuda_flags=(-forward-unknown-to-host-compiler "-D_GLIBCXX_USE_CXX11_ABI=$abi" -std=c++20
     "--generate-code=arch=compute_${CUDA_ARCH:-90},code=[sm_${CUDA_ARCH:-90}]"
     -Werror=all-warnings -Xcompiler=-Wall,-Wextra -I"$source_dir/include"

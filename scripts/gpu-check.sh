@@ -3,7 +3,9 @@
 # dated record: a Release build with CUDA and NCCL (Gloo and MPI where found), every
 # `cuda`-labelled test, compute-sanitizer memcheck over the device tests, NcclComm's suite again
 # with the host code under AddressSanitizer, bench/nccl and bench/step with their PyTorch peers,
-# and bench/fashion_mnist's GPU run (fashion_mnist_cuda beside PyTorch on one GPU).
+# and bench/fashion_mnist's GPU run (fashion_mnist_cuda beside PyTorch on one GPU); where
+# python3 has PyTorch, the libtorch bridge through scripts/check-libtorch2.sh against its libtorch
+# (CPU tests, and torch_bridge_cuda and torch_resnet_cuda on the GPU).
 # Writes bench/results/gpu-<date>-<device>.md (device, driver, versions, commit, test counts,
 # tables) and prints its path. Without a GPU it says so and exits 77, having built nothing.
 #   scripts/gpu-check.sh [--build DIR] [--jobs N] [--no-asan] [--no-memcheck] [--no-bench]
@@ -175,6 +177,18 @@ if [[ $asan -eq 1 ]]; then
   fi
 fi
 
+# --- the libtorch bridge against the installed PyTorch's libtorch ----------------------------------
+torch_result="not run: python3 has no PyTorch"
+torch_dir=$(python3 -c 'import torch, os; print(os.path.dirname(torch.__file__))' 2>/dev/null)
+if [[ -n $torch_dir && -d $torch_dir/include ]]; then
+  note "the libtorch bridge (scripts/check-libtorch2.sh $torch_dir)"
+  NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)} \
+    "$root/scripts/check-libtorch2.sh" "$torch_dir" "$build-libtorch" >"$logs/libtorch.log" 2>&1
+  status=$?
+  torch_result=$(sed -n '/^libtorch .*_GLIBCXX_USE_CXX11_ABI=[01]:$/,$p' "$logs/libtorch.log")
+  [[ $status -eq 0 ]] || failures+=("the libtorch bridge (see gpu-check-logs/libtorch.log)")
+fi
+
 # --- benchmarks ----------------------------------------------------------------------------------
 nccl_table=""
 step_output=""
@@ -250,6 +264,12 @@ torch_version=$(python3 -c "import torch; print(torch.__version__, 'CUDA', torch
   echo "## nccl_comm with the host code under AddressSanitizer"
   echo
   echo "$asan_result"
+  echo
+  echo "## The libtorch bridge (scripts/check-libtorch2.sh)"
+  echo
+  echo '```'
+  echo "$torch_result"
+  echo '```'
   echo
   if [[ $bench -eq 1 ]]; then
     echo "## bench/nccl"
