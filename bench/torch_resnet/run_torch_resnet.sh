@@ -49,7 +49,8 @@ run tandem_local "$program" --backend local --ranks 2 "${common[@]}"
 steps_per_rank=469
 run compute_floor bash -c "for i in 0 1; do $program --backend local --ranks 1 --no-sync-bn --max-steps $steps_per_rank --epochs 1 --init $tmp/init.safetensors & done; wait"
 floor=$(tandem_epochs <"$tmp/compute_floor.log" | awk '{s += $3; n++} END {if (n == 2) printf "%.2f", s / n}')
-[[ -n $floor ]] || { cat "$tmp/compute_floor.log"; echo "FAILED: compute_floor did not report two processes' epochs" >&2; exit 1; }
+[[ -n $floor && $(grep -c "after $steps_per_rank steps" "$tmp/compute_floor.log") -eq 2 ]] || {
+  cat "$tmp/compute_floor.log"; echo "FAILED: compute_floor: not two processes of $steps_per_rank steps each" >&2; exit 1; }
 names=(torch_ddp tandem_default tandem_default_nosyncbn tandem_gloo tandem_mpi tandem_local)
 for name in "${names[@]:1}"; do tandem_epochs <"$tmp/$name.log" >"$tmp/$name.epochs"; done
 grep "^EPOCH" "$tmp/torch_ddp.log" | awk '{print $1, $2, $3, $4 * 100}' >"$tmp/torch_ddp.epochs"

@@ -21,6 +21,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <torch/torch.h>
@@ -215,6 +216,17 @@ std::vector<tandem::optim::ParamGroup<tandem::optim::SGDOptions>> sgd_groups(
   return groups;
 }
 
+/// A Loader batch's images {n, 1, 28, 28} and labels {n} as libtorch tensors on `device`: views
+/// of the batch's memory on the CPU, copies on a GPU.
+template <class Batch>
+std::pair<torch::Tensor, torch::Tensor> batch_tensors(const Batch& batch,
+                                                      const torch::Device& device) {
+  auto [images, labels] = batch.views();
+  const auto count = static_cast<std::int64_t>(batch.size());
+  return {torch::from_blob(images.data(), {count, 1, 28, 28}, torch::kFloat32).to(device),
+          torch::from_blob(labels.data(), {count}, torch::kInt64).to(device)};
+}
+
 /// Accuracy over the test set split by the evaluation sampler: every sample counted once.
 /// Through ddp.forward, which in eval mode runs no collective and points the module's tensors at
 /// the arena's active values (the EMA's while it is applied).
@@ -226,11 +238,7 @@ double evaluate(Comm& comm, Net& net, Ddp& ddp, const tandem::FashionMNIST& test
   tandem::Loader loader(test, sampler | tandem::views::batches(500), {.workers = 0});
   std::int64_t hits = 0;
   for (const auto& batch : loader) {
-    auto [images, labels] = batch.views();
-    const auto count = static_cast<std::int64_t>(batch.size());
-    const auto x =
-        torch::from_blob(images.data(), {count, 1, 28, 28}, torch::kFloat32).to(ddp.device());
-    const auto y = torch::from_blob(labels.data(), {count}, torch::kInt64).to(ddp.device());
+    const auto [x, y] = batch_tensors(batch, ddp.device());
     hits += ddp.forward(x).argmax(1).eq(y).sum().template item<std::int64_t>();
   }
   net->train();
@@ -320,11 +328,7 @@ double train(Comm& comm, const Settings& settings) {
         examples::epoch_progress(comm, epoch, batches.size() - batches_done);
     for (const auto& batch : loader) {
       if (settings.crash_at_step == step && comm.rank() == 1 && first_attempt) ::raise(SIGKILL);
-      auto [images, labels] = batch.views();
-      const auto count = static_cast<std::int64_t>(batch.size());
-      const auto x =
-          torch::from_blob(images.data(), {count, 1, 28, 28}, torch::kFloat32).to(device);
-      const auto y = torch::from_blob(labels.data(), {count}, torch::kInt64).to(device);
+      const auto [x, y] = batch_tensors(batch, device);
       torch::Tensor loss;
       {
         [[maybe_unused]] const auto autocast = Placement::autocast();

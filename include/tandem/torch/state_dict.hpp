@@ -20,7 +20,6 @@
 #include <functional>
 #include <string>
 #include <tuple>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -161,10 +160,7 @@ class NamedTensorSets {
 template <class State, class Ddp>
 requires requires(State& state, Ddp& ddp, std::string prefix) {
   state.model(ddp.parameters(), prefix);
-  {
-    ddp.tensors_outside_arena()
-    } -> std::same_as<NamedTensorSets<
-        typename std::remove_cvref_t<decltype(ddp.tensors_outside_arena())>::memory_space>&>;
+  { ddp.tensors_outside_arena() } -> std::same_as<NamedTensorSets<typename Ddp::arena_space>&>;
 }
 State& model(State& state, Ddp& ddp, std::string prefix = "") {
   auto& outside = ddp.tensors_outside_arena();
