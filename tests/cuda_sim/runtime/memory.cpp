@@ -340,7 +340,7 @@ cudaError_t cudaHostAlloc(void** pHost, size_t size, unsigned int flags) {
   void* memory = allocate_bytes(size);
   if (memory == nullptr) return result(cudaErrorMemoryAllocation);
   poison(memory, size);
-  add({address(memory), size, MemoryKind::pinned, device->ordinal, false});
+  add({address(memory), size, MemoryKind::pinned, device->ordinal, false, flags});
   runtime().pinned_bytes.fetch_add(size, std::memory_order_relaxed);
   *pHost = memory;
   return cudaSuccess;
@@ -378,7 +378,7 @@ cudaError_t cudaHostRegister(void* ptr, size_t size, unsigned int flags) {
   const bool overlaps_previous = next != rt.allocations.begin() &&
                                  std::prev(next)->second.base + std::prev(next)->second.size > base;
   if (overlaps_next || overlaps_previous) return result(cudaErrorHostMemoryAlreadyRegistered);
-  rt.allocations[base] = {base, size, MemoryKind::registered, device->ordinal, false};
+  rt.allocations[base] = {base, size, MemoryKind::registered, device->ordinal, false, flags};
   return cudaSuccess;
 }
 
@@ -394,6 +394,15 @@ cudaError_t cudaHostGetDevicePointer(void** pDevice, void* pHost, unsigned int f
   const std::optional<Allocation> found = find_containing(pHost);
   if (!found || found->kind == MemoryKind::device) return result(cudaErrorInvalidValue);
   *pDevice = pHost;  // unified addressing: pinned memory has the same address on the device
+  return cudaSuccess;
+}
+
+cudaError_t cudaHostGetFlags(unsigned int* pFlags, void* pHost) {
+  if (const cudaError_t status = admit()) return result(status);
+  if (pFlags == nullptr) return result(cudaErrorInvalidValue);
+  const std::optional<Allocation> found = find_containing(pHost);
+  if (!found || found->kind == MemoryKind::device) return result(cudaErrorInvalidValue);
+  *pFlags = found->flags;
   return cudaSuccess;
 }
 

@@ -502,6 +502,7 @@ cudaError_t event_synchronize(cudaEvent_t event_handle) {
   const EventState state = snapshot(*event);
   if (!state.recorded) return cudaSuccess;
   Stream& stream = *state.position.stream;
+  if (const cudaError_t fault = fault_of(stream.device)) return result(fault);  // at once
   stream.synchronize(state.position.seq);
   return result(fault_of(stream.device));
 }
@@ -626,6 +627,15 @@ cudaError_t cudaStreamGetId_ptsz(cudaStream_t stream, unsigned long long* id) {
                          [](const Stream& s) { return static_cast<unsigned long long>(s.id); });
 }
 
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+  return stream_property(stream, status, false,
+                         [](const Stream&) { return cudaStreamCaptureStatusNone; });
+}
+cudaError_t cudaStreamIsCapturing_ptsz(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+  return stream_property(stream, status, true,
+                         [](const Stream&) { return cudaStreamCaptureStatusNone; });
+}
+
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
   return stream_wait_event(stream, event, flags, false);
 }
@@ -653,6 +663,7 @@ cudaError_t cudaDeviceSynchronize(void) {
   if (const cudaError_t status = admit()) return result(status);
   Device* device = nullptr;
   if (const cudaError_t status = current_device(device)) return result(status);
+  if (const cudaError_t fault = fault_of(*device)) return result(fault);  // at once
   synchronize_device(*device);
   return result(fault_of(*device));
 }
