@@ -360,6 +360,8 @@ TEST_CASE("cudaDeviceSynchronize waits for every stream of the device, non-block
 }
 
 TEST_CASE("stress mode delays tasks but keeps every ordering") {
+  unsigned long long previous_seed = 0;
+  const int previously = cuda_sim_stress_enabled(&previous_seed);  // TANDEM_CUDA_SIM_STRESS
   cuda_sim_set_stress(1, 12345);
   unsigned long long seed = 0;
   CHECK(cuda_sim_stress_enabled(&seed) == 1);
@@ -375,7 +377,7 @@ TEST_CASE("stress mode delays tasks but keeps every ordering") {
   SIM_REQUIRE(cudaStreamWaitEvent(b, handoff, 0));
   for (int i = 20; i < 40; ++i) launch(b, steps[static_cast<std::size_t>(i)]);
   SIM_REQUIRE(cudaStreamSynchronize(b));
-  cuda_sim_set_stress(0, 0);
+  cuda_sim_set_stress(previously, previous_seed);
   REQUIRE(log.size() == 40);
   for (int i = 0; i < 40; ++i) CHECK(log[static_cast<std::size_t>(i)] == i);
 }
