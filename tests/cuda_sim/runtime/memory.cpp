@@ -232,9 +232,12 @@ cudaError_t copy(void* destination, const void* source, std::size_t bytes, cudaM
     }
   } else if (from_device && !to_device) {
     wait_for_copy = synchronous || to.space == Space::pageable;  // returns once complete
-  }                                                              // device to device: never waits
+  }
+  // (Device to device: never waits.)
   auto task = std::make_unique<Task>();
-  task->work = [destination, source, bytes, staged](const TaskContext&) {
+  // The staging copy moves into the task: the worker drops the only reference. (A reference
+  // the host dropped after the worker would acquire the worker's release of the count.)
+  task->work = [destination, source, bytes, staged = std::move(staged)](const TaskContext&) {
     std::memcpy(destination, source, bytes);
   };
   std::uint64_t seq = 0;
