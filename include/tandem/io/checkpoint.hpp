@@ -391,7 +391,7 @@ std::optional<std::filesystem::path> open_checkpoints(Comm& comm,
                                                       const TrainingState& state,
                                                       const CheckpointOptions& options = {}) {
   const std::string operation = "open_checkpoints " + directory.string();
-  const std::string verb = "prepare checkpoint directory " + directory.string();
+  const std::string verb = "prepare its checkpoint directory";  // which: in the cause
   detail::agree_on_failure(comm, comm.rank() == 0 ? detail::claim_failure(directory, options) : "",
                            operation, verb);
   std::optional<std::filesystem::path> last;

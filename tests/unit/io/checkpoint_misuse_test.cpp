@@ -157,7 +157,7 @@ TEST_CASE("a second job using a directory is refused naming the first, and loses
     CHECK(contains(errors[0], "pid " + std::to_string(job_a)));
     CHECK(contains(errors[0], "since 20"));
     CHECK(contains(errors[1], "tandem: rank 1: open_checkpoints"));
-    CHECK(contains(errors[1], "rank 0 failed to prepare checkpoint directory"));
+    CHECK(contains(errors[1], "rank 0 failed to prepare its checkpoint directory"));
     CHECK(contains(errors[1], "in use by another job (run job-a"));
   }
   // Nor can it save there directly.
@@ -188,7 +188,7 @@ TEST_CASE("a second job using a directory is refused naming the first, and loses
                  "already holds 3 checkpoint(s) (the newest: "
                  "checkpoint-000000000004.safetensors) that this run did not resume "
                  "from") &&
-        contains(errors[1], "rank 0 failed to prepare checkpoint directory");
+        contains(errors[1], "rank 0 failed to prepare its checkpoint directory");
     if (!refused)
       std::fprintf(stderr, "fresh job: '%s' '%s'\n", errors[0].c_str(), errors[1].c_str());
     return refused ? 0 : 1;
@@ -228,8 +228,9 @@ TEST_CASE("a directory that cannot be written is found before the first step") {
   CHECK(contains(errors[0], "rank 0: open_checkpoints " + under_file.string()));
   CHECK(contains(errors[0], "cannot create the directory " + under_file.string()));
   CHECK(contains(errors[0], "Not a directory (errno 20)"));
-  CHECK(
-      contains(errors[1], "rank 0 failed to prepare checkpoint directory " + under_file.string()));
+  CHECK(contains(errors[1],
+                 "rank 0 failed to prepare its checkpoint directory: checkpoint directory " +
+                     under_file.string()));
   CHECK(contains(errors[1], "Not a directory (errno 20)"));
 
   // Read-only: a read-only tmpfs in a mount namespace of a child's own, or (not as root, whom
@@ -263,7 +264,7 @@ TEST_CASE("a directory that cannot be written is found before the first step") {
   CHECK((contains(text, "Read-only file system (errno 30)") ||
          contains(text, "Permission denied (errno 13)")));
   CHECK(contains(text, "rank 1: open_checkpoints"));
-  CHECK(contains(text, "rank 0 failed to prepare checkpoint directory"));
+  CHECK(contains(text, "rank 0 failed to prepare its checkpoint directory"));
 }
 
 namespace {
