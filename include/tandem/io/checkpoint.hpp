@@ -368,7 +368,9 @@ void load_checkpoint(Comm& comm, const std::filesystem::path& path, const Traini
   }
   try {
     state.load_from(*file, ranks);
-    if (comm.rank() == 0) {
+    // One of a directory's checkpoints: this run continues that directory's run (a file of
+    // another name, weights to start from, says nothing about the directory).
+    if (comm.rank() == 0 && !detail::step_in_name(path, options).empty()) {
       detail::note_resumed_from(path.has_parent_path() ? path.parent_path() : ".", options.prefix);
     }
   } catch (const std::exception& error) {

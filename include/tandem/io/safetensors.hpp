@@ -176,8 +176,7 @@ inline std::vector<std::uint8_t> read_whole_file(const std::string& name) {
 /// format is a tandem::Error naming the file and the problem: a header length beyond the file or
 /// 100 MB, bad JSON or UTF-8, an unknown dtype, a shape whose bytes do not match its offsets,
 /// offsets out of range, overlapping or leaving holes, a name or key given twice (nlohmann-json
-/// would keep the last silently), non-string metadata; reading a BOOL tensor with a byte other
-/// than 0 or 1 into bools.
+/// would keep the last silently), non-string metadata.
 class SafetensorsFile {
  public:
   /// Reads the whole file into memory.
@@ -275,15 +274,6 @@ class SafetensorsFile {
     }
     static_assert(std::endian::native == std::endian::little,
                   "tandem: safetensors is little-endian; this host is not");
-    if constexpr (std::is_same_v<std::remove_cv_t<T>, bool>) {
-      // Any byte but 0 and 1 copied into a bool is undefined behaviour when read.
-      for (const std::byte b : bytes(e)) {
-        if (std::to_integer<unsigned>(b) > 1) {
-          fail("tensor '" + e.name + "' is BOOL but holds the byte " +
-               std::to_string(std::to_integer<unsigned>(b)));
-        }
-      }
-    }
     if constexpr (host_accessible<Space>) {
       if (count != 0) std::memcpy(std::data(out), bytes(e).data(), e.bytes());
     } else {
