@@ -181,9 +181,27 @@ void resume_from_latest(Comm& comm, bool resume, const std::string& directory,
 }
 
 /// The TensorBoard writer of a run: rank 0 writes under `directory` when one is given; the other
-/// ranks (and a run without --tensorboard) write nothing.
+/// ranks (and a run without --tensorboard) write nothing. A directory rank 0 cannot create or
+/// write in is an Error on every rank now (rank 0's with its cause, the others naming rank 0),
+/// before the first step, not rank 0 alone failing while the others wait for it.
 template <class Comm>
-tandem::TensorBoardWriter rank0_board(const Comm& comm, const std::string& directory) {
+tandem::TensorBoardWriter rank0_board(Comm& comm, const std::string& directory) {
+  std::string failure;
+  if (comm.rank() == 0 && !directory.empty()) {
+    try {
+      std::error_code error;
+      std::filesystem::create_directories(directory, error);
+      if (error) {
+        throw tandem::Error("TensorBoardWriter",
+                            "cannot create " + directory + ": " + error.message());
+      }
+      tandem::detail::probe_write(directory, "tensorboard-", "TensorBoardWriter " + directory);
+    } catch (const std::exception& error) {
+      failure = tandem::detail::failure_text(error);
+    }
+  }
+  tandem::detail::agree_on_failure(comm, failure, "--tensorboard " + directory,
+                                   "open its TensorBoard directory");
   return tandem::TensorBoardWriter(directory.empty() ? "." : directory,
                                    comm.rank() == 0 && !directory.empty());
 }

@@ -85,6 +85,11 @@ if grep -q "^step " "$work/out"; then
   echo "FAILED: train_mlp trained before finding its checkpoint directory unusable"
   failures=$((failures + 1))
 fi
+# A TensorBoard directory that cannot be made: the same, on every rank.
+# (run_local reports whichever rank's Error came first: rank 0's own, or one naming rank 0.)
+expect 1 "TensorBoardWriter: cannot create $work/a-file/tb: Not a directory" \
+  "$fashion_mnist" --backend local --ranks 2 --epochs 1 --max-steps 1 --workers 0 \
+  --data "$work/fits" --tensorboard "$work/a-file/tb"
 # And one that fits trains (the refusals above are not all the program ever says).
 expect 0 "test accuracy" "$fashion_mnist" "${run[@]}" --data "$work/fits" \
   --checkpoint-dir "$work/ckpt"
