@@ -44,9 +44,10 @@ struct CheckpointOptions {
   std::size_t keep_last = 3;           ///< older checkpoints are deleted after a save (0: keep all)
   std::string prefix = "checkpoint-";  ///< file names: prefix, the step in 12 digits, .safetensors
   bool broadcast = false;  ///< load: rank 0 reads and broadcasts (no shared file system)
-  /// Rank 0 holds the directory's lock (`.<prefix>lock`, flock) from its first use until the
-  /// process ends: another job using the directory is refused with an Error naming this one
-  /// (run id, host, pid, start time). false where the file system has no locks.
+  /// Rank 0 holds the directory's lock (a dot, the prefix, "lock": `.checkpoint-lock`; flock)
+  /// from its first use until the process ends: another job using the directory is refused with
+  /// an Error naming this one (run id, host, pid, start time). false where the file system has
+  /// no locks.
   bool exclusive = true;
   bool resume = false;  ///< open_checkpoints: load the newest checkpoint there is, if any
 };
