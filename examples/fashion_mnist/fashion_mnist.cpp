@@ -222,6 +222,8 @@ template <int Stage, tandem::Communicator Comm>
 double train(Comm& comm, const Settings& settings) {
   const tandem::FashionMNIST train_set(tandem::split::train, settings.data);
   const tandem::FashionMNIST test_set(tandem::split::test, settings.data);
+  examples::check_data_fits(train_set, pixels, classes, settings.data);  // or labels index past
+  examples::check_data_fits(test_set, pixels, classes, settings.data);   // the model's outputs
   Mlp<Comm> model(comm, fashion_mnist::hidden_width(settings), settings.seed);
   typename DdpFor<Comm, Stage>::type ddp(comm, model.params());
 

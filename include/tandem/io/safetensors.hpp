@@ -4,7 +4,7 @@
 //   tandem::SafetensorsWriter out;
 //   out.add("fc.weight", weights, {10, 784});              // any host tensor, or a View
 //   out.metadata("epoch", "3");
-//   out.write("model.safetensors");                        // temp file, fsync, rename, fsync dir
+//   out.write("model.safetensors");                 // temp file, fsync, rename, fsync dir (umask)
 //   auto file = tandem::SafetensorsFile::map("model.safetensors");
 //   file.read_into("fc.weight", weights);                   // dtype and size checked
 // Needs: nlohmann-json (the tandem::io CMake component).
@@ -38,6 +38,7 @@
 #include "tandem/core/error.hpp"
 #include "tandem/core/fd.hpp"
 #include "tandem/io/crc32c.hpp"
+#include "tandem/io/detail/atomic_file.hpp"
 #include "tandem/tensor/dtype.hpp"
 #include "tandem/tensor/memory.hpp"
 #include "tandem/tensor/tensor.hpp"
@@ -174,7 +175,9 @@ inline std::vector<std::uint8_t> read_whole_file(const std::string& name) {
 /// A validated safetensors file in memory (read whole, or memory-mapped). Every violation of the
 /// format is a tandem::Error naming the file and the problem: a header length beyond the file or
 /// 100 MB, bad JSON or UTF-8, an unknown dtype, a shape whose bytes do not match its offsets,
-/// offsets out of range, overlapping or leaving holes, duplicate names, non-string metadata.
+/// offsets out of range, overlapping or leaving holes, a name or key given twice (nlohmann-json
+/// would keep the last silently), non-string metadata; reading a BOOL tensor with a byte other
+/// than 0 or 1 into bools.
 class SafetensorsFile {
  public:
   /// Reads the whole file into memory.
@@ -239,6 +242,16 @@ class SafetensorsFile {
     }
   }
 
+  /// What identifies the file's content, "HHHHHHHH-DDDDDDDD": the CRC-32C of its header (length
+  /// and JSON: names, shapes, metadata) and of its data section (the recorded one, which
+  /// verify_checksum() checks, where the file has it). Two files with the same fingerprint hold
+  /// the same checkpoint; ranks compare it to know they loaded the same one.
+  [[nodiscard]] std::string fingerprint() const {
+    const auto recorded = metadata_.find(checksum_key);
+    return detail::hex32(crc32c(header_)) + "-" +
+           (recorded != metadata_.end() ? recorded->second : detail::hex32(crc32c(data_)));
+  }
+
   /// The tensor's bytes, little-endian as stored.
   [[nodiscard]] std::span<const std::byte> bytes(const SafetensorsEntry& e) const noexcept {
     return data_.subspan(e.begin, e.end - e.begin);
@@ -262,6 +275,15 @@ class SafetensorsFile {
     }
     static_assert(std::endian::native == std::endian::little,
                   "tandem: safetensors is little-endian; this host is not");
+    if constexpr (std::is_same_v<std::remove_cv_t<T>, bool>) {
+      // Any byte but 0 and 1 copied into a bool is undefined behaviour when read.
+      for (const std::byte b : bytes(e)) {
+        if (std::to_integer<unsigned>(b) > 1) {
+          fail("tensor '" + e.name + "' is BOOL but holds the byte " +
+               std::to_string(std::to_integer<unsigned>(b)));
+        }
+      }
+    }
     if constexpr (host_accessible<Space>) {
       if (count != 0) std::memcpy(std::data(out), bytes(e).data(), e.bytes());
     } else {
@@ -315,15 +337,22 @@ class SafetensorsFile {
            std::to_string(file.size()) + " bytes)");
     }
     const auto header = file.subspan(8, static_cast<std::size_t>(header_length));
+    header_ = file.first(8 + static_cast<std::size_t>(header_length));
     data_ = file.subspan(8 + static_cast<std::size_t>(header_length));
 
-    // nlohmann keeps the last of duplicate keys silently: the callback sees every key first.
-    std::set<std::string> names;
+    // nlohmann keeps the last of duplicate keys silently: the callback sees every key first, in
+    // the header's object and in every object inside it (__metadata__, each tensor's entry).
+    std::vector<std::set<std::string>> open_objects;
     std::optional<std::string> duplicate;
-    auto watch = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
-      if (depth == 1 && event == nlohmann::json::parse_event_t::key) {
+    auto watch = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+      using event_t = nlohmann::json::parse_event_t;
+      if (event == event_t::object_start) {
+        open_objects.emplace_back();
+      } else if (event == event_t::object_end) {
+        if (!open_objects.empty()) open_objects.pop_back();
+      } else if (event == event_t::key && !open_objects.empty()) {
         const auto& key = parsed.get_ref<const std::string&>();
-        if (!names.insert(key).second && !duplicate) duplicate = key;
+        if (!open_objects.back().insert(key).second && !duplicate) duplicate = key;
       }
       return true;
     };
@@ -419,6 +448,7 @@ class SafetensorsFile {
 
   std::shared_ptr<void> owner_;
   std::string name_;
+  std::span<const std::byte> header_;  // the length and the JSON
   std::span<const std::byte> data_;
   std::vector<SafetensorsEntry> entries_;
   std::map<std::string, std::string> metadata_;
@@ -507,39 +537,13 @@ class SafetensorsWriter {
     return out;
   }
 
-  /// Writes the file atomically: a temporary file in the same directory, fsync, rename over
-  /// `path`, fsync of the directory. A crash leaves the old file or the new one, never a mix.
+  /// Writes the file atomically: a temporary file of this process's own in the same directory
+  /// (created as open() creates files: 0666 less the umask), fsync, rename over `path`, fsync of
+  /// the directory. A crash leaves the old file or the new one, never a mix; a failure removes
+  /// the temporary file and is an Error naming `path` and the system's reason.
   void write(const std::filesystem::path& path) const {
     const std::vector<std::byte> bytes = serialize();
-    const std::filesystem::path directory =
-        path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
-    std::string temporary = (directory / ("." + path.filename().string() + ".tmp-XXXXXX")).string();
-    detail::Fd fd(::mkstemp(temporary.data()));
-    if (!fd) fail(path, std::string("cannot create a temporary file: ") + std::strerror(errno));
-    std::size_t done = 0;
-    while (done < bytes.size()) {
-      const ssize_t wrote = ::write(fd.get(), bytes.data() + done, bytes.size() - done);
-      if (wrote < 0 && errno == EINTR) continue;
-      if (wrote <= 0) {
-        const std::string cause = std::strerror(errno);
-        ::unlink(temporary.c_str());
-        fail(path, "cannot write: " + cause);
-      }
-      done += static_cast<std::size_t>(wrote);
-    }
-    if (::fsync(fd.get()) != 0 || ::fchmod(fd.get(), 0644) != 0) {
-      const std::string cause = std::strerror(errno);
-      ::unlink(temporary.c_str());
-      fail(path, "cannot sync: " + cause);
-    }
-    fd.reset();
-    if (::rename(temporary.c_str(), path.c_str()) != 0) {
-      const std::string cause = std::strerror(errno);
-      ::unlink(temporary.c_str());
-      fail(path, "cannot rename into place: " + cause);
-    }
-    detail::Fd dir(::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-    if (!dir || ::fsync(dir.get()) != 0) fail(path, "cannot sync its directory");
+    detail::write_atomically(path, bytes, "safetensors " + path.string());
   }
 
  private:
@@ -557,10 +561,6 @@ class SafetensorsWriter {
     for (const auto& p : pending_) {
       if (p.name == name) throw Error("SafetensorsWriter", "tensor '" + name + "' added twice");
     }
-  }
-
-  [[noreturn]] static void fail(const std::filesystem::path& path, const std::string& cause) {
-    throw Error("safetensors " + path.string(), cause);
   }
 
   std::vector<Pending> pending_;
