@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "tandem/arena/parameters.hpp"
+#include "tandem/comm/agree.hpp"
 #include "tandem/comm/local/local.hpp"
 #include "tandem/core/env.hpp"
 #include "tandem/ddp/ddp.hpp"
@@ -192,6 +193,11 @@ std::int64_t fingerprint(tandem::View<float> values) {
 /// One rank's whole job, for any communicator. Returns whether training did what it should.
 template <tandem::Communicator Comm>
 bool train(Comm& comm, const Settings& settings) {
+  // The same run on every rank, or an Error on every rank naming the flag and who has what.
+  tandem::agree(comm, {{"--steps", settings.steps},
+                       {"--checkpoint-every", settings.checkpoint_every},
+                       {"--fail-rank", settings.fail_rank},
+                       {"--fail-step", settings.fail_step}});
   const auto n = static_cast<std::size_t>(comm.size());
   const auto rank = static_cast<std::size_t>(comm.rank());
   // 64 samples a step, or the next multiple of the world size (66 on 3 ranks).

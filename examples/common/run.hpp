@@ -26,7 +26,9 @@
 #include <string_view>
 #include <system_error>
 #include <utility>
+#include <vector>
 
+#include "tandem/comm/agree.hpp"
 #include "tandem/comm/init.hpp"
 #include "tandem/comm/local/local.hpp"
 #include "tandem/data/mnist.hpp"
@@ -267,6 +269,24 @@ double run_env_rank(std::chrono::seconds timeout, Train& train) {
   const double result = train(comm);
   comm.barrier();
   return result;
+}
+
+/// Collective, at start: the flags that must be the same on every rank are (tandem::agree), with
+/// the example's own (`more`); otherwise an Error on every rank naming the flag, the ranks and
+/// their values. Not compared: what may differ per rank or node (--data and --checkpoint-dir are
+/// places, which open_checkpoints checks by what every rank loads; --workers, --timeout,
+/// --tensorboard).
+template <class Comm>
+void agree_on_flags(Comm& comm, const RunSettings& s, const std::vector<tandem::Setting>& more) {
+  std::vector<tandem::Setting> flags{{"--epochs", s.epochs},
+                                     {"--batch-size", s.batch_size},
+                                     {"--lr", s.lr},
+                                     {"--seed", s.seed},
+                                     {"--resume", s.resume},
+                                     {"--max-steps", s.max_steps},
+                                     {"--crash-at-step", s.crash_at_step}};
+  flags.insert(flags.end(), more.begin(), more.end());
+  tandem::agree(comm, flags);
 }
 
 /// The backend of a run without --backend: under a launcher (WORLD_SIZE set) the shared-memory

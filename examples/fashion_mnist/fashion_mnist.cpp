@@ -220,6 +220,9 @@ struct DdpFor<Comm, 0> {
 /// One rank's whole run under ZeRO stage Stage (0: plain DDP). Returns the final test accuracy.
 template <int Stage, tandem::Communicator Comm>
 double train(Comm& comm, const Settings& settings) {
+  examples::agree_on_flags(
+      comm, settings,
+      {{"--wide", settings.wide}, {"--plain", settings.plain}, {"--zero", settings.zero}});
   const tandem::FashionMNIST train_set(tandem::split::train, settings.data);
   const tandem::FashionMNIST test_set(tandem::split::test, settings.data);
   examples::check_data_fits(train_set, pixels, classes, settings.data);  // or labels index past

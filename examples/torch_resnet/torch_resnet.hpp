@@ -287,6 +287,11 @@ struct OnCpu {
 /// (autocast() returns its guard) with a GradScaler (OnCpu: no; torch_resnet_cuda.cu: fp16).
 template <class Placement, tandem::Communicator Comm>
 double train(Comm& comm, const Settings& settings) {
+  examples::agree_on_flags(comm, settings,
+                           {{"--weight-decay", settings.weight_decay},
+                            {"--width", settings.width},
+                            {"--checkpoint-every", settings.checkpoint_every},
+                            {"--no-sync-bn", !settings.sync_bn}});
   const tandem::FashionMNIST train_set(tandem::split::train, settings.data);
   const tandem::FashionMNIST test_set(tandem::split::test, settings.data);
 

@@ -448,14 +448,18 @@ class SafetensorsFile {
 /// memory), and writes it atomically.
 class SafetensorsWriter {
  public:
-  /// Adds a tensor under `name` with `shape` (its product must be the tensor's size; a 1-D shape
-  /// of its size when left out).
+  /// Adds a tensor under `name`, 1-D of its size.
   template <Tensor In>
-  SafetensorsWriter& add(std::string name, const In& in, std::vector<std::int64_t> shape = {}) {
+  SafetensorsWriter& add(std::string name, const In& in) {
+    return add(std::move(name), in, {static_cast<std::int64_t>(std::ranges::size(in))});
+  }
+  /// Adds a tensor under `name` with `shape` (its product must be the tensor's size); `{}` is a
+  /// 0-dimensional tensor of one element, as PyTorch holds BatchNorm's num_batches_tracked.
+  template <Tensor In>
+  SafetensorsWriter& add(std::string name, const In& in, std::vector<std::int64_t> shape) {
     using T = tensor_element_t<In>;
     using Space = tensor_space_t<In>;
     const std::size_t count = std::ranges::size(in);
-    if (shape.empty()) shape = {static_cast<std::int64_t>(count)};
     std::size_t numel = 1;
     for (auto extent : shape) {
       if (extent < 0)
