@@ -11,6 +11,7 @@
 
 #include <unistd.h>
 
+#include <array>
 #include <cctype>
 #include <cerrno>
 #include <chrono>
@@ -136,9 +137,11 @@ std::string path_problem(const Settings& s) {
   if (::access(s.data.c_str(), R_OK | X_OK) != 0) {
     return "--data '" + s.data + "': cannot read it: " + std::strerror(errno);
   }
-  for (const auto& [flag, path] :
-       {std::pair<const char*, const std::string&>{"--checkpoint-dir", s.checkpoint_dir},
-        {"--tensorboard", s.tensorboard}}) {
+  // A named array, not a braced list in the for: nvcc 13 cannot parse the braced form.
+  const std::array<std::pair<const char*, const std::string*>, 2> directories{
+      {{"--checkpoint-dir", &s.checkpoint_dir}, {"--tensorboard", &s.tensorboard}}};
+  for (const auto& [flag, path_of] : directories) {
+    const std::string& path = *path_of;
     if (!path.empty() && fs::exists(path, error) && !fs::is_directory(path, error)) {
       return std::string(flag) + " '" + path + "': exists and is not a directory";
     }
