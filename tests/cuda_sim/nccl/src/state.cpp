@@ -199,6 +199,10 @@ ncclResult_t CommState::async_state() {
 
 void CommState::start_job(std::function<ncclResult_t()> body) {
   std::lock_guard lock(job_mutex_);
+  if (job_active_) {  // a finished job nobody asked about (callers ensured it ended)
+    job_.join();
+    if (job_result_ != ncclSuccess) set_error(job_result_);
+  }
   job_done_.store(false);
   job_active_ = true;
   job_ = std::thread([this, body = std::move(body)] {

@@ -180,6 +180,52 @@ TEST_CASE("groups: several collectives and point to point together, nested group
   }));
 }
 
+TEST_CASE("a communicator's work runs in issue order across streams; a group joins its streams") {
+  // Rank 0 issues X on a stream held back by earlier work, then Y on another stream; rank 1
+  // issues both on one stream. Unless rank 0 runs X before Y (as NCCL serialises a
+  // communicator's kernels), the ranks would pair X with Y.
+  const ncclUniqueId id = unique_id();
+  CHECK_NOTHROW(run_ranks(2, [&](int rank) {
+    ncclComm_t comm = nullptr;
+    SIM_NCCL(ncclCommInitRank(&comm, 2, id, rank));
+    {
+      Stream first, second;
+      Buffer x(1000 * 4), y(1000 * 4);
+      std::vector<std::int32_t> xs(1000, 1), ys(1000, 100);
+      x.upload(xs.data(), 4000, first);
+      y.upload(ys.data(), 4000, first);
+      if (rank == 0) {
+        SIM_CUDA(cudaLaunchHostFunc(
+            first, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(50)); },
+            nullptr));
+      }
+      SIM_NCCL(ncclAllReduce(x.get(), x.get(), 1000, ncclInt32, ncclSum, comm, first));
+      SIM_NCCL(ncclAllReduce(y.get(), y.get(), 1000, ncclInt32, ncclSum, comm,
+                             rank == 0 ? second : first));
+      SIM_CUDA(cudaStreamSynchronize(second));
+      const auto got_x = x.download(first), got_y = y.download(first);
+      std::int32_t sum_x = 0, sum_y = 0;
+      std::memcpy(&sum_x, got_x.data() + 999 * 4, 4);
+      std::memcpy(&sum_y, got_y.data() + 999 * 4, 4);
+      expect(sum_x == 2 && sum_y == 200, "X paired with X, Y with Y");
+
+      // One group with operations on two streams: they run as one, and both streams' later
+      // work sees the results.
+      x.upload(xs.data(), 4000, first);
+      y.upload(ys.data(), 4000, first);
+      SIM_NCCL(ncclGroupStart());
+      SIM_NCCL(ncclAllReduce(x.get(), x.get(), 1000, ncclInt32, ncclSum, comm, first));
+      SIM_NCCL(ncclAllReduce(y.get(), y.get(), 1000, ncclInt32, ncclMax, comm, second));
+      SIM_NCCL(ncclGroupEnd());
+      const auto joined_x = x.download(first), joined_y = y.download(second);
+      std::memcpy(&sum_x, joined_x.data(), 4);
+      std::memcpy(&sum_y, joined_y.data(), 4);
+      expect(sum_x == 2 && sum_y == 100, "the group on two streams");
+    }
+    SIM_NCCL(ncclCommDestroy(comm));
+  }));
+}
+
 TEST_CASE("a receive that expects another size than its send fails the communicator") {
   const ncclUniqueId id = unique_id();
   std::atomic<bool> seen{false};
