@@ -198,23 +198,29 @@ void Segment::wait_bell(std::uint32_t seen, std::chrono::microseconds limit) con
   atomic(head.waiters).fetch_sub(1);
 }
 
-void Segment::hold_rank(int r) const noexcept {
-  if (fd_ < 0) return;
+namespace {
+
+// An open file description lock of type `type` on byte r of the segment: rank r's.
+struct flock byte_lock(short type, int r) {
   struct flock lock {};
-  lock.l_type = F_WRLCK;
+  lock.l_type = type;
   lock.l_whence = SEEK_SET;
   lock.l_start = r;
   lock.l_len = 1;
+  return lock;
+}
+
+}  // namespace
+
+void Segment::hold_rank(int r) const noexcept {
+  if (fd_ < 0) return;
+  struct flock lock = byte_lock(F_WRLCK, r);
   (void)fcntl(fd_, F_OFD_SETLK, &lock);
 }
 
 void Segment::release_rank(int r) const noexcept {
   if (fd_ < 0) return;
-  struct flock lock {};
-  lock.l_type = F_UNLCK;
-  lock.l_whence = SEEK_SET;
-  lock.l_start = r;
-  lock.l_len = 1;
+  struct flock lock = byte_lock(F_UNLCK, r);
   (void)fcntl(fd_, F_OFD_SETLK, &lock);
 }
 
@@ -222,11 +228,7 @@ bool Segment::rank_process_alive(int r) const noexcept {
   SharedRank& record = rank(r);
   if (atomic(record.ready).load(std::memory_order_acquire) == 0) return true;  // not known yet
   if (record.process == process_token() || fd_ < 0) return true;
-  struct flock lock {};
-  lock.l_type = F_WRLCK;
-  lock.l_whence = SEEK_SET;
-  lock.l_start = r;
-  lock.l_len = 1;
+  struct flock lock = byte_lock(F_WRLCK, r);
   if (fcntl(fd_, F_OFD_GETLK, &lock) != 0) return true;  // cannot tell: assume it lives
   return lock.l_type != F_UNLCK;
 }

@@ -312,45 +312,37 @@ TEST_CASE("two ranks of one communicator on one device of one process: Duplicate
 }
 
 TEST_CASE("a collective runs in stream order: it sees earlier stream work, later work sees it") {
-  const ncclUniqueId id = unique_id();
-  CHECK_NOTHROW(run_ranks(2, [&](int rank) {
-    ncclComm_t comm = nullptr;
-    SIM_NCCL(ncclCommInitRank(&comm, 2, id, rank));
-    {
-      Stream stream;
-      const std::size_t count = 50000;
-      Buffer buffer(count * 4);
-      struct Work {
-        std::int32_t* data;
-        std::size_t count;
-        int rank;
-        bool ok = true;
-      } work{static_cast<std::int32_t*>(buffer.get()), count, rank};
-      for (int round = 0; round < 3; ++round) {
-        // Stream work before the collective writes its input...
-        SIM_CUDA(cudaLaunchHostFunc(
-            stream,
-            [](void* p) {
-              auto* w = static_cast<Work*>(p);
-              for (std::size_t i = 0; i < w->count; ++i) w->data[i] = w->rank + static_cast<int>(i);
-            },
-            &work));
-        SIM_NCCL(
-            ncclAllReduce(buffer.get(), buffer.get(), count, ncclInt32, ncclSum, comm, stream));
-        // ...and stream work after it reads the result.
-        SIM_CUDA(cudaLaunchHostFunc(
-            stream,
-            [](void* p) {
-              auto* w = static_cast<Work*>(p);
-              for (std::size_t i = 0; i < w->count; ++i) {
-                if (w->data[i] != 1 + 2 * static_cast<int>(i)) w->ok = false;
-              }
-            },
-            &work));
-      }
-      SIM_CUDA(cudaStreamSynchronize(stream));
-      expect(work.ok, "the stream work after the collective saw its result");
+  CHECK_NOTHROW(with_communicator(2, [&](ncclComm_t comm, cudaStream_t stream, int rank) {
+    const std::size_t count = 50000;
+    Buffer buffer(count * 4);
+    struct Work {
+      std::int32_t* data;
+      std::size_t count;
+      int rank;
+      bool ok = true;
+    } work{static_cast<std::int32_t*>(buffer.get()), count, rank};
+    for (int round = 0; round < 3; ++round) {
+      // Stream work before the collective writes its input...
+      SIM_CUDA(cudaLaunchHostFunc(
+          stream,
+          [](void* p) {
+            auto* w = static_cast<Work*>(p);
+            for (std::size_t i = 0; i < w->count; ++i) w->data[i] = w->rank + static_cast<int>(i);
+          },
+          &work));
+      SIM_NCCL(ncclAllReduce(buffer.get(), buffer.get(), count, ncclInt32, ncclSum, comm, stream));
+      // ...and stream work after it reads the result.
+      SIM_CUDA(cudaLaunchHostFunc(
+          stream,
+          [](void* p) {
+            auto* w = static_cast<Work*>(p);
+            for (std::size_t i = 0; i < w->count; ++i) {
+              if (w->data[i] != 1 + 2 * static_cast<int>(i)) w->ok = false;
+            }
+          },
+          &work));
     }
-    SIM_NCCL(ncclCommDestroy(comm));
+    SIM_CUDA(cudaStreamSynchronize(stream));
+    expect(work.ok, "the stream work after the collective saw its result");
   }));
 }

@@ -254,13 +254,8 @@ TEST_CASE("a peer process that is killed: the waiting rank reports ncclRemoteErr
     expect(cudaStreamQuery(stream) == cudaErrorNotReady, "the all-reduce waits for rank 1");
     peer.signal(SIGKILL);
     expect(peer.wait() == -SIGKILL, "the peer was killed");
-    ncclResult_t state = ncclSuccess;
-    wait_for(
-        [&] {
-          SIM_NCCL(ncclCommGetAsyncError(comm, &state));
-          return state != ncclSuccess;
-        },
-        "the communicator to notice");
+    const ncclResult_t state = wait_state(
+        comm, [](ncclResult_t now) { return now != ncclSuccess; }, "the communicator to notice");
     expect(state == ncclRemoteError,
            "ncclRemoteError, not " + std::string(ncclGetErrorString(state)));
     const std::string text = ncclGetLastError(comm);
