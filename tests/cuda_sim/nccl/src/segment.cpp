@@ -136,6 +136,10 @@ std::shared_ptr<Segment> Segment::open(const std::string& name, int nranks, std:
     close(fd);
     return nullptr;
   }
+  // A forked child gets no copy of the mapping: the mapping holds the file, and with it this
+  // process's locks, which must end with this process (forget_descriptor does the same for the
+  // descriptor).
+  (void)madvise(base, size, MADV_DONTFORK);
   std::shared_ptr<Segment> segment(new Segment(name, fd, base, size, nranks));
   std::uint32_t expected = 0;
   auto& header = segment->header();
@@ -231,6 +235,11 @@ bool Segment::rank_process_alive(int r) const noexcept {
   struct flock lock = byte_lock(F_WRLCK, r);
   if (fcntl(fd_, F_OFD_GETLK, &lock) != 0) return true;  // cannot tell: assume it lives
   return lock.l_type != F_UNLCK;
+}
+
+void Segment::forget_descriptor() noexcept {
+  if (fd_ >= 0) close(fd_);
+  fd_ = -1;
 }
 
 void Segment::unlink() const noexcept {

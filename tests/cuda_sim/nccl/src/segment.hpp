@@ -95,8 +95,9 @@ class Segment {
   /// Removes the name (the mapping stays): once every rank has joined, or on a failed init.
   void unlink() const noexcept;
 
-  /// Closes the descriptor in a forked child (its lock belongs to the parent).
-  void forget_descriptor() noexcept { fd_ = -1; }
+  /// In a forked child: closes its copy of the descriptor, which would otherwise keep the
+  /// parent's locks (and so the parent's ranks) alive after the parent has died.
+  void forget_descriptor() noexcept;
 
  private:
   Segment(std::string name, int fd, void* base, std::size_t size, int nranks)

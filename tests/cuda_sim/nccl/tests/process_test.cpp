@@ -212,6 +212,16 @@ int child_main(int argc, char** argv) {
     } else if (scenario == "idle") {
       wait_for_stdin();  // killed meanwhile
       return 3;
+    } else if (scenario == "forker") {
+      // A forked child that outlives us must not keep us looking alive.
+      if (fork() == 0) {
+        wait_for_stdin();  // until the test closes our stdin
+        _exit(0);
+      }
+      Stream stream;
+      expect(sum_one(comm, rank + 1, stream) == 3, "the all-reduce after the fork");
+      wait_for_stdin();  // killed meanwhile
+      return 3;
     } else if (scenario == "stopped") {
       wait_for_stdin();  // the parent stops us first, then lets us go
       Stream stream;
@@ -265,6 +275,27 @@ TEST_CASE("a peer process that is killed: the waiting rank reports ncclRemoteErr
     SIM_NCCL(ncclCommAbort(comm));
   }));
   CHECK(access(shm_path(id).c_str(), F_OK) != 0);
+}
+
+TEST_CASE("a peer process's forked child does not keep the dead peer looking alive") {
+  const ncclUniqueId id = unique_id();
+  Child peer("forker", 1, 2, id);
+  CHECK_NOTHROW(run_ranks(1, [&](int) {
+    ncclComm_t comm = nullptr;
+    SIM_NCCL(ncclCommInitRank(&comm, 2, id, 0));
+    Stream stream;
+    expect(sum_one(comm, 1, stream) == 3, "the all-reduce after the peer forked");
+    Buffer buffer(4);
+    SIM_NCCL(ncclAllReduce(buffer.get(), buffer.get(), 1, ncclInt32, ncclSum, comm, stream));
+    peer.signal(SIGKILL);
+    expect(peer.wait() == -SIGKILL, "the peer was killed");
+    const ncclResult_t state = wait_state(
+        comm, [](ncclResult_t now) { return now != ncclSuccess; }, "the communicator to notice");
+    expect(state == ncclRemoteError,
+           "ncclRemoteError, not " + std::string(ncclGetErrorString(state)));
+    SIM_CUDA(cudaStreamSynchronize(stream));
+    SIM_NCCL(ncclCommAbort(comm));
+  }));
 }
 
 TEST_CASE("a peer process that is stopped makes the others wait; they go on when it continues") {
