@@ -77,6 +77,7 @@ ncclResult_t join(CommState& comm, const std::atomic<bool>* stop, const char* ap
 
   Patience patience(segment.get());
   const auto everyone = static_cast<std::uint32_t>(comm.nranks);
+  std::string gone;  // a rank seen gone: fatal unless the next look finds everyone joined
   for (;;) {
     const std::uint32_t mark = patience.mark();
     if (atomic(header.joined).load(std::memory_order_acquire) == everyone) break;
@@ -84,15 +85,15 @@ ncclResult_t join(CommState& comm, const std::atomic<bool>* stop, const char* ap
       comm.leave();
       return comm.fail(ncclInternalError, prefix + "aborted while waiting for the other ranks");
     }
+    if (!gone.empty()) {
+      comm.leave();
+      return comm.fail(ncclRemoteError,
+                       prefix + gone + " before every rank had joined the communicator");
+    }
     patience.idle(mark);
     if (!patience.check_due()) continue;
-    for (int q = 0; q < comm.nranks; ++q) {
-      if (q == comm.rank) continue;
-      if (const std::string gone = peer_gone(*segment, q); !gone.empty()) {
-        comm.leave();
-        return comm.fail(ncclRemoteError,
-                         prefix + gone + " before every rank had joined the communicator");
-      }
+    for (int q = 0; q < comm.nranks && gone.empty(); ++q) {
+      if (q != comm.rank) gone = peer_gone(*segment, q);
     }
   }
   comm.joined.store(true);
@@ -127,6 +128,7 @@ ncclResult_t split(CommState* parent, int color, int key, ncclComm_t* newcomm, b
   segment->ring_bell();
 
   Patience patience(segment.get());
+  std::string gone;  // the missing rank seen gone: fatal unless the next look finds it posted
   for (;;) {
     const std::uint32_t mark = patience.mark();
     int missing = -1;
@@ -139,11 +141,11 @@ ncclResult_t split(CommState* parent, int color, int key, ncclComm_t* newcomm, b
     if (parent->aborted.load()) {
       return parent->fail(ncclInternalError, prefix + "the parent was aborted during the split");
     }
-    patience.idle(mark);
-    if (!patience.check_due()) continue;
-    if (const std::string gone = peer_gone(*segment, missing); !gone.empty()) {
+    if (!gone.empty()) {
       return parent->fail(ncclRemoteError, prefix + gone + " before it called ncclCommSplit");
     }
+    patience.idle(mark);
+    if (patience.check_due()) gone = peer_gone(*segment, missing);
   }
   if (color == NCCL_SPLIT_NOCOLOR) return ncclSuccess;
   std::vector<std::pair<int, int>> members;  // (key, parent rank) of this color

@@ -267,6 +267,8 @@ void advance(Launch& launch) {
     lanes[i].send.resize(static_cast<std::size_t>(launch.comms[i]->nranks));
     lanes[i].recv.resize(static_cast<std::size_t>(launch.comms[i]->nranks));
   }
+  const Op* suspect = nullptr;  // waits for a rank seen gone
+  std::string suspicion;
   for (;;) {
     const std::uint32_t mark = patience.mark();
     bool progressed = false;
@@ -297,7 +299,15 @@ void advance(Launch& launch) {
     }
     if (progressed) {
       patience.progressed();
+      suspect = nullptr;
       continue;
+    }
+    if (suspect) {
+      // A peer was gone before this pass, and the pass could still do nothing: it is not just a
+      // peer that finished its part and left in the meantime.
+      suspect->comm->fail(ncclRemoteError, suspicion);
+      suspect->comm->set_error(ncclRemoteError);
+      return;
     }
     patience.idle(mark);
     if (!patience.check_due()) continue;
@@ -308,9 +318,9 @@ void advance(Launch& launch) {
       if (busy) continue;
       busy = 1;
       if (std::string why = stalled_on(op); !why.empty()) {
-        op.comm->fail(ncclRemoteError, why);
-        op.comm->set_error(ncclRemoteError);
-        return;
+        suspect = &op;  // confirmed only by one more pass without progress
+        suspicion = std::move(why);
+        break;
       }
     }
   }
