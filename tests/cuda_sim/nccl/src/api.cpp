@@ -28,6 +28,7 @@ struct Group {
   ncclResult_t error = ncclSuccess;
   int blocking = -1;  ///< the mode of the communicators in it; -1 before the first
   std::vector<Op> ops;
+  std::vector<std::shared_ptr<CommState>> comms;  ///< keeps the ops' communicators until launched
   std::vector<std::function<ncclResult_t()>> jobs;
 };
 
@@ -39,8 +40,8 @@ ncclResult_t end_group() {
   Group taken = std::move(group);
   group = Group{};
   if (taken.error != ncclSuccess) {
-    for (const Op& op : taken.ops) {
-      if (!op.comm->blocking) op.comm->set_error(taken.error);
+    for (const auto& comm : taken.comms) {
+      if (!comm->blocking) comm->set_error(taken.error);
     }
     return taken.error;
   }
@@ -60,13 +61,11 @@ ncclResult_t end_group() {
     }
   }
   if (!taken.ops.empty()) {
-    std::vector<std::shared_ptr<CommState>> nonblocking;
-    for (const Op& op : taken.ops) {
-      if (!op.comm->blocking) nonblocking.push_back(op.comm);
-    }
     const ncclResult_t launched = launch(std::move(taken.ops));
     if (launched != ncclSuccess && launched != ncclInProgress) {
-      for (const auto& comm : nonblocking) comm->set_error(launched);
+      for (const auto& comm : taken.comms) {
+        if (!comm->blocking) comm->set_error(launched);
+      }
     }
     if (result == ncclSuccess) result = launched;
   }
@@ -200,8 +199,8 @@ ncclResult_t check(CommState& comm, const Request& r) {
 void build(const std::shared_ptr<CommState>& comm, const Request& r, std::vector<Op>& out) {
   Op base;
   base.api = r.api;
-  base.comm = comm;
-  base.segment = comm->segment();
+  base.comm = comm.get();  // the caller's std::shared_ptr keeps it alive until it is held
+  base.segment = comm->segment().get();
   base.count = r.count;
   base.type = static_cast<ncclDataType_t>(r.type);
   base.op = static_cast<ncclRedOp_t>(r.op);
@@ -282,6 +281,7 @@ ncclResult_t enqueue(const Request& r) {
   if (state == ncclSuccess) state = group_join_mode(comm->blocking);
   if (state == ncclSuccess) {
     build(comm, r, group.ops);
+    group.comms.push_back(comm);
   } else {
     if (!comm->blocking) comm->set_error(state);
     if (group.error == ncclSuccess) group.error = state;

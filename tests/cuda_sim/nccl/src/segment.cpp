@@ -180,26 +180,41 @@ std::byte* Segment::ring_data(int from, int to) const noexcept {
   return reinterpret_cast<std::byte*>(&ring(from, to)) + sizeof(SharedRing);
 }
 
-void Segment::ring_bell() const noexcept {
-  auto& head = header();
-  atomic(head.doorbell).fetch_add(1);
-  if (atomic(head.waiters).load() != 0) futex(&head.doorbell, FUTEX_WAKE, INT_MAX, nullptr);
+namespace {
+
+struct Doorbell {
+  std::uint32_t& word;
+  std::uint32_t& waiters;
+};
+
+Doorbell doorbell(SharedHeader& head, Bell which) {
+  if (which == Bell::stream) return {head.stream_bell, head.stream_waiters};
+  return {head.host_bell, head.host_waiters};
 }
 
-std::uint32_t Segment::bell() const noexcept {
-  return atomic(header().doorbell).load();
+}  // namespace
+
+void Segment::ring_bell(Bell which) const noexcept {
+  const Doorbell door = doorbell(header(), which);
+  atomic(door.word).fetch_add(1);
+  if (atomic(door.waiters).load() != 0) futex(&door.word, FUTEX_WAKE, INT_MAX, nullptr);
 }
 
-void Segment::wait_bell(std::uint32_t seen, std::chrono::microseconds limit) const noexcept {
-  auto& head = header();
-  atomic(head.waiters).fetch_add(1);
-  if (atomic(head.doorbell).load() == seen) {
+std::uint32_t Segment::bell(Bell which) const noexcept {
+  return atomic(doorbell(header(), which).word).load();
+}
+
+void Segment::wait_bell(Bell which, std::uint32_t seen,
+                        std::chrono::microseconds limit) const noexcept {
+  const Doorbell door = doorbell(header(), which);
+  atomic(door.waiters).fetch_add(1);
+  if (atomic(door.word).load() == seen) {
     const auto micros = limit.count();
     const timespec span{static_cast<time_t>(micros / 1000000),
                         static_cast<long>(micros % 1000000) * 1000};
-    futex(&head.doorbell, FUTEX_WAIT, seen, &span);
+    futex(&door.word, FUTEX_WAIT, seen, &span);
   }
-  atomic(head.waiters).fetch_sub(1);
+  atomic(door.waiters).fetch_sub(1);
 }
 
 namespace {
