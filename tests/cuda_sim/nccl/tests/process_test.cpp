@@ -182,6 +182,23 @@ void stress(int n) {
   });
 }
 
+/// Kills `peer` (rank 1) while this rank's work on `stream` waits for it: the communicator
+/// reports ncclRemoteError naming rank 1, the waiting work gives up (the stream moves on), and the
+/// communicator is aborted.
+void kill_while_waited_for(Child& peer, ncclComm_t comm, cudaStream_t stream) {
+  peer.signal(SIGKILL);
+  expect(peer.wait() == -SIGKILL, "the peer was killed");
+  const ncclResult_t state = wait_state(
+      comm, [](ncclResult_t now) { return now != ncclSuccess; }, "the communicator to notice");
+  expect(state == ncclRemoteError,
+         "ncclRemoteError, not " + std::string(ncclGetErrorString(state)));
+  const std::string text = ncclGetLastError(comm);
+  expect(text.find("rank 1") != std::string::npos && text.find("died") != std::string::npos,
+         "the text names the rank: " + text);
+  SIM_CUDA(cudaStreamSynchronize(stream));
+  SIM_NCCL(ncclCommAbort(comm));
+}
+
 }  // namespace
 
 namespace simtest {
@@ -262,17 +279,7 @@ TEST_CASE("a peer process that is killed: the waiting rank reports ncclRemoteErr
     Buffer buffer(1024 * 4);
     SIM_NCCL(ncclAllReduce(buffer.get(), buffer.get(), 1024, ncclFloat32, ncclSum, comm, stream));
     expect(cudaStreamQuery(stream) == cudaErrorNotReady, "the all-reduce waits for rank 1");
-    peer.signal(SIGKILL);
-    expect(peer.wait() == -SIGKILL, "the peer was killed");
-    const ncclResult_t state = wait_state(
-        comm, [](ncclResult_t now) { return now != ncclSuccess; }, "the communicator to notice");
-    expect(state == ncclRemoteError,
-           "ncclRemoteError, not " + std::string(ncclGetErrorString(state)));
-    const std::string text = ncclGetLastError(comm);
-    expect(text.find("rank 1") != std::string::npos && text.find("died") != std::string::npos,
-           "the text names the rank: " + text);
-    SIM_CUDA(cudaStreamSynchronize(stream));  // the waiting work gave up
-    SIM_NCCL(ncclCommAbort(comm));
+    kill_while_waited_for(peer, comm, stream);
   }));
   CHECK(access(shm_path(id).c_str(), F_OK) != 0);
 }
@@ -287,14 +294,7 @@ TEST_CASE("a peer process's forked child does not keep the dead peer looking ali
     expect(sum_one(comm, 1, stream) == 3, "the all-reduce after the peer forked");
     Buffer buffer(4);
     SIM_NCCL(ncclAllReduce(buffer.get(), buffer.get(), 1, ncclInt32, ncclSum, comm, stream));
-    peer.signal(SIGKILL);
-    expect(peer.wait() == -SIGKILL, "the peer was killed");
-    const ncclResult_t state = wait_state(
-        comm, [](ncclResult_t now) { return now != ncclSuccess; }, "the communicator to notice");
-    expect(state == ncclRemoteError,
-           "ncclRemoteError, not " + std::string(ncclGetErrorString(state)));
-    SIM_CUDA(cudaStreamSynchronize(stream));
-    SIM_NCCL(ncclCommAbort(comm));
+    kill_while_waited_for(peer, comm, stream);
   }));
 }
 
