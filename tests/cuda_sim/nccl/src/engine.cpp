@@ -265,6 +265,19 @@ struct Lanes {
   }
 };
 
+/// Gives up a communicator's part of the launch (aborted, or failed): the others' go on. Returns
+/// whether it had any left.
+bool drop(Launch& launch, const CommState* comm) {
+  bool dropped = false;
+  for (Op& op : launch.ops) {
+    if (op.comm == comm && !op.done) {
+      op.done = true;
+      dropped = true;
+    }
+  }
+  return dropped;
+}
+
 void advance(Launch& launch) {
   const Segment* shared = launch.ops.front().segment;
   for (const Op& op : launch.ops) {
@@ -298,13 +311,15 @@ void advance(Launch& launch) {
       }
       if (state != ncclSuccess) {
         op.comm->set_error(state);
-        return;
+        drop(launch, op.comm);
+        progressed = true;
+        continue;
       }
       if (!op.done) busy = 1;
     }
     if (!remaining) return;
     for (CommState* comm : launch.comms) {
-      if (comm->aborted.load()) return;
+      if (comm->aborted.load() && drop(launch, comm)) progressed = true;
     }
     if (progressed) {
       patience.progressed();
@@ -316,7 +331,9 @@ void advance(Launch& launch) {
       // peer that finished its part and left in the meantime.
       suspect->comm->fail(ncclRemoteError, suspicion);
       suspect->comm->set_error(ncclRemoteError);
-      return;
+      drop(launch, suspect->comm);
+      suspect = nullptr;
+      continue;
     }
     patience.idle(mark);
     if (!patience.check_due()) continue;
@@ -336,14 +353,13 @@ void advance(Launch& launch) {
 }
 
 void execute(Launch& launch) {
-  bool go = true;
   for (std::size_t i = 0; i < launch.comms.size(); ++i) {
-    if (!launch.comms[i]->wait_turn(launch.tickets[i])) go = false;
+    CommState* comm = launch.comms[i];
+    // A communicator aborted, or failed earlier, does nothing more (as NCCL's kernels of an
+    // aborted or failed communicator).
+    if (!comm->wait_turn(launch.tickets[i]) || comm->error() != ncclSuccess) drop(launch, comm);
   }
-  for (CommState* comm : launch.comms) {
-    if (comm->aborted.load() || comm->error() != ncclSuccess) go = false;
-  }
-  if (go) advance(launch);
+  advance(launch);
   for (std::size_t i = 0; i < launch.comms.size(); ++i) {
     launch.comms[i]->finish_turn(launch.tickets[i]);
   }

@@ -208,6 +208,40 @@ TEST_CASE("abort ends a collective that waits for a rank that never comes; the s
   CHECK(ncclCommDestroy(comms[1]) == ncclSuccess);
 }
 
+TEST_CASE("a group over two communicators on one stream: aborting one leaves the other's work") {
+  // Rank 0 groups an all-reduce on A (whose rank 1 never joins it) with one on B, on one stream:
+  // they run as one host function. Aborting A must not take B's all-reduce with it.
+  const ncclUniqueId a_id = unique_id(), b_id = unique_id();
+  ncclComm_t a[2] = {nullptr, nullptr}, b[2] = {nullptr, nullptr};
+  CHECK_NOTHROW(run_ranks(2, [&](int rank) {
+    SIM_NCCL(ncclCommInitRank(&a[rank], 2, a_id, rank));
+    SIM_NCCL(ncclCommInitRank(&b[rank], 2, b_id, rank));
+  }));
+  std::atomic<bool> a_waiting{false};
+  CHECK_NOTHROW(run_ranks(2, [&](int rank) {
+    Stream stream;
+    Buffer on_a(4), on_b(4);
+    const std::int32_t value = rank + 1;
+    on_b.upload(&value, 4, stream);
+    if (rank == 0) {
+      SIM_NCCL(ncclGroupStart());
+      SIM_NCCL(ncclAllReduce(on_a.get(), on_a.get(), 1, ncclInt32, ncclSum, a[0], stream));
+      SIM_NCCL(ncclAllReduce(on_b.get(), on_b.get(), 1, ncclInt32, ncclSum, b[0], stream));
+      SIM_NCCL(ncclGroupEnd());
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      expect(cudaStreamQuery(stream) == cudaErrorNotReady, "A's all-reduce waits for its rank 1");
+      a_waiting.store(true);
+      SIM_NCCL(ncclCommAbort(a[0]));
+    } else {
+      wait_for([&] { return a_waiting.load(); }, "rank 0's group");
+      SIM_NCCL(ncclAllReduce(on_b.get(), on_b.get(), 1, ncclInt32, ncclSum, b[1], stream));
+    }
+    expect(read_int(on_b.download(stream)) == 3, "B's all-reduce ran to its end");
+    SIM_NCCL(ncclCommDestroy(b[rank]));
+  }));
+  CHECK(ncclCommDestroy(a[1]) == ncclSuccess);
+}
+
 TEST_CASE("argument errors: codes and ncclGetLastError's text") {
   const ncclUniqueId id = unique_id();
   CHECK_NOTHROW(run_ranks(1, [&](int) {
