@@ -501,8 +501,9 @@ class Join {
       if (!ended) {
         fail(operation, entry.name +
                             " synchronises gradients in this step (no no_sync() guard was open "
-                            "when join.step() began) but finish_gradient_sync() was not called; "
-                            "every step inside a Join must be a training step of its kind");
+                            "when join.step() began) but finish_gradient_sync() was not called, "
+                            "or called under a no_sync() guard opened inside the step: open the "
+                            "guard before join.step(), and evaluate outside the Join");
       }
     }
     const std::size_t at = journals_.keep(pattern, journal_);
