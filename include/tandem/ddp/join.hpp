@@ -93,6 +93,11 @@ concept joinable = kind_of<std::remove_cv_t<J>>::value != 0;
 template <class J>
 using comm_of_t = typename kind_of<std::remove_cv_t<J>>::comm_type;
 
+/// What an event is to the Join: part of a DistributedDataParallel's gradient synchronisation
+/// (absent from a step under no_sync()), the end of one (finish_gradient_sync()), the joinable's
+/// destructor, or anything else.
+enum class EventClass { other, sync, sync_end, destroyed };
+
 /// What the Join reaches in its joinables (their hooks are private; this is their friend).
 struct access {
   template <class J>
@@ -115,7 +120,10 @@ struct access {
   static void detach(void* j) {
     auto& joinable = *static_cast<J*>(j);
     joinable.join_record_ = nullptr;
-    if constexpr (kind_of<J>::value == 1) configure<J>(j, 0, 0);
+    if constexpr (kind_of<J>::value == 1) {
+      configure<J>(j, 0, 0);
+      joinable.join_steps_.clear();  // replays refer to objects a later Join may not see again
+    }
   }
   template <class J>
   static void shadow(void* j, int event, std::size_t argument) {
@@ -137,29 +145,15 @@ struct access {
     auto& ddp = *static_cast<J*>(j);
     if (ddp.comm_->size() > 1) ddp.arena_->broadcast(*ddp.comm_, /*values_too=*/true, root);
   }
-  /// Whether `event` of joinable J belongs to gradient synchronisation (absent under no_sync).
+  /// What `event` of joinable J is to the Join.
   template <class J>
-  static bool syncs(int event) {
+  static EventClass classify(int event) {
     if constexpr (kind_of<J>::value == 1) {
-      return event != J::join_buffers && event != J::join_destroyed;
+      if (event == J::join_destroyed) return EventClass::destroyed;
+      if (event == J::join_finish) return EventClass::sync_end;
+      return event == J::join_buffers ? EventClass::other : EventClass::sync;
     } else {
-      return false;
-    }
-  }
-  template <class J>
-  static bool ends_sync(int event) {
-    if constexpr (kind_of<J>::value == 1) {
-      return event == J::join_finish;
-    } else {
-      return false;
-    }
-  }
-  template <class J>
-  static bool destroyed(int event) {
-    if constexpr (kind_of<J>::value == 1) {
-      return event == J::join_destroyed;
-    } else {
-      return false;
+      return EventClass::other;
     }
   }
   template <class J>
@@ -191,9 +185,7 @@ struct Entry {
   bool (*synchronises)(const void*) = nullptr;
   void (*configure)(void*, int, double) = nullptr;
   void (*agree)(void*, int) = nullptr;
-  bool (*syncs)(int) = nullptr;
-  bool (*ends_sync)(int) = nullptr;
-  bool (*destroyed)(int) = nullptr;
+  EventClass (*classify)(int) = nullptr;
   std::string (*describe)(int, std::size_t) = nullptr;
 };
 
@@ -366,9 +358,7 @@ class Join {
                         : "SyncBatchNorm #" + std::to_string(norms);
     entry.detach = &access::detach<J>;
     entry.shadow = &access::shadow<J>;
-    entry.syncs = &access::syncs<J>;
-    entry.ends_sync = &access::ends_sync<J>;
-    entry.destroyed = &access::destroyed<J>;
+    entry.classify = &access::classify<J>;
     entry.describe = &access::describe<J>;
     if constexpr (is_ddp) {
       entry.ddp_index = ddps++;
@@ -388,7 +378,7 @@ class Join {
   /// while a rank shadows, its joinables' replays are not steps to keep).
   void note(std::uint32_t owner, int event, std::size_t argument) {
     auto& entry = entries_[owner];
-    if (entry.destroyed(event)) {
+    if (entry.classify(event) == detail::join::EventClass::destroyed) {
       entry.object = nullptr;
       return;
     }
@@ -475,7 +465,7 @@ class Join {
     for (const auto& event : *events) {
       const auto& entry = entries_[event.owner];
       if (filter && entry.ddp_index >= 0 && ((pattern >> entry.ddp_index) & 1u) == 0 &&
-          entry.syncs(event.kind)) {
+          entry.classify(event.kind) != detail::join::EventClass::other) {
         continue;
       }
       entry.shadow(live(entry), event.kind, event.argument);
@@ -496,7 +486,8 @@ class Join {
     for (const auto& entry : entries_) {
       if (entry.ddp_index < 0 || ((pattern >> entry.ddp_index) & 1u) == 0) continue;
       const bool ended = std::ranges::any_of(journal_, [&](const detail::join::Event& e) {
-        return &entries_[e.owner] == &entry && entry.ends_sync(e.kind);
+        return &entries_[e.owner] == &entry &&
+               entry.classify(e.kind) == detail::join::EventClass::sync_end;
       });
       if (!ended) {
         fail(operation, entry.name +
@@ -559,8 +550,10 @@ class Join {
   std::size_t shadowed_ = 0;
 };
 
+/// `tandem::Join join(ddp, bn);`: the communicator type is the joinables'.
 template <detail::join::joinable First, detail::join::joinable... Rest>
 Join(First&, Rest&...) -> Join<detail::join::comm_of_t<First>>;
+/// `tandem::Join join(tandem::JoinOptions{...}, ddp, bn);`
 template <detail::join::joinable First, detail::join::joinable... Rest>
 Join(JoinOptions, First&, Rest&...) -> Join<detail::join::comm_of_t<First>>;
 

@@ -133,51 +133,70 @@ struct Loop {
   int steps = 5;
 };
 
-/// A synthetic backward: each rank's gradients depend on its rank, the step and the micro-batch;
-/// step 2 accumulates two micro-batches under no_sync(); step 3 halves group 0's lr afterwards.
-/// Returns, per step, whether the optimizer stepped.
+/// What train() and train_uneven() share: a synthetic backward per micro-batch (each rank's
+/// gradients depend on its rank, the step and the micro-batch; with a scaler, step 3 overflows on
+/// the last rank) and the optimizer's step through the DDP.
+template <class Comm, class D, class O>
+struct Steps {
+  Comm& comm;
+  Trainee<D, O>& t;
+  std::optional<tandem::GradScaler<>> scaler;
+  std::vector<bool> stepped;  // per step: whether the optimizer stepped
+  std::vector<tandem::Parameters<float>::Parameter*> order;
+
+  Steps(Comm& c, Trainee<D, O>& trainee, bool with_scaler) : comm(c), t(trainee) {
+    if (with_scaler) scaler.emplace(comm, tandem::GradScalerOptions{.init_scale = 1024.0});
+    for (auto& p : t.params) order.push_back(&p);
+  }
+
+  /// Micro-batch m of step s, then finish_gradient_sync().
+  void backward(int s, int m) {
+    t.ddp.before_forward();
+    const float scale = scaler ? static_cast<float>(scaler->scale(1.0f)) : 1.0f;
+    auto values = t.params.values();
+    auto grads = t.params.grads();
+    for (std::size_t i = 0; i < grads.size(); ++i) {
+      const float g =
+          scale * (0.3f * values[i] +
+                   std::sin(static_cast<float>(1 + i + 7 * comm.rank() + 13 * s + 29 * m)));
+      grads[i] = m == 0 ? g : grads[i] + g;
+    }
+    if (scaler && s == 3 && comm.rank() == comm.size() - 1) {
+      grads[5] = std::numeric_limits<float>::infinity();
+    }
+    for (auto it = order.rbegin(); it != order.rend(); ++it) t.ddp.grad_ready(**it);
+    t.ddp.finish_gradient_sync();
+  }
+
+  void step() {
+    if (scaler) {
+      stepped.push_back(t.ddp.step(*scaler, t.opt));
+      scaler->update();
+    } else {
+      t.ddp.step(t.opt);
+      stepped.push_back(true);
+    }
+    t.opt.zero_grad();
+  }
+};
+
+/// A synthetic training run: Steps' backward; step 2 accumulates two micro-batches under
+/// no_sync(); step 3 halves group 0's lr afterwards. Returns, per step, whether the optimizer
+/// stepped.
 template <class Comm, class D, class O>
 std::vector<bool> train(Comm& comm, Trainee<D, O>& t, Loop loop) {
-  auto& params = t.params;
-  auto& ddp = t.ddp;
-  auto& opt = t.opt;
-  std::optional<tandem::GradScaler<>> scaler;
-  if (loop.scaler) scaler.emplace(comm, tandem::GradScalerOptions{.init_scale = 1024.0});
-  std::vector<bool> stepped;
-  std::vector<tandem::Parameters<float>::Parameter*> order;
-  for (auto& p : params) order.push_back(&p);
+  Steps<Comm, D, O> run(comm, t, loop.scaler);
   for (int s = loop.first; s < loop.first + loop.steps; ++s) {
     const int micros = s == 2 ? 2 : 1;
     for (int m = 0; m < micros; ++m) {
       std::optional<typename D::NoSyncGuard> guard;
-      if (m + 1 < micros) guard.emplace(ddp.no_sync());
-      ddp.before_forward();
-      const float scale = scaler ? static_cast<float>(scaler->scale(1.0f)) : 1.0f;
-      auto values = params.values();
-      auto grads = params.grads();
-      for (std::size_t i = 0; i < grads.size(); ++i) {
-        const float g =
-            scale * (0.3f * values[i] +
-                     std::sin(static_cast<float>(1 + i + 7 * comm.rank() + 13 * s + 29 * m)));
-        grads[i] = m == 0 ? g : grads[i] + g;
-      }
-      if (scaler && s == 3 && comm.rank() == comm.size() - 1) {
-        grads[5] = std::numeric_limits<float>::infinity();
-      }
-      for (auto it = order.rbegin(); it != order.rend(); ++it) ddp.grad_ready(**it);
-      ddp.finish_gradient_sync();
+      if (m + 1 < micros) guard.emplace(t.ddp.no_sync());
+      run.backward(s, m);
     }
-    if (scaler) {
-      stepped.push_back(ddp.step(*scaler, opt));
-      scaler->update();
-    } else {
-      ddp.step(opt);
-      stepped.push_back(true);
-    }
-    opt.zero_grad();
-    if (s == 3) opt.set_lr(0, opt.lr(0) * 0.5);
+    run.step();
+    if (s == 3) t.opt.set_lr(0, t.opt.lr(0) * 0.5);
   }
-  return stepped;
+  return run.stepped;
 }
 
 /// Whether a and b agree within `tolerance` (0: bit for bit).
@@ -281,58 +300,26 @@ void check_against_ddp(Run& run, int n, Make make, Loop loop, Failures& failures
 /// this rank ran, whether the optimizer stepped.
 template <class Comm, class D, class O>
 std::vector<bool> train_uneven(Comm& comm, Trainee<D, O>& t, Loop loop) {
-  auto& params = t.params;
-  auto& ddp = t.ddp;
-  auto& opt = t.opt;
-  std::optional<tandem::GradScaler<>> scaler;
-  if (loop.scaler) {
-    scaler.emplace(comm, tandem::GradScalerOptions{.init_scale = 1024.0});
-    ddp.defer_average_to(*scaler, opt);
-  }
-  std::vector<bool> stepped;
-  std::vector<tandem::Parameters<float>::Parameter*> order;
-  for (auto& p : params) order.push_back(&p);
-  tandem::Join join(ddp);
+  Steps<Comm, D, O> run(comm, t, loop.scaler);
+  if (run.scaler) t.ddp.defer_average_to(*run.scaler, t.opt);
+  tandem::Join join(t.ddp);
   int micro_steps = 0;  // counted on every rank, shadowed steps included
   join.after_each_step([&] {
-    if (++micro_steps == 5) opt.set_lr(0, opt.lr(0) * 0.5);  // after step 3's single micro-batch
+    if (++micro_steps == 5) t.opt.set_lr(0, t.opt.lr(0) * 0.5);  // after step 3
   });
-  const int mine = 4 + 2 * comm.rank();
-  for (int s = 0; s < mine; ++s) {
+  for (int s = 0; s < 4 + 2 * comm.rank(); ++s) {
     const int micros = s == 2 ? 2 : 1;
     for (int m = 0; m < micros; ++m) {
       std::optional<typename D::NoSyncGuard> guard;
-      if (m + 1 < micros) guard.emplace(ddp.no_sync());
+      if (m + 1 < micros) guard.emplace(t.ddp.no_sync());
       join.step([&] {
-        ddp.before_forward();
-        const float scale = scaler ? static_cast<float>(scaler->scale(1.0f)) : 1.0f;
-        auto values = params.values();
-        auto grads = params.grads();
-        for (std::size_t i = 0; i < grads.size(); ++i) {
-          const float g =
-              scale * (0.3f * values[i] +
-                       std::sin(static_cast<float>(1 + i + 7 * comm.rank() + 13 * s + 29 * m)));
-          grads[i] = m == 0 ? g : grads[i] + g;
-        }
-        if (scaler && s == 3 && comm.rank() == comm.size() - 1) {
-          grads[5] = std::numeric_limits<float>::infinity();
-        }
-        for (auto it = order.rbegin(); it != order.rend(); ++it) ddp.grad_ready(**it);
-        ddp.finish_gradient_sync();
-        if (m + 1 < micros) return;
-        if (scaler) {
-          stepped.push_back(ddp.step(*scaler, opt));
-          scaler->update();
-        } else {
-          ddp.step(opt);
-          stepped.push_back(true);
-        }
-        opt.zero_grad();
+        run.backward(s, m);
+        if (m + 1 == micros) run.step();
       });
     }
   }
   join.finish();
-  return stepped;
+  return run.stepped;
 }
 
 /// Stage `Stage` against plain DDP, both through a Join on uneven data: the same parameters and
