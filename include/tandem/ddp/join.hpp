@@ -45,6 +45,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -238,6 +239,7 @@ class Join {
   /// naming this rank instead of waiting for it), unless an error inside a step left them
   /// inside a collective, or every rank knows already. Then lets go of the joinables.
   ~Join() {
+    abandon_exchange();
     if (phase_ == Phase::open || phase_ == Phase::failed) {
       const bool unwinding = std::uncaught_exceptions() > unwinding_;
       try {
@@ -257,14 +259,17 @@ class Join {
   void step(Fn&& fn) {
     require_open("Join::step");
     const std::uint32_t pattern = sync_pattern();
-    configure(exchange("Join::step", State::active, pattern));
+    // The exchange overlaps fn() until the first collective a joinable notes (or fn's end).
+    start_exchange(State::active, pattern);
     journal_.clear();
     recording_ = true;
     try {
       std::forward<Fn>(fn)();
+      if (pending_) settle_step();
     } catch (...) {
       recording_ = false;
-      phase_ = Phase::torn;  // the others may be inside one of this step's collectives
+      abandon_exchange();
+      if (phase_ == Phase::open) phase_ = Phase::torn;  // the others may be in this step
       throw;
     }
     recording_ = false;
@@ -382,8 +387,14 @@ class Join {
       entry.object = nullptr;
       return;
     }
-    if (recording_) journal_.push_back({owner, event, argument});
+    if (!recording_) return;
+    if (pending_) settle_step();  // before the joinable's first collective of the step
+    journal_.push_back({owner, event, argument});
   }
+
+  /// The step's status exchange, waited for: the joinables learn where buffers come from and
+  /// what to divide by.
+  void settle_step() { configure(settle("Join::step")); }
 
   void* live(const detail::join::Entry& entry) const {
     if (!entry.object) {
@@ -420,24 +431,51 @@ class Join {
 
   /// The status exchange: one int64 per rank, all-gathered, and the verdict every rank draws.
   detail::join::Verdict exchange(const char* operation, State state, std::uint32_t pattern) {
+    start_exchange(state, pattern);
+    return settle(operation);
+  }
+
+  void start_exchange(State state, std::uint32_t pattern) {
     detail::join::Status mine;
     mine.state = state;
     mine.shadowed = shadowed_ > 0;
     mine.has_journal = journals_.any();
     mine.config = config_;
     mine.pattern = pattern;
-    const std::int64_t word = detail::join::encode(mine);
-    std::vector<std::int64_t> words(static_cast<std::size_t>(comm_->size()));
+    word_ = detail::join::encode(mine);
+    words_.assign(static_cast<std::size_t>(comm_->size()), 0);
     try {
-      comm_->all_gather(View<const std::int64_t>(&word, 1), View<std::int64_t>(words));
+      pending_ =
+          comm_->all_gather_async(View<const std::int64_t>(&word_, 1), View<std::int64_t>(words_));
+    } catch (...) {
+      phase_ = Phase::torn;
+      throw;
+    }
+  }
+
+  /// Waits for the exchange start_exchange() began; never leaves it writing words_.
+  void abandon_exchange() noexcept {
+    if (!pending_) return;
+    try {
+      pending_->wait();
+    } catch (...) {  // NOLINT(bugprone-empty-catch): the error that brought us here comes first
+    }
+    pending_.reset();
+  }
+
+  detail::join::Verdict settle(const char* operation) {
+    Work work = std::move(*pending_);
+    pending_.reset();
+    try {
+      work.wait();
     } catch (...) {
       phase_ = Phase::torn;
       throw;
     }
     ++steps_;
     std::vector<detail::join::Status> statuses;
-    statuses.reserve(words.size());
-    for (const auto w : words) statuses.push_back(detail::join::decode(w));
+    statuses.reserve(words_.size());
+    for (const auto w : words_) statuses.push_back(detail::join::decode(w));
     auto verdict = detail::join::judge(statuses, steps_);
     if (!verdict.error.empty()) {
       phase_ = Phase::told;
@@ -543,6 +581,9 @@ class Join {
   detail::join::Journals journals_;
   std::vector<detail::join::Event> journal_;  // the running step's
   std::function<void()> after_each_step_;
+  std::optional<Work> pending_;  // the running step's status exchange, until settled
+  std::int64_t word_ = 0;        // this rank's status in it
+  std::vector<std::int64_t> words_;
   Phase phase_ = Phase::open;
   bool recording_ = false;
   std::size_t steps_ = 0;  // status exchanges: the steps of the slowest rank so far
