@@ -138,7 +138,8 @@ struct Verdict {
     }
     if (!left.empty()) {
       text += std::string(text.empty() ? "" : "; ") + rank_list(left) +
-              " destroyed its Join without calling finish()";
+              (left.size() == 1 ? " destroyed its Join" : " destroyed their Joins") +
+              " without calling finish()";
     }
     verdict.error = text + at;
     return verdict;
