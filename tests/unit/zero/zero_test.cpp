@@ -131,6 +131,7 @@ struct Loop {
   bool scaler = false;  // GradScaler(comm); step 3 overflows on the last rank only
   int first = 0;        // the first step's number (a resumed run goes on from there)
   int steps = 5;
+  bool uneven = false;  // train_uneven(): through a tandem::Join, rank r running 4 + 2r steps
 };
 
 /// What train() and train_uneven() share: a synthetic backward per micro-batch (each rank's
@@ -250,49 +251,6 @@ std::size_t total_over_ranks(Comm& comm, std::size_t mine) {
   return static_cast<std::size_t>(value[0]);
 }
 
-/// Stage `Stage` against plain DDP on n ranks of `run` with optimizer `make` and loop `loop`,
-/// the parameters and gathered state within `tolerance` (0: bit for bit).
-template <class Comm, int Stage, class Run, class Make>
-void check_against_ddp(Run& run, int n, Make make, Loop loop, Failures& failures,
-                       float tolerance = 0) {
-  using Sharded = typename StageOn<Comm, Stage>::type;
-  run(n, [&](Comm& comm) {
-    const int me = comm.rank();
-    TraineeOf<DdpOn<Comm>, Make> ref(comm, make);
-    const auto ref_stepped = train(comm, ref, loop);
-    TraineeOf<Sharded, Make> sharded(comm, make);
-    auto& params = sharded.params;
-    auto& ddp = sharded.ddp;
-    auto& opt = sharded.opt;
-    ddp.shard(opt);
-    const auto stepped = train(comm, sharded, loop);
-
-    const std::string where = "stage " + std::to_string(Sharded::shard_stage) + ", " +
-                              std::to_string(n) + " ranks, rank " + std::to_string(me) + ": ";
-    failures.expect(stepped == ref_stepped, where, "steps taken differ from DDP's");
-    if (loop.scaler) {
-      failures.expect(stepped.size() > 3 && !stepped[3], where,
-                      "the overflow on the last rank did not skip step 3 here");
-    }
-    failures.expect(agree(params.values(), ref.params.values(), tolerance), where,
-                    "parameters differ from DDP's");
-    const std::string state = compare(opt.state_dict(), ref.opt.state_dict(), tolerance);
-    failures.expect(state.empty(), where, "gathered optimizer state: ", state);
-
-    // Memory: the ranks' state adds up to DDP's exactly (no element lost or held twice), and
-    // a rank holds at most one element per bucket beyond 1/N.
-    const std::size_t full = ref.opt.state_bytes();
-    const std::size_t mine = opt.state_bytes();
-    failures.expect(total_over_ranks(comm, mine) == full, where, "state bytes ", mine,
-                    " do not add up to DDP's ", full);
-    const std::size_t most_per_element = 3 * sizeof(float);  // AdamW with amsgrad
-    failures.expect(
-        mine <= full / static_cast<std::size_t>(n) + ddp.buckets().size() * most_per_element, where,
-        "state bytes ", mine, " exceed 1/", n, " of DDP's ", full, " plus one element",
-        " per bucket");
-  });
-}
-
 /// train() on uneven data through a tandem::Join: rank r runs 4 + 2r steps (step 2 accumulating
 /// two micro-batches under no_sync(); with a scaler, the division by world size deferred to it
 /// and step 3 overflowing on the last rank), the ranks out of data shadowing the others; group
@@ -322,31 +280,39 @@ std::vector<bool> train_uneven(Comm& comm, Trainee<D, O>& t, Loop loop) {
   return run.stepped;
 }
 
-/// Stage `Stage` against plain DDP, both through a Join on uneven data: the same parameters and
-/// gathered optimizer state (within `tolerance`; 0: bit for bit), the same on every rank.
+/// Stage `Stage` against plain DDP on n ranks of `run` with optimizer `make` and loop `loop`,
+/// the parameters and gathered state within `tolerance` (0: bit for bit).
 template <class Comm, int Stage, class Run, class Make>
-void check_uneven_against_ddp(Run& run, int n, Make make, Loop loop, Failures& failures,
-                              float tolerance = 0) {
+void check_against_ddp(Run& run, int n, Make make, Loop loop, Failures& failures,
+                       float tolerance = 0) {
   using Sharded = typename StageOn<Comm, Stage>::type;
   run(n, [&](Comm& comm) {
     const int me = comm.rank();
     TraineeOf<DdpOn<Comm>, Make> ref(comm, make);
-    const auto ref_stepped = train_uneven(comm, ref, loop);
+    auto train_as_told = [&](auto& trainee) {
+      return loop.uneven ? train_uneven(comm, trainee, loop) : train(comm, trainee, loop);
+    };
+    const auto ref_stepped = train_as_told(ref);
     TraineeOf<Sharded, Make> sharded(comm, make);
-    sharded.ddp.shard(sharded.opt);
-    const auto stepped = train_uneven(comm, sharded, loop);
-    const std::string where = "uneven data through a Join, stage " + std::to_string(Stage) + ", " +
-                              std::to_string(n) + " ranks, rank " + std::to_string(me) + ": ";
+    auto& params = sharded.params;
+    auto& ddp = sharded.ddp;
+    auto& opt = sharded.opt;
+    ddp.shard(opt);
+    const auto stepped = train_as_told(sharded);
+
+    const std::string where = "stage " + std::to_string(Sharded::shard_stage) + ", " +
+                              std::to_string(n) + " ranks, rank " + std::to_string(me) +
+                              (loop.uneven ? ", uneven data through a Join" : "") + ": ";
     failures.expect(stepped == ref_stepped, where, "steps taken differ from DDP's");
     if (loop.scaler) {
       failures.expect(stepped.size() > 3 && !stepped[3], where,
                       "the overflow on the last rank did not skip step 3 here");
     }
-    failures.expect(agree(sharded.params.values(), ref.params.values(), tolerance), where,
+    failures.expect(agree(params.values(), ref.params.values(), tolerance), where,
                     "parameters differ from DDP's");
-    const std::string state = compare(sharded.opt.state_dict(), ref.opt.state_dict(), tolerance);
+    const std::string state = compare(opt.state_dict(), ref.opt.state_dict(), tolerance);
     failures.expect(state.empty(), where, "gathered optimizer state: ", state);
-    const auto values = sharded.params.values();
+    const auto values = params.values();
     std::vector<float> all(values.size() * static_cast<std::size_t>(n));
     comm.all_gather(tandem::View<const float>(values.data(), values.size()),
                     tandem::View<float>(all.data(), all.size()));
@@ -355,6 +321,18 @@ void check_uneven_against_ddp(Run& run, int n, Make make, Loop loop, Failures& f
                                   values.size() * sizeof(float)) == 0,
                       where, "rank ", r, "'s parameters differ from rank 0's");
     }
+
+    // Memory: the ranks' state adds up to DDP's exactly (no element lost or held twice), and
+    // a rank holds at most one element per bucket beyond 1/N.
+    const std::size_t full = ref.opt.state_bytes();
+    const std::size_t mine = opt.state_bytes();
+    failures.expect(total_over_ranks(comm, mine) == full, where, "state bytes ", mine,
+                    " do not add up to DDP's ", full);
+    const std::size_t most_per_element = 3 * sizeof(float);  // AdamW with amsgrad
+    failures.expect(
+        mine <= full / static_cast<std::size_t>(n) + ddp.buckets().size() * most_per_element, where,
+        "state bytes ", mine, " exceed 1/", n, " of DDP's ", full, " plus one element",
+        " per bucket");
   });
 }
 
@@ -370,9 +348,9 @@ void check_job(JobComm& job) {
     check_against_ddp<JobComm, 2>(run, n, make_sgd, {}, failures, stage2_tolerance);
     check_against_ddp<JobComm, 1>(run, n, make_adamw, {.scaler = true}, failures);
     check_against_ddp<JobComm, 2>(run, n, make_adamw, {.scaler = true}, failures, stage2_tolerance);
-    check_uneven_against_ddp<JobComm, 1>(run, n, make_sgd, {}, failures);
-    check_uneven_against_ddp<JobComm, 2>(run, n, make_adamw, {.scaler = true}, failures,
-                                         stage2_tolerance);
+    check_against_ddp<JobComm, 1>(run, n, make_sgd, {.uneven = true}, failures);
+    check_against_ddp<JobComm, 2>(run, n, make_adamw, {.scaler = true, .uneven = true}, failures,
+                                  stage2_tolerance);
   }
   failures.report();
 }
@@ -492,10 +470,10 @@ TEST_CASE("shard<1> and shard<2> through a Join on uneven data equal DDP's Join 
   tandem::test::LocalRunner run;
   Failures failures;
   for (int n = 1; n <= 4; ++n) {
-    check_uneven_against_ddp<LocalComm, 1>(run, n, make_sgd, {}, failures);
-    check_uneven_against_ddp<LocalComm, 2>(run, n, make_sgd, {}, failures);
-    check_uneven_against_ddp<LocalComm, 1>(run, n, make_adamw, {.scaler = true}, failures);
-    check_uneven_against_ddp<LocalComm, 2>(run, n, make_adamw, {.scaler = true}, failures);
+    check_against_ddp<LocalComm, 1>(run, n, make_sgd, {.uneven = true}, failures);
+    check_against_ddp<LocalComm, 2>(run, n, make_sgd, {.uneven = true}, failures);
+    check_against_ddp<LocalComm, 1>(run, n, make_adamw, {.scaler = true, .uneven = true}, failures);
+    check_against_ddp<LocalComm, 2>(run, n, make_adamw, {.scaler = true, .uneven = true}, failures);
   }
   failures.report();
 }
