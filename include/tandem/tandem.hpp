@@ -44,6 +44,7 @@
 #include "tandem/data/sampler.hpp"
 
 #include "tandem/ddp/ddp.hpp"
+#include "tandem/ddp/join.hpp"
 #include "tandem/ddp/policies.hpp"
 
 #include "tandem/amp/grad_scaler.hpp"
