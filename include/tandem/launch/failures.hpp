@@ -47,6 +47,9 @@ struct GroupOutcome {
   Kind kind = Kind::succeeded;          ///< how the attempt ended
   std::vector<WorkerFailure> failures;  ///< root cause first (once order_failures has run)
   int signal = 0;                       ///< the one forwarded, for interrupted
+  /// Workers that ended with a failure after the launcher had stopped the group (their
+  /// failure is theirs only when they wrote an error file: run_attempt moves those over).
+  std::vector<WorkerFailure> ended_after_stop{};
 };
 
 /// What the flight recorder adds to a summary: where the records are, and their diagnosis.

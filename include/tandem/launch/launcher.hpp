@@ -200,6 +200,15 @@ inline GroupOutcome run_attempt(const LaunchPlan& plan, int restart_count,
   supervise.report_fd = options.console_err;
   supervise.flight_dir = flight_dir.empty() ? plan.flight_dir : flight_dir;
   auto outcome = detail::supervise(workers, supervise);
+  // A worker stopped by the launcher that had written its error: it failed on its own, only too
+  // slowly to be seen first (its cause must not vanish from the summary).
+  for (auto& late : outcome.ended_after_stop) {
+    const auto path = error_file_path(error_dir, plan.run_id, restart_count, late.local_rank);
+    if (outcome.kind == GroupOutcome::Kind::failed && !path.empty() && read_error_file(path)) {
+      outcome.failures.push_back(std::move(late));
+    }
+  }
+  outcome.ended_after_stop.clear();
   for (auto& failure : outcome.failures) {
     const auto path = error_file_path(error_dir, plan.run_id, restart_count, failure.local_rank);
     if (path.empty()) continue;

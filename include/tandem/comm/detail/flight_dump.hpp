@@ -45,11 +45,14 @@ inline std::pair<int, int> launcher_rank(const EnvLookup& env = process_env) {
     const auto rank = env(rank_name);
     if (!rank) continue;
     const auto r = parse_int(*rank);
-    const auto size = env(size_name);
-    const auto s = size ? parse_int(*size) : std::nullopt;
-    if (r && *r >= 0 && *r < (1 << 30)) {
-      return {static_cast<int>(*r), s && *s > 0 && *s < (1 << 30) ? static_cast<int>(*s) : -1};
+    if (!r || *r < 0 || *r >= (1 << 30)) continue;
+    int world = -1;
+    if (const auto size = env(size_name)) {
+      if (const auto s = parse_int(*size); s && *s > 0 && *s < (1 << 30)) {
+        world = static_cast<int>(*s);
+      }
     }
+    return {static_cast<int>(*r), world};
   }
   return {-1, -1};
 }

@@ -15,6 +15,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -229,7 +230,28 @@ class FlightRegistry {
     Timeout notice;
   };
 
-  FlightRegistry() = default;
+  // A child forked while another thread held a lock here would find it held forever; and the
+  // parent's communicators, pipe and monitor thread are not the child's.
+  FlightRegistry() {
+    ::pthread_atfork([] { instance().before_fork(); }, [] { instance().after_fork(false); },
+                     [] { instance().after_fork(true); });
+  }
+  void before_fork() {
+    mutex_.lock();
+    dump_mutex_.lock();
+  }
+  void after_fork(bool child) {
+    if (child) {
+      rings_.clear();
+      monitor_pid_ = 0;
+      signal_read_ = -1;
+      flight_signal_fd.store(-1);
+      dumped_.store(0);
+      announced_.store(false);
+    }
+    dump_mutex_.unlock();
+    mutex_.unlock();
+  }
 
   void start_monitor_locked() {
     int ends[2] = {-1, -1};
@@ -347,7 +369,8 @@ class FlightRegistry {
         }
       }
     } else {
-      const auto members = group_members(peer_view(), ring.name(), ring.size());
+      const auto view = peer_view();  // the members point into it
+      const auto members = group_members(view, ring.name(), ring.size());
       for (int r = 0; r < ring.size(); ++r) {
         if (r == ring.rank()) continue;
         const FlightTraceComm* peer =
@@ -380,7 +403,10 @@ class FlightRegistry {
         if (!w.empty()) text += " (rank " + std::to_string(r) + " is " + w + ")";
       }
     }
-    if (!arrived.empty()) {
+    if (missing.empty() && e.collective && ring.size() > 1 &&
+        static_cast<int>(arrived.size()) == ring.size() - 1) {
+      text += " (every rank has arrived: the operation itself is slow)";
+    } else if (!arrived.empty()) {
       text += " (" + ranks_text(arrived) + (arrived.size() == 1 ? " has" : " have") + " arrived)";
     }
     if (ring.timeout() != Timeout::max()) {

@@ -184,6 +184,11 @@ class Supervisor {
                               worker.child.pid(), host_, worker.ended_at});
       }
     }
+    if (!failed_now.empty() && kill_at_) {
+      // Ended after the launcher stopped the group: its own failure only if it says so (an
+      // error file written before the stop: run_attempt looks).
+      for (auto& failure : failed_now) outcome_.ended_after_stop.push_back(std::move(failure));
+    }
     if (!failed_now.empty() && !kill_at_) {
       // Only failures seen before the launcher stopped the group are the workers' own.
       outcome_.kind = GroupOutcome::Kind::failed;
