@@ -30,18 +30,18 @@ namespace tandem {
 
 /// One recorded operation, as a dump holds it (times in Unix nanoseconds, 0 when not yet).
 struct FlightTraceEntry {
-  std::uint64_t sequence = 0;  ///< collectives counted from 1; send/recv counted apart
-  std::string operation;       ///< "all_reduce", "send", ...
-  bool collective = true;      ///< false for send and recv
-  std::string dtype;           ///< "" for barrier and split
-  std::uint64_t count = 0;     ///< elements
-  std::uint64_t bytes = 0;     ///< count times the element size
-  int peer = -1;               ///< the root or the peer, -1 when none
-  bool async = false;          ///< issued as `_async`
-  std::string state;           ///< queued, started, finished or failed
-  std::int64_t queued_ns = 0;
-  std::int64_t started_ns = 0;
-  std::int64_t ended_ns = 0;
+  std::uint64_t sequence = 0;   ///< collectives counted from 1; send/recv counted apart
+  std::string operation;        ///< "all_reduce", "send", ...
+  bool collective = true;       ///< false for send and recv
+  std::string dtype;            ///< "" for barrier and split
+  std::uint64_t count = 0;      ///< elements
+  std::uint64_t bytes = 0;      ///< count times the element size
+  int peer = -1;                ///< the root or the peer, -1 when none
+  bool async = false;           ///< issued as `_async`
+  std::string state;            ///< queued, started, finished or failed
+  std::int64_t queued_ns = 0;   ///< when it was issued (an `_async` one queued)
+  std::int64_t started_ns = 0;  ///< when it started (0 while queued)
+  std::int64_t ended_ns = 0;    ///< when it finished or failed (0 until then)
   /// Not ended yet (queued or started).
   [[nodiscard]] bool open() const { return state == "queued" || state == "started"; }
 };
@@ -57,21 +57,21 @@ struct FlightTraceComm {
 
 /// One process's dump.
 struct FlightTraceFile {
-  std::string path;
-  std::string reason;  ///< timeout, mismatch, peer, error, signal, waiting or request
-  std::string cause;   ///< the Error that made it write, if any
-  int rank = -1;       ///< its rank in the job (-1: no launcher said)
-  int world_size = -1;
-  std::string host;
-  std::int64_t pid = 0;
+  std::string path;          ///< the file it was read from
+  std::string reason;        ///< timeout, mismatch, peer, error, signal, waiting or request
+  std::string cause;         ///< the Error that made it write, if any
+  int rank = -1;             ///< its rank in the job (-1: no launcher said)
+  int world_size = -1;       ///< the job's size (-1: no launcher said)
+  std::string host;          ///< the host it ran on
+  std::int64_t pid = 0;      ///< its process id
   std::int64_t time_ns = 0;  ///< when it was written (Unix nanoseconds)
-  std::vector<FlightTraceComm> communicators;
+  std::vector<FlightTraceComm> communicators;  ///< every communicator of the process
 };
 
 /// What read_flight_dumps found: the dumps it could read, and why it skipped any other.
 struct FlightTraceSet {
-  std::vector<FlightTraceFile> files;
-  std::vector<std::string> problems;
+  std::vector<FlightTraceFile> files;  ///< the dumps read, oldest first
+  std::vector<std::string> problems;   ///< "PATH: why" for each file skipped
 };
 
 /// A dump's text parsed and checked; nullopt (and `why`, when given) for anything else.

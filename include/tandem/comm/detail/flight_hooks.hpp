@@ -43,19 +43,7 @@ class FlightHooks {
   void recorded(const FlightCall& call, Body&& body) {
     const auto& ring = flight_ring();
     if (!ring) return body();
-    const auto ticket = ring->record(call, false);
-    FlightScope scope(ring.get(), ticket);
-    try {
-      body();
-    } catch (const std::exception& e) {
-      ring->end(ticket, true);
-      FlightRegistry::instance().dump_on_failure(e.what());
-      throw;
-    } catch (...) {
-      ring->end(ticket, true);
-      throw;
-    }
-    ring->end(ticket, false);
+    run_as(*ring, ring->record(call, false), body, true);
   }
 
   /// Queues `task(*engine)` with engine->later(): recorded as queued now, started and ended on
@@ -65,26 +53,18 @@ class FlightHooks {
     std::shared_ptr<FlightRing> ring = flight_ring();
     if (!ring) return engine->later([engine, task] { task(*engine); });
     const auto ticket = ring->record(call, true);
-    try {
-      return engine->later([engine, task, ring, ticket] {
-        ring->start(ticket);
-        FlightScope scope(ring.get(), ticket);
-        try {
-          task(*engine);
-        } catch (const std::exception& e) {
-          ring->end(ticket, true);
-          FlightRegistry::instance().dump_on_failure(e.what());
-          throw;
-        } catch (...) {
-          ring->end(ticket, true);
-          throw;
-        }
-        ring->end(ticket, false);
-      });
-    } catch (...) {
-      ring->end(ticket, true);
-      throw;
-    }
+    Work work;
+    run_as(
+        *ring, ticket,
+        [&] {
+          work = engine->later([engine, task, ring, ticket] {
+            ring->start(ticket);
+            run_as(
+                *ring, ticket, [&] { task(*engine); }, true);
+          });
+        },
+        false);
+    return work;
   }
 
   /// Records `call` as started, runs `launch()` (which hands the operation on and returns its
@@ -95,16 +75,8 @@ class FlightHooks {
     if (!ring) return launch();
     const auto ticket = ring->record(call, false);
     Work work;
-    try {
-      work = launch();
-    } catch (const std::exception& e) {
-      ring->end(ticket, true);
-      FlightRegistry::instance().dump_on_failure(e.what());
-      throw;
-    } catch (...) {
-      ring->end(ticket, true);
-      throw;
-    }
+    run_as(
+        *ring, ticket, [&] { work = launch(); }, false);
     if (!work.state()) {
       ring->end(ticket, false);
       return work;
@@ -130,6 +102,25 @@ class FlightHooks {
 
  private:
   const Frontend& frontend() const { return static_cast<const Frontend&>(*this); }
+
+  /// Runs `body()` as the operation `ticket` of `ring` on this thread: a failure ends it as
+  /// failed (the first of each kind writes the dump) and goes on; success ends it only where
+  /// `end_on_success` (else the operation goes on elsewhere, and ends there).
+  template <class Body>
+  static void run_as(FlightRing& ring, std::uint64_t ticket, Body&& body, bool end_on_success) {
+    FlightScope scope(&ring, ticket);
+    try {
+      body();
+    } catch (const std::exception& e) {
+      ring.end(ticket, true);
+      FlightRegistry::instance().dump_on_failure(e.what());
+      throw;
+    } catch (...) {
+      ring.end(ticket, true);
+      throw;
+    }
+    if (end_on_success) ring.end(ticket, false);
+  }
 
   const std::shared_ptr<FlightRing>& flight_ring() {
     if (flight_.made()) return flight_.get();
