@@ -38,7 +38,7 @@ struct FlightRecorderSettings {
   /// record where its peers (and tandemrun) read it.
   Timeout notice_interval = std::chrono::seconds(10);
   /// Where the records go ("" : TANDEM_FLIGHT_RECORDER_DIR, else
-  /// $TMPDIR/tandem-flight-<job id>, see docs/backends.md).
+  /// `$TMPDIR/tandem-flight-JOB`, see docs/backends.md).
   std::string directory{};
 };
 

@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "tandem/comm/detail/flight_monitor.hpp"
@@ -53,18 +54,16 @@ class FlightHooks {
     std::shared_ptr<FlightRing> ring = flight_ring();
     if (!ring) return engine->later([engine, task] { task(*engine); });
     const auto ticket = ring->record(call, true);
-    Work work;
-    run_as(
+    return run_as(
         *ring, ticket,
         [&] {
-          work = engine->later([engine, task, ring, ticket] {
+          return engine->later([engine, task, ring, ticket] {
             ring->start(ticket);
             run_as(
                 *ring, ticket, [&] { task(*engine); }, true);
           });
         },
         false);
-    return work;
   }
 
   /// Records `call` as started, runs `launch()` (which hands the operation on and returns its
@@ -74,9 +73,7 @@ class FlightHooks {
     const auto& ring = flight_ring();
     if (!ring) return launch();
     const auto ticket = ring->record(call, false);
-    Work work;
-    run_as(
-        *ring, ticket, [&] { work = launch(); }, false);
+    Work work = run_as(*ring, ticket, launch, false);
     if (!work.state()) {
       ring->end(ticket, false);
       return work;
@@ -103,14 +100,23 @@ class FlightHooks {
  private:
   const Frontend& frontend() const { return static_cast<const Frontend&>(*this); }
 
-  /// Runs `body()` as the operation `ticket` of `ring` on this thread: a failure ends it as
-  /// failed (the first of each kind writes the dump) and goes on; success ends it only where
-  /// `end_on_success` (else the operation goes on elsewhere, and ends there).
+  /// Runs `body()` as the operation `ticket` of `ring` on this thread and returns what it
+  /// returns: a failure ends the operation as failed (the first of each kind writes the dump)
+  /// and goes on; success ends it only where `end_on_success` (else the operation goes on
+  /// elsewhere, and ends there).
   template <class Body>
-  static void run_as(FlightRing& ring, std::uint64_t ticket, Body&& body, bool end_on_success) {
+  static decltype(auto) run_as(FlightRing& ring, std::uint64_t ticket, Body&& body,
+                               bool end_on_success) {
     FlightScope scope(&ring, ticket);
     try {
-      body();
+      if constexpr (std::is_void_v<decltype(body())>) {
+        body();
+        if (end_on_success) ring.end(ticket, false);
+      } else {
+        auto result = body();
+        if (end_on_success) ring.end(ticket, false);
+        return result;
+      }
     } catch (const std::exception& e) {
       ring.end(ticket, true);
       FlightRegistry::instance().dump_on_failure(e.what());
@@ -119,7 +125,6 @@ class FlightHooks {
       ring.end(ticket, true);
       throw;
     }
-    if (end_on_success) ring.end(ticket, false);
   }
 
   const std::shared_ptr<FlightRing>& flight_ring() {
