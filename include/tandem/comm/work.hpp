@@ -64,6 +64,20 @@ class WorkState {
     }
   }
 
+  /// Runs `observer(error)` once the operation has ended (`error` null when it succeeded), on
+  /// the thread that ends it after the waiters are woken, or on this one when it already has.
+  /// The flight recorder's way to see an operation end that a backend hands on; one observer.
+  void on_end(std::function<void(const std::exception_ptr&)> observer) {
+    std::unique_lock lock(mutex_);
+    if (!done_) {
+      observer_ = std::move(observer);
+      return;
+    }
+    const std::exception_ptr error = error_;
+    lock.unlock();
+    observer(error);
+  }
+
   /// Runs `step` once the operation has succeeded and before anyone waiting sees it finish: on
   /// the thread that completes it, or on this one when it already has. A step that throws fails
   /// the operation. This is how a staged copy back to the device joins the operation it ends.
@@ -105,12 +119,23 @@ class WorkState {
       }
     }
     step = nullptr;  // what the step holds is released before anyone waiting wakes
+    std::function<void(const std::exception_ptr&)> observer;
+    std::exception_ptr seen;
     {
       std::lock_guard lock(mutex_);
       error_ = std::move(error);
       done_ = true;
+      observer = std::move(observer_);
+      seen = error_;
     }
     finished_.notify_all();
+    if (observer) {
+      try {
+        observer(seen);
+      } catch (...) {
+        // An observer only records; its failure must not change the operation's outcome.
+      }
+    }
   }
 
   mutable std::mutex mutex_;
@@ -119,6 +144,7 @@ class WorkState {
   bool finishing_ = false;
   std::exception_ptr error_;
   std::function<void()> step_;
+  std::function<void(const std::exception_ptr&)> observer_;
   std::function<void(void*)> stream_waiter_;  // written before the Work is shared, then only read
 };
 

@@ -15,6 +15,10 @@
 //   from.
 // - `std::optional<Derived> split_group(int color, int key)`: split's collective part (the colour
 //   has been checked, and pending `_async` operations have run).
+// Every operation is recorded in the communicator's flight recorder (comm/flight_recorder.hpp):
+// run_now and run_later below, or recorded()/recorded_work() for a Derived that hides them.
+// A Derived may name its root groups itself (`std::string flight_name() const`).
+//
 // What the engine provides:
 // - rank(), size(); now(body) runs body after the pending `_async` operations, later(body) queues
 //   it and returns its Work (detail::IssueOrder has both);
@@ -28,11 +32,16 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <memory>
 #include <optional>
+#include <string>
 #include <utility>
 
 #include "tandem/comm/communicator.hpp"
 #include "tandem/comm/detail/collective_args.hpp"
+#include "tandem/comm/detail/flight_hooks.hpp"
 #include "tandem/comm/detail/staging.hpp"
 #include "tandem/tensor/dynamic.hpp"
 #include "tandem/tensor/tensor.hpp"
@@ -44,7 +53,7 @@ template <class In, class Out>
 concept DynamicPair = AnyTensor<In> && AnyTensor<Out> &&(DynamicTensor<In> || DynamicTensor<Out>);
 
 template <class Derived, class Space>
-class CollectiveFrontend {
+class CollectiveFrontend : public FlightHooks<CollectiveFrontend<Derived, Space>> {
  public:
   using communicator_concept = communicator_tag;
   using memory_space = Space;
@@ -64,7 +73,8 @@ class CollectiveFrontend {
     if constexpr (needs_staging<Space, In, Out>) {
       staged(in, out, [&](auto& i, auto& o) { all_reduce(i, o, op); });
     } else {
-      derived().run_now("all_reduce", true, [&] { return derived().all_reduce_task(in, out, op); });
+      derived().run_now(typed_call("all_reduce", out, -1, true),
+                        [&] { return derived().all_reduce_task(in, out, op); });
     }
   }
   template <Tensor T>
@@ -76,7 +86,7 @@ class CollectiveFrontend {
     if constexpr (needs_staging<Space, In, Out>) {
       return staged_async(in, out, [&](auto& i, auto& o) { return all_reduce_async(i, o, op); });
     } else {
-      return derived().run_later("all_reduce", true,
+      return derived().run_later(typed_call("all_reduce", out, -1, true),
                                  [&] { return derived().all_reduce_task(in, out, op); });
     }
   }
@@ -89,7 +99,8 @@ class CollectiveFrontend {
       staged_one(t, rank() == root ? Direction::read_write : Direction::read,
                  [&](auto& h) { reduce(h, root, op); });
     } else {
-      derived().run_now("reduce", true, [&] { return derived().reduce_task(t, root, op); });
+      derived().run_now(typed_call("reduce", t, root, true),
+                        [&] { return derived().reduce_task(t, root, op); });
     }
   }
   template <Tensor T>
@@ -98,7 +109,7 @@ class CollectiveFrontend {
       return staged_one_async(t, rank() == root ? Direction::read_write : Direction::read,
                               [&](auto& h) { return reduce_async(h, root, op); });
     } else {
-      return derived().run_later("reduce", true,
+      return derived().run_later(typed_call("reduce", t, root, true),
                                  [&] { return derived().reduce_task(t, root, op); });
     }
   }
@@ -111,7 +122,8 @@ class CollectiveFrontend {
       staged_one(t, rank() == root ? Direction::read : Direction::write,
                  [&](auto& h) { broadcast(h, root); });
     } else {
-      derived().run_now("broadcast", true, [&] { return derived().broadcast_task(t, root); });
+      derived().run_now(typed_call("broadcast", t, root, true),
+                        [&] { return derived().broadcast_task(t, root); });
     }
   }
   template <Tensor T>
@@ -120,7 +132,7 @@ class CollectiveFrontend {
       return staged_one_async(t, rank() == root ? Direction::read : Direction::write,
                               [&](auto& h) { return broadcast_async(h, root); });
     } else {
-      return derived().run_later("broadcast", true,
+      return derived().run_later(typed_call("broadcast", t, root, true),
                                  [&] { return derived().broadcast_task(t, root); });
     }
   }
@@ -132,7 +144,8 @@ class CollectiveFrontend {
     if constexpr (needs_staging<Space, In, Out>) {
       staged(in, out, [&](auto& i, auto& o) { all_gather(i, o); });
     } else {
-      derived().run_now("all_gather", true, [&] { return derived().all_gather_task(in, out); });
+      derived().run_now(typed_call("all_gather", in, -1, true),
+                        [&] { return derived().all_gather_task(in, out); });
     }
   }
   template <Tensor In, Tensor Out>
@@ -140,7 +153,7 @@ class CollectiveFrontend {
     if constexpr (needs_staging<Space, In, Out>) {
       return staged_async(in, out, [&](auto& i, auto& o) { return all_gather_async(i, o); });
     } else {
-      return derived().run_later("all_gather", true,
+      return derived().run_later(typed_call("all_gather", in, -1, true),
                                  [&] { return derived().all_gather_task(in, out); });
     }
   }
@@ -152,7 +165,8 @@ class CollectiveFrontend {
     if constexpr (needs_staging<Space, In, Out>) {
       staged(in, out, [&](auto& i, auto& o) { gather(i, o, root); });
     } else {
-      derived().run_now("gather", true, [&] { return derived().gather_task(in, out, root); });
+      derived().run_now(typed_call("gather", in, root, true),
+                        [&] { return derived().gather_task(in, out, root); });
     }
   }
   template <Tensor In, Tensor Out>
@@ -160,7 +174,7 @@ class CollectiveFrontend {
     if constexpr (needs_staging<Space, In, Out>) {
       return staged_async(in, out, [&](auto& i, auto& o) { return gather_async(i, o, root); });
     } else {
-      return derived().run_later("gather", true,
+      return derived().run_later(typed_call("gather", in, root, true),
                                  [&] { return derived().gather_task(in, out, root); });
     }
   }
@@ -172,7 +186,8 @@ class CollectiveFrontend {
     if constexpr (needs_staging<Space, In, Out>) {
       staged(in, out, [&](auto& i, auto& o) { scatter(i, o, root); });
     } else {
-      derived().run_now("scatter", true, [&] { return derived().scatter_task(in, out, root); });
+      derived().run_now(typed_call("scatter", out, root, true),
+                        [&] { return derived().scatter_task(in, out, root); });
     }
   }
   template <Tensor In, Tensor Out>
@@ -180,7 +195,7 @@ class CollectiveFrontend {
     if constexpr (needs_staging<Space, In, Out>) {
       return staged_async(in, out, [&](auto& i, auto& o) { return scatter_async(i, o, root); });
     } else {
-      return derived().run_later("scatter", true,
+      return derived().run_later(typed_call("scatter", out, root, true),
                                  [&] { return derived().scatter_task(in, out, root); });
     }
   }
@@ -192,7 +207,7 @@ class CollectiveFrontend {
     if constexpr (needs_staging<Space, In, Out>) {
       staged(in, out, [&](auto& i, auto& o) { reduce_scatter(i, o, op); });
     } else {
-      derived().run_now("reduce_scatter", true,
+      derived().run_now(typed_call("reduce_scatter", out, -1, true),
                         [&] { return derived().reduce_scatter_task(in, out, op); });
     }
   }
@@ -202,7 +217,7 @@ class CollectiveFrontend {
       return staged_async(in, out,
                           [&](auto& i, auto& o) { return reduce_scatter_async(i, o, op); });
     } else {
-      return derived().run_later("reduce_scatter", true,
+      return derived().run_later(typed_call("reduce_scatter", out, -1, true),
                                  [&] { return derived().reduce_scatter_task(in, out, op); });
     }
   }
@@ -214,7 +229,8 @@ class CollectiveFrontend {
     if constexpr (needs_staging<Space, In, Out>) {
       staged(in, out, [&](auto& i, auto& o) { all_to_all(i, o); });
     } else {
-      derived().run_now("all_to_all", true, [&] { return derived().all_to_all_task(in, out); });
+      derived().run_now(typed_call("all_to_all", in, -1, true),
+                        [&] { return derived().all_to_all_task(in, out); });
     }
   }
   template <Tensor In, Tensor Out>
@@ -222,7 +238,7 @@ class CollectiveFrontend {
     if constexpr (needs_staging<Space, In, Out>) {
       return staged_async(in, out, [&](auto& i, auto& o) { return all_to_all_async(i, o); });
     } else {
-      return derived().run_later("all_to_all", true,
+      return derived().run_later(typed_call("all_to_all", in, -1, true),
                                  [&] { return derived().all_to_all_task(in, out); });
     }
   }
@@ -234,7 +250,8 @@ class CollectiveFrontend {
     if constexpr (needs_staging<Space, T>) {
       staged_one(t, Direction::read, [&](auto& h) { send(h, peer, tag); });
     } else {
-      derived().run_now("send", false, [&] { return derived().send_task(t, peer, tag); });
+      derived().run_now(typed_call("send", t, peer, false),
+                        [&] { return derived().send_task(t, peer, tag); });
     }
   }
   template <Tensor T>
@@ -243,7 +260,8 @@ class CollectiveFrontend {
       return staged_one_async(t, Direction::read,
                               [&](auto& h) { return send_async(h, peer, tag); });
     } else {
-      return derived().run_later("send", false, [&] { return derived().send_task(t, peer, tag); });
+      return derived().run_later(typed_call("send", t, peer, false),
+                                 [&] { return derived().send_task(t, peer, tag); });
     }
   }
   /// Waits for the oldest message from `peer` with `tag`; its type and count must match `t`.
@@ -252,7 +270,8 @@ class CollectiveFrontend {
     if constexpr (needs_staging<Space, T>) {
       staged_one(t, Direction::write, [&](auto& h) { recv(h, peer, tag); });
     } else {
-      derived().run_now("recv", false, [&] { return derived().recv_task(t, peer, tag); });
+      derived().run_now(typed_call("recv", t, peer, false),
+                        [&] { return derived().recv_task(t, peer, tag); });
     }
   }
   template <Tensor T>
@@ -261,7 +280,8 @@ class CollectiveFrontend {
       return staged_one_async(t, Direction::write,
                               [&](auto& h) { return recv_async(h, peer, tag); });
     } else {
-      return derived().run_later("recv", false, [&] { return derived().recv_task(t, peer, tag); });
+      return derived().run_later(typed_call("recv", t, peer, false),
+                                 [&] { return derived().recv_task(t, peer, tag); });
     }
   }
 
@@ -387,10 +407,10 @@ class CollectiveFrontend {
   // --- barrier and split --------------------------------------------------------------------
 
   void barrier() {
-    derived().run_now("barrier", true, [&] { return derived().barrier_task(); });
+    derived().run_now(FlightCall{"barrier"}, [&] { return derived().barrier_task(); });
   }
   Work barrier_async() {
-    return derived().run_later("barrier", true, [&] { return derived().barrier_task(); });
+    return derived().run_later(FlightCall{"barrier"}, [&] { return derived().barrier_task(); });
   }
 
   /// Collective: ranks with the same `color` form a new group, ordered by (key, rank here);
@@ -398,7 +418,11 @@ class CollectiveFrontend {
   [[nodiscard]] std::optional<Derived> split(int color, int key = 0) {
     check_color(rank(), color);
     std::optional<Derived> made;
-    engine().now([&] { made = static_cast<Derived&>(*this).split_group(color, key); });
+    const auto number = this->next_split();
+    engine().now([&] {
+      this->recorded(FlightCall{"split"}, [&] { made = derived().split_group(color, key); });
+    });
+    this->name_split(made, number, color);
     return made;
   }
 
@@ -406,27 +430,54 @@ class CollectiveFrontend {
   CollectiveFrontend() = default;
 
  private:
+  friend class FlightHooks<CollectiveFrontend>;
+
   decltype(auto) engine() const { return static_cast<const Derived&>(*this).self(); }
   Derived& derived() { return static_cast<Derived&>(*this); }
 
+  /// What the flight recorder keeps of a typed operation on `t` (its elements and type).
+  template <class T>
+  static FlightCall typed_call(const char* operation, const T& t, int peer, bool collective) {
+    return {operation, collective, true, dtype_of<elem_t<T>>, t.size(), peer};
+  }
+
+  /// What the flight recorder asks of this communicator (FlightHooks).
+  [[nodiscard]] FlightIdentity flight_identity() const {
+    if constexpr (requires(const Derived& d) { Timeout(d.options().timeout); }) {
+      return {rank(), size(), Timeout(static_cast<const Derived&>(*this).options().timeout)};
+    } else if constexpr (requires { Timeout(engine().timeout()); }) {
+      return {rank(), size(), Timeout(engine().timeout())};
+    } else {
+      return {rank(), size(), Timeout::max()};
+    }
+  }
+  /// A communicator that is no split's is named by the Derived (flight_name()) or by its type
+  /// and the order in which this process names them ("GlooComm#0").
+  [[nodiscard]] std::string flight_root_name() const {
+    if constexpr (requires(const Derived& d) { d.flight_name(); }) {
+      return static_cast<const Derived&>(*this).flight_name();
+    } else {
+      return root_flight_name<Derived>();
+    }
+  }
+
   // The hooks a Derived may hide with its own (same name and signature): run_now, run_later
-  // and any X_task. `operation` names the call; `collective` is false for send and recv;
-  // `build()` checks the arguments and returns the task.
+  // and any X_task. `call` names the operation for the flight recorder (`collective` is false
+  // for send and recv); `build()` checks the arguments and returns the task.
 
   /// Runs `task(engine)` on this thread, after the pending `_async` operations.
   template <class Build>
-  void run_now(const char* /*operation*/, bool /*collective*/, Build build) {
+  void run_now(const FlightCall& call, Build build) {
     auto task = build();
     auto& e = engine();
-    e.now([&] { task(e); });
+    e.now([&] { this->recorded(call, [&] { task(e); }); });
   }
 
   /// Queues `task(engine)`; the tensors must stay alive and untouched until the Work completes.
   template <class Build>
-  Work run_later(const char* /*operation*/, bool /*collective*/, Build build) {
+  Work run_later(const FlightCall& call, Build build) {
     auto task = build();
-    auto* e = &engine();
-    return e->later([e, task] { task(*e); });
+    return this->recorded_later(&engine(), call, std::move(task));
   }
 
   static auto barrier_task() {

@@ -369,6 +369,11 @@ class LocalComm : public detail::CollectiveFrontend<LocalComm, host> {
     return *self_;
   }
 
+  /// Its ranks are threads of this process: the group's own number tells the groups apart.
+  [[nodiscard]] std::string flight_name() const {
+    return "LocalComm#" + std::to_string(self().group()->serial());
+  }
+
   /// split's collective part (see CollectiveFrontend::split).
   std::optional<LocalComm> split_group(int color, int key) {
     auto [group, rank] = self().split(color, key);

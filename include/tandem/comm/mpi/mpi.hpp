@@ -208,12 +208,15 @@ class MpiComm : public detail::CollectiveFrontend<MpiComm, host> {
     detail::check_color(rank(), color);
     auto& me = self();
     me.drain("split");
-    if (auto mine = me.fingerprint(detail::CollectiveOp::split, dtype::float32, 0)) {
-      me.compare("split", *mine);
-    }
+    const auto number = this->next_split();
     MPI_Comm made = MPI_COMM_NULL;
-    me.call_locked("split", [&] {
-      return MPI_Comm_split(me.comm(), color == no_color ? MPI_UNDEFINED : color, key, &made);
+    this->recorded(detail::FlightCall{"split"}, [&] {
+      if (auto mine = me.fingerprint(detail::CollectiveOp::split, dtype::float32, 0)) {
+        me.compare("split", *mine);
+      }
+      me.call_locked("split", [&] {
+        return MPI_Comm_split(me.comm(), color == no_color ? MPI_UNDEFINED : color, key, &made);
+      });
     });
     if (made == MPI_COMM_NULL) return std::nullopt;
     int code = MPI_SUCCESS;
@@ -224,7 +227,9 @@ class MpiComm : public detail::CollectiveFrontend<MpiComm, host> {
     auto state = std::make_unique<detail::mpi::Engine>(me.runtime(), made, me.options(),
                                                        me.checks_collectives());
     if (code != MPI_SUCCESS) throw detail::mpi::error(rank(), "split", code);
-    return MpiComm(std::move(state));
+    std::optional<MpiComm> group(MpiComm(std::move(state)));
+    this->name_split(group, number, color);
+    return group;
   }
 
  private:
@@ -260,18 +265,20 @@ class MpiComm : public detail::CollectiveFrontend<MpiComm, host> {
   /// A sync operation: after the pending `_async` collectives where it is one, so that its
   /// checks and copies see their results.
   template <class Build>
-  void run_now(const char* op, bool collective, Build build) {
+  void run_now(const detail::FlightCall& flight, Build build) {
     auto& me = self();
-    me.check_usable(op);
-    if (collective) me.drain(op);
+    me.check_usable(flight.operation);
+    if (flight.collective) me.drain(flight.operation);
     auto call = build();
-    me.run(call);
+    this->recorded(flight, [&] { me.run(call); });
   }
 
-  /// An `_async` operation: checked and built here, handed to MPI by the engine's launch.
+  /// An `_async` operation: checked and built here, handed to MPI by the engine's launch; its
+  /// flight record ends with its Work.
   template <class Build>
-  Work run_later(const char* /*op*/, bool /*collective*/, Build build) {
-    return self().launch(build());
+  Work run_later(const detail::FlightCall& flight, Build build) {
+    auto call = build();
+    return this->recorded_work(flight, [&] { return self().launch(std::move(call)); });
   }
 
   detail::mpi::Engine& self() const {

@@ -38,11 +38,18 @@ the i-th listed device (CUDA_VISIBLE_DEVICES=<that index>).
 
 Output lines of rank N are shown behind "[rank N] ", unless --redirects sends them to
 LOG_DIR/RUN_ID/attempt_K/LOCAL_RANK/{stdout,stderr}.log (--tee: to both).
-A failing worker stops the others (SIGTERM, SIGKILL 5 s later) and the launcher exits 1 after a
-summary, unless restarts are left. Each worker gets its own TORCHELASTIC_ERROR_FILE (unless the
-launcher's environment sets one); the message a worker writes there (tandem::run_main, torch's
-@record) is the summary's error. SIGINT/SIGTERM/SIGHUP/SIGQUIT are forwarded to the workers;
-the launcher then exits 128+signal.
+A failing worker stops the others (after 2 s in which they may fail on their own: SIGTERM,
+SIGKILL 5 s later) and the launcher exits 1 after a summary, unless restarts are left. Each
+worker gets its own TORCHELASTIC_ERROR_FILE (unless the launcher's environment sets one); the
+message a worker writes there (tandem::run_main, torch's @record) is the summary's error, and
+the summary names first the worker that failed first on its own, not one that followed it.
+SIGINT/SIGTERM/SIGHUP/SIGQUIT are forwarded to the workers; the launcher then exits 128+signal.
+
+Flight records: each worker writes its communicators' last operations to
+TANDEM_FLIGHT_RECORDER_DIR (LOG_DIR/RUN_ID/attempt_K/flight, or a directory of the launch kept
+when it fails) on a failure, on SIGUSR1 and when a collective waits long; the launcher says when
+a worker is stopped or the ranks wait long, and the summary merges the records.
+`tandemrun --trace DIR` prints what the records of DIR say.
 
 Multi-node: run on every node with the same --nnodes, --nproc-per-node, --master-addr (node 0's
 address), --master-port and --rdzv-id, and that node's --node-rank.

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -95,6 +96,8 @@ class Group {
 
   [[nodiscard]] int size() const noexcept { return size_; }
   [[nodiscard]] const LocalCommOptions& options() const noexcept { return options_; }
+  /// This group's number among the groups this process made (its ranks' flight records name it).
+  [[nodiscard]] std::uint64_t serial() const noexcept { return serial_; }
   [[nodiscard]] const std::shared_ptr<Family>& family() const noexcept { return family_; }
 
   /// Marks the group unusable and wakes every waiter, which raises `reason`. The first reason wins.
@@ -288,9 +291,15 @@ class Group {
     }
   }
 
+  static std::uint64_t next_serial() noexcept {
+    static std::atomic<std::uint64_t> made{0};
+    return made++;
+  }
+
   const int size_;
   const LocalCommOptions options_;
   const std::shared_ptr<Family> family_;
+  const std::uint64_t serial_ = next_serial();
 
   std::mutex mutex_;
   std::condition_variable changed_;

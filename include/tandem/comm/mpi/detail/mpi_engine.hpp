@@ -33,6 +33,7 @@
 
 #include "tandem/comm/checked.hpp"
 #include "tandem/comm/communicator.hpp"
+#include "tandem/comm/detail/flight_monitor.hpp"
 #include "tandem/comm/mpi/detail/mpi_runtime.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/core/timeout.hpp"
@@ -606,6 +607,8 @@ class BlockingWatchdog {
   [[noreturn]] void end_job(const Error& error) {
     std::fprintf(stderr, "%s\n", error.what());
     std::fflush(stderr);
+    // The job ends now: this is the flight record's last chance (every rank's watchdog fires).
+    FlightRegistry::instance().dump_on_failure(error.what());
     if (!runtime_.eager()) {
       // Where serialized, MPI calls take turns on the runtime's lock; a thread polling a request
       // holds it only for one MPI_Test.

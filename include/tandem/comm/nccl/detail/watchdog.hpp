@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -23,6 +24,8 @@
 #include <utility>
 #include <vector>
 
+#include "tandem/comm/detail/flight_monitor.hpp"
+#include "tandem/comm/flight_settings.hpp"
 #include "tandem/comm/nccl/detail/nccl_runtime.hpp"
 #include "tandem/comm/nccl/detail/nccl_support.hpp"
 #include "tandem/comm/nccl/options.hpp"
@@ -151,6 +154,7 @@ class WatchedComm {
                                  : operation;
     failure_.emplace(rank_, name, cause);
     aborted_.store(true, std::memory_order_release);
+    FlightRegistry::instance().dump_on_failure(failure_->what());  // comm/flight_recorder.hpp
     if (comm_) (void)ncclCommAbort(comm_);
     comm_ = nullptr;
     const auto error = std::make_exception_ptr(*failure_);
@@ -251,6 +255,7 @@ class WatchedComm {
       Pending& oldest_op = pending_.front();
       const cudaError_t status = cudaEventQuery(oldest_op.end);
       if (status == cudaErrorNotReady) {
+        notice_waiting(oldest_op, now);
         if (now - oldest_op.issued > options_.timeout) {
           abort_locked(oldest_op.name(), oldest_op.sequence,
                        "did not finish within " + describe(options_.timeout) +
@@ -273,12 +278,39 @@ class WatchedComm {
     }
   }
 
+  /// The flight recorder's waiting notice for the GPU's side: NCCL cannot tell the host which
+  /// rank is missing, so the line names the operation; the ranks' records say the rest.
+  void notice_waiting(const Pending& op, Deadline::clock::time_point now) {
+    if (notice_interval_ <= Timeout::zero()) return;
+    if (op.sequence != noticed_sequence_) {
+      noticed_sequence_ = op.sequence;
+      notices_ = 0;
+    }
+    const auto waited = std::chrono::duration_cast<Timeout>(now - op.issued);
+    if (waited < notice_interval_ * (std::int64_t{1} << std::min(notices_, 20))) return;
+    ++notices_;
+    flight_say("tandem: rank " + std::to_string(rank_) + " has waited " + describe(waited) +
+               " for " + op.name() + " to finish on the GPU; timeout in " +
+               describe(std::max(options_.timeout - waited, Timeout::zero())));
+  }
+
   std::pair<std::string, std::uint64_t> oldest() const {
     if (pending_.empty()) return {"no operation in flight", sequence_};
     return {pending_.front().name(), pending_.front().sequence};
   }
 
   std::thread watchdog_;
+  Timeout notice_interval_ = safe_notice_interval();  ///< the flight recorder's (watchdog only)
+  std::uint64_t noticed_sequence_ = 0;
+  int notices_ = 0;
+
+  static Timeout safe_notice_interval() noexcept {
+    try {
+      return flight_recorder_settings().notice_interval;
+    } catch (...) {
+      return FlightRecorderSettings{}.notice_interval;  // a bad variable is raised elsewhere
+    }
+  }
 };
 
 }  // namespace tandem::detail::nccl

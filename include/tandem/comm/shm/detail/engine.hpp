@@ -30,6 +30,7 @@
 #include "tandem/comm/communicator.hpp"
 #include "tandem/comm/detail/collective_args.hpp"
 #include "tandem/comm/detail/collective_op.hpp"
+#include "tandem/comm/detail/flight_monitor.hpp"
 #include "tandem/comm/detail/issue_order.hpp"
 #include "tandem/comm/detail/reduction.hpp"
 #include "tandem/comm/detail/split_members.hpp"
@@ -531,7 +532,9 @@ class Engine : public IssueOrder {
       if (finished || done()) return;
       if (clock::now() >= next_look) {
         next_look = clock::now() + poll_interval;
-        if (const std::string cause = trouble(awaited()); !cause.empty()) {
+        const std::vector<int> waiting_for = awaited();
+        flight_awaiting(waiting_for);  // the flight recorder's waiting notice names them
+        if (const std::string cause = trouble(waiting_for); !cause.empty()) {
           if (done()) return;  // it arrived, then ended: not a failure
           fail(cause);
         }
