@@ -161,6 +161,8 @@ struct Device {
   std::vector<Stream*> blocking_streams;  ///< those the legacy stream still orders with
 
   std::atomic<int> fault{cudaSuccess};
+  std::atomic<unsigned> flags{0};               ///< cudaSetDeviceFlags
+  std::atomic<std::uint64_t> peers_enabled{0};  ///< bit d: cudaDeviceEnablePeerAccess(d)
   std::atomic<std::size_t> device_bytes{0};
   std::atomic<std::size_t> pool_bytes{0};  ///< of which stream-ordered
   std::atomic<std::uint64_t> tasks_run{0};
@@ -175,6 +177,7 @@ struct Allocation {
   MemoryKind kind = MemoryKind::device;
   int device = 0;  ///< owner (device memory), or the device current when it was pinned
   bool stream_ordered = false;
+  unsigned flags = 0;  ///< cudaHostAlloc's or cudaHostRegister's
 };
 
 struct Event;

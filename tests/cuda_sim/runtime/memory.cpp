@@ -232,9 +232,12 @@ cudaError_t copy(void* destination, const void* source, std::size_t bytes, cudaM
     }
   } else if (from_device && !to_device) {
     wait_for_copy = synchronous || to.space == Space::pageable;  // returns once complete
-  }                                                              // device to device: never waits
+  }
+  // (Device to device: never waits.)
   auto task = std::make_unique<Task>();
-  task->work = [destination, source, bytes, staged](const TaskContext&) {
+  // The staging copy moves into the task: the worker drops the only reference. (A reference
+  // the host dropped after the worker would acquire the worker's release of the count.)
+  task->work = [destination, source, bytes, staged = std::move(staged)](const TaskContext&) {
     std::memcpy(destination, source, bytes);
   };
   std::uint64_t seq = 0;
@@ -340,7 +343,7 @@ cudaError_t cudaHostAlloc(void** pHost, size_t size, unsigned int flags) {
   void* memory = allocate_bytes(size);
   if (memory == nullptr) return result(cudaErrorMemoryAllocation);
   poison(memory, size);
-  add({address(memory), size, MemoryKind::pinned, device->ordinal, false});
+  add({address(memory), size, MemoryKind::pinned, device->ordinal, false, flags});
   runtime().pinned_bytes.fetch_add(size, std::memory_order_relaxed);
   *pHost = memory;
   return cudaSuccess;
@@ -378,7 +381,7 @@ cudaError_t cudaHostRegister(void* ptr, size_t size, unsigned int flags) {
   const bool overlaps_previous = next != rt.allocations.begin() &&
                                  std::prev(next)->second.base + std::prev(next)->second.size > base;
   if (overlaps_next || overlaps_previous) return result(cudaErrorHostMemoryAlreadyRegistered);
-  rt.allocations[base] = {base, size, MemoryKind::registered, device->ordinal, false};
+  rt.allocations[base] = {base, size, MemoryKind::registered, device->ordinal, false, flags};
   return cudaSuccess;
 }
 
@@ -394,6 +397,15 @@ cudaError_t cudaHostGetDevicePointer(void** pDevice, void* pHost, unsigned int f
   const std::optional<Allocation> found = find_containing(pHost);
   if (!found || found->kind == MemoryKind::device) return result(cudaErrorInvalidValue);
   *pDevice = pHost;  // unified addressing: pinned memory has the same address on the device
+  return cudaSuccess;
+}
+
+cudaError_t cudaHostGetFlags(unsigned int* pFlags, void* pHost) {
+  if (const cudaError_t status = admit()) return result(status);
+  if (pFlags == nullptr) return result(cudaErrorInvalidValue);
+  const std::optional<Allocation> found = find_containing(pHost);
+  if (!found || found->kind == MemoryKind::device) return result(cudaErrorInvalidValue);
+  *pFlags = found->flags;
   return cudaSuccess;
 }
 

@@ -482,6 +482,66 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
   return cudaSuccess;
 }
 
+cudaError_t cudaSetDeviceFlags(unsigned int flags) {
+  if (const cudaError_t status = admit()) return result(status);
+  constexpr unsigned known =
+      cudaDeviceScheduleMask | cudaDeviceMapHost | cudaDeviceLmemResizeToMax | cudaDeviceSyncMemops;
+  if ((flags & ~known) != 0 || (flags & cudaDeviceScheduleMask) == 0x3 ||
+      (flags & cudaDeviceScheduleMask) > cudaDeviceScheduleBlockingSync) {
+    return result(cudaErrorInvalidValue);
+  }
+  Device* device = nullptr;
+  if (const cudaError_t status = current_device(device)) return result(status);
+  device->flags.store(flags, std::memory_order_relaxed);
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceFlags(unsigned int* flags) {
+  if (const cudaError_t status = admit()) return result(status);
+  if (flags == nullptr) return result(cudaErrorInvalidValue);
+  Device* device = nullptr;
+  if (const cudaError_t status = current_device(device)) return result(status);
+  *flags = device->flags.load(std::memory_order_relaxed) | cudaDeviceMapHost;  // always mapped
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceCanAccessPeer(int* canAccessPeer, int device, int peerDevice) {
+  if (const cudaError_t status = admit()) return result(status);
+  if (canAccessPeer == nullptr) return result(cudaErrorInvalidValue);
+  if (device_at(device) == nullptr || device_at(peerDevice) == nullptr) {
+    return result(cudaErrorInvalidDevice);
+  }
+  *canAccessPeer = device != peerDevice ? 1 : 0;  // all simulated devices are peers
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceEnablePeerAccess(int peerDevice, unsigned int flags) {
+  if (const cudaError_t status = admit()) return result(status);
+  if (flags != 0) return result(cudaErrorInvalidValue);
+  Device* device = nullptr;
+  if (const cudaError_t status = current_device(device)) return result(status);
+  if (device_at(peerDevice) == nullptr || peerDevice == device->ordinal) {
+    return result(cudaErrorInvalidDevice);
+  }
+  const std::uint64_t bit = std::uint64_t{1} << peerDevice;
+  if ((device->peers_enabled.fetch_or(bit, std::memory_order_relaxed) & bit) != 0) {
+    return result(cudaErrorPeerAccessAlreadyEnabled);
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceDisablePeerAccess(int peerDevice) {
+  if (const cudaError_t status = admit()) return result(status);
+  Device* device = nullptr;
+  if (const cudaError_t status = current_device(device)) return result(status);
+  if (device_at(peerDevice) == nullptr) return result(cudaErrorInvalidDevice);
+  const std::uint64_t bit = std::uint64_t{1} << peerDevice;
+  if ((device->peers_enabled.fetch_and(~bit, std::memory_order_relaxed) & bit) == 0) {
+    return result(cudaErrorPeerAccessNotEnabled);
+  }
+  return cudaSuccess;
+}
+
 cudaError_t cudaRuntimeGetVersion(int* runtimeVersion) {
   if (runtimeVersion == nullptr) return result(cudaErrorInvalidValue);
   *runtimeVersion = CUDART_VERSION;

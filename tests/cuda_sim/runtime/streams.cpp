@@ -482,28 +482,32 @@ cudaError_t event_record(cudaEvent_t event_handle, cudaStream_t handle, unsigned
   return cudaSuccess;
 }
 
-cudaError_t event_query(cudaEvent_t event_handle) {
-  if (const cudaError_t status = admit()) return result(status);
+/// The event's last record, for a query or a synchronisation: `state.recorded` is false for an
+/// event never recorded; the error is the recorded stream's device's fault, if any.
+cudaError_t last_record(cudaEvent_t event_handle, EventState& state) {
+  if (const cudaError_t status = admit()) return status;
   Event* event = nullptr;
-  if (const cudaError_t status = resolve_event(event_handle, event)) return result(status);
-  const EventState state = snapshot(*event);
+  if (const cudaError_t status = resolve_event(event_handle, event)) return status;
+  state = snapshot(*event);
+  return state.recorded ? fault_of(state.position.stream->device) : cudaSuccess;
+}
+
+cudaError_t event_query(cudaEvent_t event_handle) {
+  EventState state;
+  if (const cudaError_t status = last_record(event_handle, state)) return result(status);
   if (!state.recorded) return cudaSuccess;
-  Stream& stream = *state.position.stream;
-  if (const cudaError_t fault = fault_of(stream.device)) return result(fault);
-  if (!stream.reached(state.position.seq)) return cudaErrorNotReady;
-  stream.acquire(state.position.seq);
+  const Position& end = state.position;
+  if (!end.stream->reached(end.seq)) return cudaErrorNotReady;
+  end.stream->acquire(end.seq);
   return cudaSuccess;
 }
 
 cudaError_t event_synchronize(cudaEvent_t event_handle) {
-  if (const cudaError_t status = admit()) return result(status);
-  Event* event = nullptr;
-  if (const cudaError_t status = resolve_event(event_handle, event)) return result(status);
-  const EventState state = snapshot(*event);
+  EventState state;
+  if (const cudaError_t status = last_record(event_handle, state)) return result(status);
   if (!state.recorded) return cudaSuccess;
-  Stream& stream = *state.position.stream;
-  stream.synchronize(state.position.seq);
-  return result(fault_of(stream.device));
+  state.position.stream->synchronize(state.position.seq);
+  return result(fault_of(state.position.stream->device));
 }
 
 cudaError_t elapsed_time(float* milliseconds, cudaEvent_t start_handle, cudaEvent_t end_handle) {
@@ -626,6 +630,15 @@ cudaError_t cudaStreamGetId_ptsz(cudaStream_t stream, unsigned long long* id) {
                          [](const Stream& s) { return static_cast<unsigned long long>(s.id); });
 }
 
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+  return stream_property(stream, status, false,
+                         [](const Stream&) { return cudaStreamCaptureStatusNone; });
+}
+cudaError_t cudaStreamIsCapturing_ptsz(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+  return stream_property(stream, status, true,
+                         [](const Stream&) { return cudaStreamCaptureStatusNone; });
+}
+
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
   return stream_wait_event(stream, event, flags, false);
 }
@@ -653,6 +666,7 @@ cudaError_t cudaDeviceSynchronize(void) {
   if (const cudaError_t status = admit()) return result(status);
   Device* device = nullptr;
   if (const cudaError_t status = current_device(device)) return result(status);
+  if (const cudaError_t fault = fault_of(*device)) return result(fault);  // at once
   synchronize_device(*device);
   return result(fault_of(*device));
 }

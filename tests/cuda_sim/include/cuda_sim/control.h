@@ -24,10 +24,11 @@ extern "C" {
  * cudaGetDeviceCount reports (without its cudaErrorNoDevice for 0). */
 int cuda_sim_device_count(void);
 
-/** Shows `count` devices (0 to CUDA_SIM_MAX_DEVICES) from now on, numbered 0..count-1 and
- * ignoring CUDA_VISIBLE_DEVICES; streams and memory already made on other devices keep working.
- * A host thread whose current device is no longer shown gets cudaErrorInvalidDevice from calls
- * on it until it calls cudaSetDevice. Returns cudaErrorInvalidValue for a count out of range. */
+/** Shows `count` devices (0 to CUDA_SIM_MAX_DEVICES) from now on, numbered 0..count-1: those
+ * shown at start-up keep their identity (UUID, PCI bus), the others are named by their number.
+ * Streams and memory already made on devices no longer shown keep working; a host thread whose
+ * current device is no longer shown gets cudaErrorInvalidDevice from calls on it until it calls
+ * cudaSetDevice. Returns cudaErrorInvalidValue for a count out of range. */
 cudaError_t cuda_sim_set_device_count(int count);
 
 /** Stress mode on (enabled != 0) or off: every stream task then starts after a delay of 0 to

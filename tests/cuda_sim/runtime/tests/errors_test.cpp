@@ -254,3 +254,26 @@ TEST_CASE("CUDA_VISIBLE_DEVICES picks and orders the devices, up to its first in
   CHECK(static_cast<int>(second.uuid.bytes[15]) == 0);
   CHECK(std::string(first.name).find("device 2") != std::string::npos);
 }
+
+TEST_CASE("peer access and device flags") {
+  int can = -1;
+  SIM_REQUIRE(cudaDeviceCanAccessPeer(&can, 0, 1));
+  CHECK(can == 1);
+  SIM_REQUIRE(cudaDeviceCanAccessPeer(&can, 1, 1));
+  CHECK(can == 0);
+  SIM_REQUIRE(cudaDeviceEnablePeerAccess(1, 0));
+  CHECK(cudaDeviceEnablePeerAccess(1, 0) == cudaErrorPeerAccessAlreadyEnabled);
+  CHECK(cudaDeviceEnablePeerAccess(0, 0) == cudaErrorInvalidDevice);  // itself
+  SIM_REQUIRE(cudaDeviceDisablePeerAccess(1));
+  CHECK(cudaDeviceDisablePeerAccess(1) == cudaErrorPeerAccessNotEnabled);
+  SIM_REQUIRE(cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync));
+  unsigned flags = 0;
+  SIM_REQUIRE(cudaGetDeviceFlags(&flags));
+  CHECK((flags & cudaDeviceScheduleMask) == cudaDeviceScheduleBlockingSync);
+  CHECK(cudaSetDeviceFlags(0x100) == cudaErrorInvalidValue);
+  SIM_REQUIRE(cudaSetDeviceFlags(cudaDeviceScheduleAuto));
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusActive;
+  SIM_REQUIRE(cudaStreamIsCapturing(cudaStreamLegacy, &capture));
+  CHECK(capture == cudaStreamCaptureStatusNone);
+  (void)cudaGetLastError();
+}

@@ -266,6 +266,9 @@ TEST_CASE("pinned memory: counted, freed only by cudaFreeHost") {
   void* pinned = nullptr;
   SIM_REQUIRE(cudaHostAlloc(&pinned, 100, cudaHostAllocPortable | cudaHostAllocMapped));
   CHECK(cuda_sim_pinned_bytes_outstanding() == before + 100);
+  unsigned flags = 0;
+  SIM_REQUIRE(cudaHostGetFlags(&flags, static_cast<char*>(pinned) + 10));
+  CHECK(flags == (cudaHostAllocPortable | cudaHostAllocMapped));
   CHECK(cudaFree(pinned) == cudaErrorInvalidValue);
   CHECK(cudaHostAlloc(&pinned, 100, 0x80) == cudaErrorInvalidValue);
   SIM_REQUIRE(cudaFreeHost(pinned));

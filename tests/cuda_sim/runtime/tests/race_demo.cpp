@@ -71,13 +71,20 @@ cudaStream_t make_stream(unsigned flags = cudaStreamNonBlocking) {
   return stream;
 }
 
+/// A stream whose work has written the value by the time this returns (as the host can tell,
+/// without synchronising).
+cudaStream_t stream_that_wrote(cudaHostFn_t writer = write_value) {
+  const cudaStream_t stream = make_stream();
+  check(cudaLaunchHostFunc(stream, writer, nullptr), "cudaLaunchHostFunc");
+  wait_until_written();
+  return stream;
+}
+
 // ---- Racy: each must be reported ----
 
 /// The stream wrote; the host reads without synchronising.
 int unsynchronised_read() {
-  const cudaStream_t stream = make_stream();
-  check(cudaLaunchHostFunc(stream, write_value, nullptr), "cudaLaunchHostFunc");
-  wait_until_written();
+  const cudaStream_t stream = stream_that_wrote();
   const int seen = host_read();
   check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   return seen;
@@ -86,11 +93,9 @@ int unsynchronised_read() {
 /// Queuing more work after the write is no synchronisation: the queue orders host before
 /// stream, never stream before host.
 int read_after_more_work() {
-  const cudaStream_t stream = make_stream();
+  const cudaStream_t stream = stream_that_wrote();
   cudaEvent_t event = nullptr;
   check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-  check(cudaLaunchHostFunc(stream, write_value, nullptr), "cudaLaunchHostFunc");
-  wait_until_written();
   for (int i = 0; i < 10; ++i) {
     check(cudaLaunchHostFunc(
               stream, [](void*) {}, nullptr),
@@ -104,9 +109,7 @@ int read_after_more_work() {
 
 /// cudaStreamQuery answering cudaErrorNotReady orders nothing.
 int read_after_not_ready() {
-  const cudaStream_t stream = make_stream();
-  check(cudaLaunchHostFunc(stream, write_then_hold, nullptr), "cudaLaunchHostFunc");
-  wait_until_written();
+  const cudaStream_t stream = stream_that_wrote(write_then_hold);
   if (cudaStreamQuery(stream) != cudaErrorNotReady) std::exit(3);
   const int seen = host_read();
   shared.release_stream.store(true, std::memory_order_relaxed);
@@ -150,9 +153,7 @@ int read_async_copy_to_pinned() {
 
 /// A non-blocking stream does not order with the legacy stream: the stream work itself races.
 int streams_without_event() {
-  const cudaStream_t writer = make_stream(cudaStreamNonBlocking);
-  check(cudaLaunchHostFunc(writer, write_value, nullptr), "cudaLaunchHostFunc");
-  wait_until_written();
+  (void)stream_that_wrote();  // non-blocking
   static int seen = 0;
   check(cudaLaunchHostFunc(
             cudaStreamLegacy, [](void*) { seen = host_read(); }, nullptr),

@@ -360,6 +360,8 @@ TEST_CASE("cudaDeviceSynchronize waits for every stream of the device, non-block
 }
 
 TEST_CASE("stress mode delays tasks but keeps every ordering") {
+  unsigned long long previous_seed = 0;
+  const int previously = cuda_sim_stress_enabled(&previous_seed);  // TANDEM_CUDA_SIM_STRESS
   cuda_sim_set_stress(1, 12345);
   unsigned long long seed = 0;
   CHECK(cuda_sim_stress_enabled(&seed) == 1);
@@ -375,7 +377,29 @@ TEST_CASE("stress mode delays tasks but keeps every ordering") {
   SIM_REQUIRE(cudaStreamWaitEvent(b, handoff, 0));
   for (int i = 20; i < 40; ++i) launch(b, steps[static_cast<std::size_t>(i)]);
   SIM_REQUIRE(cudaStreamSynchronize(b));
-  cuda_sim_set_stress(0, 0);
+  cuda_sim_set_stress(previously, previous_seed);
   REQUIRE(log.size() == 40);
   for (int i = 0; i < 40; ++i) CHECK(log[static_cast<std::size_t>(i)] == i);
+}
+
+TEST_CASE("a thread's per-thread stream outlives the thread: its work runs, the legacy waits") {
+  Gate gate;
+  std::atomic<bool> ran{false};
+  auto work = [&] { ran.store(true); };
+  SIM_REQUIRE(cudaStreamSynchronize(cudaStreamLegacy));  // its worker exists before the count
+  const int workers_before = cuda_sim_worker_threads();
+  std::thread thread([&] {
+    gate.hold(cudaStreamPerThread);
+    launch(cudaStreamPerThread, work);
+  });
+  thread.join();  // its per-thread stream is destroyed with work still queued
+  bool legacy_saw = false;
+  auto on_legacy = [&] { legacy_saw = ran.load(); };
+  launch(cudaStreamLegacy, on_legacy);
+  CHECK(cudaStreamQuery(cudaStreamLegacy) == cudaErrorNotReady);
+  gate.open();
+  SIM_REQUIRE(cudaStreamSynchronize(cudaStreamLegacy));
+  CHECK(legacy_saw);
+  // The thread's stream ended with its work, and its worker with it.
+  CHECK(sim_test::eventually([&] { return cuda_sim_worker_threads() <= workers_before; }));
 }
