@@ -32,8 +32,9 @@ int cuda_sim_device_count(void);
 cudaError_t cuda_sim_set_device_count(int count);
 
 /** Stress mode on (enabled != 0) or off: every stream task then starts after a delay of 0 to
- * 300 microseconds, drawn from `seed`, the stream's creation number and the task's number, so a
- * run is repeatable for a seed. TANDEM_CUDA_SIM_STRESS=<seed> turns it on at start-up. */
+ * 300 microseconds, drawn from `seed`, the stream's creation number and the task's number: the
+ * same for a seed wherever the program makes its streams in the same order.
+ * TANDEM_CUDA_SIM_STRESS=<seed> turns it on at start-up. */
 void cuda_sim_set_stress(int enabled, unsigned long long seed);
 
 /** Whether stress mode is on; its seed is stored in *seed when seed is not NULL. Other simulated

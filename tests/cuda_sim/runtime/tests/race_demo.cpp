@@ -80,14 +80,40 @@ cudaStream_t stream_that_wrote(cudaHostFn_t writer = write_value) {
   return stream;
 }
 
+/// The racy read, then the synchronisation that ends the case (too late to order the read).
+int read_then_synchronize(cudaStream_t stream) {
+  const int seen = host_read();
+  shared.release_stream.store(true, std::memory_order_relaxed);  // for write_then_hold
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  return seen;
+}
+
+/// Stream work on `stream` reads the value; what it read, once `stream` is synchronised.
+int read_on_stream(cudaStream_t stream) {
+  static int seen = 0;
+  check(cudaLaunchHostFunc(
+            stream, [](void*) { seen = host_read(); }, nullptr),
+        "cudaLaunchHostFunc");
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  return seen;
+}
+
+/// Device memory that stream work on `stream` sets to 42 (queued, not yet synchronised).
+int* device_value_written_on(cudaStream_t stream) {
+  int* device = nullptr;
+  check(cudaMalloc(reinterpret_cast<void**>(&device), sizeof(int)), "cudaMalloc");
+  check(cudaLaunchHostFunc(
+            stream, [](void* d) { *static_cast<int*>(d) = 42; }, device),
+        "cudaLaunchHostFunc");
+  return device;
+}
+
 // ---- Racy: each must be reported ----
 
 /// The stream wrote; the host reads without synchronising.
 int unsynchronised_read() {
   const cudaStream_t stream = stream_that_wrote();
-  const int seen = host_read();
-  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-  return seen;
+  return read_then_synchronize(stream);
 }
 
 /// Queuing more work after the write is no synchronisation: the queue orders host before
@@ -102,19 +128,14 @@ int read_after_more_work() {
           "cudaLaunchHostFunc");
     check(cudaEventRecord(event, stream), "cudaEventRecord");
   }
-  const int seen = host_read();
-  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-  return seen;
+  return read_then_synchronize(stream);
 }
 
 /// cudaStreamQuery answering cudaErrorNotReady orders nothing.
 int read_after_not_ready() {
   const cudaStream_t stream = stream_that_wrote(write_then_hold);
   if (cudaStreamQuery(stream) != cudaErrorNotReady) std::exit(3);
-  const int seen = host_read();
-  shared.release_stream.store(true, std::memory_order_relaxed);
-  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-  return seen;
+  return read_then_synchronize(stream);
 }
 
 /// An event covers the work before its record only, even when later work has run by the time
@@ -127,39 +148,26 @@ int read_after_earlier_event() {
   check(cudaLaunchHostFunc(stream, write_value, nullptr), "cudaLaunchHostFunc");
   wait_until_written();
   check(cudaEventSynchronize(before), "cudaEventSynchronize");
-  const int seen = host_read();
-  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-  return seen;
+  return read_then_synchronize(stream);
 }
 
 /// An asynchronous copy into pinned memory is complete only after a synchronisation.
 int read_async_copy_to_pinned() {
   const cudaStream_t stream = make_stream();
-  int* device = nullptr;
-  check(cudaMalloc(reinterpret_cast<void**>(&device), sizeof(int)), "cudaMalloc");
-  check(cudaLaunchHostFunc(
-            stream, [](void* d) { *static_cast<int*>(d) = 42; }, device),
-        "cudaLaunchHostFunc");
+  const int* device = device_value_written_on(stream);
   check(cudaMemcpyAsync(shared.value, device, sizeof(int), cudaMemcpyDeviceToHost, stream),
         "cudaMemcpyAsync");
   check(cudaLaunchHostFunc(
             stream, [](void*) { shared.written.store(true, std::memory_order_relaxed); }, nullptr),
         "cudaLaunchHostFunc");
   wait_until_written();
-  const int seen = host_read();
-  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-  return seen;
+  return read_then_synchronize(stream);
 }
 
 /// A non-blocking stream does not order with the legacy stream: the stream work itself races.
 int streams_without_event() {
   (void)stream_that_wrote();  // non-blocking
-  static int seen = 0;
-  check(cudaLaunchHostFunc(
-            cudaStreamLegacy, [](void*) { seen = host_read(); }, nullptr),
-        "cudaLaunchHostFunc");
-  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-  return seen;
+  return read_on_stream(cudaStreamLegacy);
 }
 
 // ---- Correct: none may be reported ----
@@ -197,11 +205,7 @@ int after_device_synchronize() {
 
 int after_copy_to_pageable() {
   const cudaStream_t stream = make_stream();
-  int* device = nullptr;
-  check(cudaMalloc(reinterpret_cast<void**>(&device), sizeof(int)), "cudaMalloc");
-  check(cudaLaunchHostFunc(
-            stream, [](void* d) { *static_cast<int*>(d) = 42; }, device),
-        "cudaLaunchHostFunc");
+  const int* device = device_value_written_on(stream);
   int pageable = 0;
   check(cudaMemcpyAsync(&pageable, device, sizeof(int), cudaMemcpyDeviceToHost, stream),
         "cudaMemcpyAsync");
@@ -216,23 +220,13 @@ int streams_joined_by_event() {
   check(cudaLaunchHostFunc(writer, write_value, nullptr), "cudaLaunchHostFunc");
   check(cudaEventRecord(written, writer), "cudaEventRecord");
   check(cudaStreamWaitEvent(reader, written, 0), "cudaStreamWaitEvent");
-  static int seen = 0;
-  check(cudaLaunchHostFunc(
-            reader, [](void*) { seen = host_read(); }, nullptr),
-        "cudaLaunchHostFunc");
-  check(cudaStreamSynchronize(reader), "cudaStreamSynchronize");
-  return seen;
+  return read_on_stream(reader);
 }
 
 int legacy_after_blocking_stream() {
   const cudaStream_t writer = make_stream(cudaStreamDefault);
   check(cudaLaunchHostFunc(writer, write_value, nullptr), "cudaLaunchHostFunc");
-  static int seen = 0;
-  check(cudaLaunchHostFunc(
-            cudaStreamLegacy, [](void*) { seen = host_read(); }, nullptr),
-        "cudaLaunchHostFunc");
-  check(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize");
-  return seen;
+  return read_on_stream(cudaStreamLegacy);
 }
 
 /// Leaves work queued on several streams and returns from main: the process must exit cleanly.
