@@ -435,7 +435,8 @@ TEST_CASE("abort: operations in flight fail and later calls raise the cause") {
     const std::string text = e.what();
     CHECK(text.find("rank 0: broadcast") != std::string::npos);
     CHECK(text.find("aborted earlier") != std::string::npos);
-    CHECK(text.find("sequence number 1") != std::string::npos);
+    // Number 1 is the check-switch agreement every rank makes at creation; the all_reduce is 2.
+    CHECK(text.find("sequence number 2") != std::string::npos);
     CHECK(text.find("stopped by the test") != std::string::npos);
   }
 }
@@ -510,12 +511,12 @@ TEST_CASE("watchdog on one GPU: an all_reduce held behind a kernel times out and
   options.watchdog_interval = 20ms;
   NcclComm comm = single(options);
   DeviceArray<float> data(1024);
-  comm.all_reduce(data.view());  // sequence number 1 finishes
+  comm.all_reduce(data.view());  // sequence number 2 (1: the agreement at creation) finishes
   comm.synchronize();
   HostFlag flag;
   block_stream(comm.caller_stream(), flag);
   const auto start = std::chrono::steady_clock::now();
-  tandem::Work work = comm.all_reduce_async(data.view());  // sequence number 2: held
+  tandem::Work work = comm.all_reduce_async(data.view());  // sequence number 3: held
   bool by_abort = false;
   std::thread releaser([&] { by_abort = release_on_abort(comm, flag, 60s); });
   std::string seen;
@@ -527,7 +528,7 @@ TEST_CASE("watchdog on one GPU: an all_reduce held behind a kernel times out and
   const auto waited = std::chrono::steady_clock::now() - start;
   releaser.join();
   CHECK(by_abort);  // the watchdog acted while the operation could not finish
-  CHECK(seen.find("rank 0: all_reduce (sequence number 2)") != std::string::npos);
+  CHECK(seen.find("rank 0: all_reduce (sequence number 3)") != std::string::npos);
   CHECK(seen.find("did not finish within 2 s") != std::string::npos);
   CHECK(waited >= 2s);
   CHECK(waited < 60s);
@@ -582,7 +583,8 @@ TEST_CASE("watchdog: a collective one rank skips times out, aborts, and names ra
                       2,
                       [&](NcclComm& comm) {
                         DeviceArray<float> data(1024);
-                        comm.all_reduce(data.view());  // sequence number 1: both ranks
+                        // Sequence number 2 (1: the agreement at creation): both ranks.
+                        comm.all_reduce(data.view());
                         if (comm.rank() == 1) {
                           while (!gave_up) std::this_thread::sleep_for(10ms);
                           return;
@@ -599,7 +601,7 @@ TEST_CASE("watchdog: a collective one rank skips times out, aborts, and names ra
                       },
                       options),
                   tandem::Error);
-  CHECK(seen.find("rank 0: all_reduce (sequence number 2)") != std::string::npos);
+  CHECK(seen.find("rank 0: all_reduce (sequence number 3)") != std::string::npos);
   CHECK(seen.find("did not finish within 3 s") != std::string::npos);
   CHECK(std::chrono::steady_clock::now() - start < 120s);
 }
