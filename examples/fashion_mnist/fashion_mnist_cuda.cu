@@ -19,9 +19,11 @@
 //   build/dev/examples/fashion_mnist/fashion_mnist_cuda
 //   build/dev/examples/fashion_mnist/fashion_mnist_cuda --backend local --ranks 2   2 threads, 1
 //   GPU
-// Flags: those of fashion_mnist, plus --precision fp16|bf16|fp32 (default fp16), --resident and
-// --min-accuracy PCT (the test: exit 1 unless the run trained; see check_run). Without a GPU it
-// prints why and exits 77. Checkpoints (--checkpoint-dir, --resume) work on every backend.
+// Flags: those of fashion_mnist, plus --precision fp16|bf16|fp32 (default fp16), --resident,
+// --min-accuracy PCT (the test: exit 1 unless the run trained; see check_run) and --eval-samples N
+// (evaluate on the first N test samples only: the simulated GPU's test under ThreadSanitizer).
+// Without a GPU it prints why and exits 77. Checkpoints (--checkpoint-dir, --resume) work on every
+// backend.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <signal.h>
@@ -598,7 +600,8 @@ int check_run(const Settings& settings, const RunSummary& run, double min_accura
 
 /// One rank's whole run on the current GPU, every kernel on `stream`.
 template <tandem::Communicator Comm>
-RunSummary train(Comm& comm, const Settings& settings, cudaStream_t stream) {
+RunSummary train(Comm& comm, const Settings& settings, std::size_t eval_samples,
+                 cudaStream_t stream) {
   const tandem::FashionMNIST train_set(tandem::split::train, settings.data);
   const tandem::FashionMNIST test_set(tandem::split::test, settings.data);
   const tandem::cuda_exec exec{stream};
@@ -624,7 +627,8 @@ RunSummary train(Comm& comm, const Settings& settings, cudaStream_t stream) {
   std::optional<ResidentData> resident;
   if (settings.resident) resident.emplace(train_set, stream);
   const ResidentData test(test_set, stream);
-  const auto eval_sampler = tandem::DistributedSampler::evaluation(test_set.size(), comm);
+  const auto eval_sampler = tandem::DistributedSampler::evaluation(
+      eval_samples > 0 ? std::min(eval_samples, test_set.size()) : test_set.size(), comm);
   const auto eval_indices =
       device_indices(std::vector<std::int64_t>(eval_sampler.begin(), eval_sampler.end()), stream);
 
@@ -665,7 +669,7 @@ RunSummary train(Comm& comm, const Settings& settings, cudaStream_t stream) {
     if (!settings.plain) ema.update();
     ++batches_done;
     ++step;
-    if (step % 50 == 0 || batches_done == batches.size()) {
+    if (step % 50 == 0 || batches_done == batches.size() || step == run.expected_steps) {
       mean_loss = tandem::reduce_mean(comm, model.mean_loss(count));
       board.add_scalar("train/loss", mean_loss, step);
     }
@@ -740,12 +744,16 @@ struct RankDevice {
 
 int main(int argc, char** argv) {
   using fashion_mnist::program;
-  // --min-accuracy is this program's own (the test's check); the rest are the recipe's flags.
+  // --min-accuracy and --eval-samples are this program's own (the tests'); the rest are the
+  // recipe's flags.
   std::optional<double> min_accuracy;
+  std::size_t eval_samples = 0;  // 0: the whole test set
   std::vector<char*> args;
   for (int i = 0; i < argc; ++i) {
     if (std::string_view(argv[i]) == "--min-accuracy" && i + 1 < argc) {
       min_accuracy = std::atof(argv[++i]);
+    } else if (std::string_view(argv[i]) == "--eval-samples" && i + 1 < argc) {
+      eval_samples = static_cast<std::size_t>(std::strtoull(argv[++i], nullptr, 10));
     } else {
       args.push_back(argv[i]);
     }
@@ -768,7 +776,7 @@ int main(int argc, char** argv) {
           [&](tandem::LocalComm& comm) {
             // Every thread on this process's GPU (local rank 0's): they share it.
             RankDevice gpu(tandem::World{});
-            const RunSummary r = train(comm, *settings, gpu.stream.get());
+            const RunSummary r = train(comm, *settings, eval_samples, gpu.stream.get());
             if (comm.rank() == 0) run = r;
           },
           tandem::LocalCommOptions{timeout});
@@ -778,7 +786,7 @@ int main(int argc, char** argv) {
       tandem::GlooCommOptions options;
       options.timeout = timeout;
       auto comm = tandem::init_process_group<tandem::GlooComm>("env://", options);
-      run = train(comm, *settings, gpu.stream.get());
+      run = train(comm, *settings, eval_samples, gpu.stream.get());
       comm.barrier();
 #endif
 #if TANDEM_EXAMPLE_WITH_NCCL
@@ -792,7 +800,7 @@ int main(int argc, char** argv) {
       auto comm = std::getenv("WORLD_SIZE")
                       ? tandem::init_process_group<tandem::NcclComm>(world, "env://", options)
                       : tandem::NcclComm::create(tandem::NcclComm::unique_id(), 0, 1, options);
-      run = train(comm, *settings, gpu.stream.get());
+      run = train(comm, *settings, eval_samples, gpu.stream.get());
       comm.synchronize();
 #endif
     } else {
