@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <string>
@@ -27,6 +28,7 @@ struct Group {
   ncclResult_t error = ncclSuccess;
   int blocking = -1;  ///< the mode of the communicators in it; -1 before the first
   std::vector<Op> ops;
+  std::vector<std::shared_ptr<CommState>> comms;  ///< keeps the ops' communicators until launched
   std::vector<std::function<ncclResult_t()>> jobs;
 };
 
@@ -38,8 +40,8 @@ ncclResult_t end_group() {
   Group taken = std::move(group);
   group = Group{};
   if (taken.error != ncclSuccess) {
-    for (const Op& op : taken.ops) {
-      if (!op.comm->blocking) op.comm->set_error(taken.error);
+    for (const auto& comm : taken.comms) {
+      if (!comm->blocking) comm->set_error(taken.error);
     }
     return taken.error;
   }
@@ -59,13 +61,11 @@ ncclResult_t end_group() {
     }
   }
   if (!taken.ops.empty()) {
-    std::vector<std::shared_ptr<CommState>> nonblocking;
-    for (const Op& op : taken.ops) {
-      if (!op.comm->blocking) nonblocking.push_back(op.comm);
-    }
     const ncclResult_t launched = launch(std::move(taken.ops));
     if (launched != ncclSuccess && launched != ncclInProgress) {
-      for (const auto& comm : nonblocking) comm->set_error(launched);
+      for (const auto& comm : taken.comms) {
+        if (!comm->blocking) comm->set_error(launched);
+      }
     }
     if (result == ncclSuccess) result = launched;
   }
@@ -91,12 +91,22 @@ struct Request {
   const void* send;
   void* recv;
   std::size_t count;
-  ncclDataType_t type;
-  ncclRedOp_t op;
+  int type;  // NCCL's enums as the caller's bits: a C caller may pass any value
+  int op;
   int root;
   ncclComm_t comm;
   cudaStream_t stream;
 };
+
+/// An enum argument's bits, read without loading it as the enum (a value outside the enum's
+/// range would be undefined behaviour in C++, and NCCL must refuse it, not trust it).
+template <class Enum>
+int bits(const Enum& value) {
+  int raw = 0;
+  static_assert(sizeof raw == sizeof value);
+  std::memcpy(&raw, &value, sizeof raw);
+  return raw;
+}
 
 bool reduces(Call call) {
   return call == Call::all_reduce || call == Call::reduce || call == Call::reduce_scatter;
@@ -147,16 +157,16 @@ ncclResult_t check(CommState& comm, const Request& r) {
       return comm.fail(ncclInvalidArgument, api + " : reduction operation " + std::to_string(r.op) +
                                                 " unknown to this communicator");
     }
-    if (!reducible(r.type)) {
-      return comm.fail(ncclInvalidArgument,
-                       api + " : the simulator does not reduce " + type_name(r.type));
+    if (!reducible(static_cast<ncclDataType_t>(r.type))) {
+      return comm.fail(ncclInvalidArgument, api + " : the simulator does not reduce " +
+                                                type_name(static_cast<ncclDataType_t>(r.type)));
     }
   }
   const bool spread = r.call == Call::all_gather || r.call == Call::reduce_scatter ||
                       r.call == Call::gather || r.call == Call::scatter ||
                       r.call == Call::all_to_all;
-  const std::size_t factor =
-      type_size(r.type) * (spread ? static_cast<std::size_t>(comm.nranks) : 1);
+  const std::size_t factor = type_size(static_cast<ncclDataType_t>(r.type)) *
+                             (spread ? static_cast<std::size_t>(comm.nranks) : 1);
   if (r.count > std::numeric_limits<std::size_t>::max() / 2 / factor) {
     return comm.fail(ncclInvalidArgument,
                      api + " : count " + std::to_string(r.count) + " is too large");
@@ -189,16 +199,16 @@ ncclResult_t check(CommState& comm, const Request& r) {
 void build(const std::shared_ptr<CommState>& comm, const Request& r, std::vector<Op>& out) {
   Op base;
   base.api = r.api;
-  base.comm = comm;
-  base.segment = comm->segment();
+  base.comm = comm.get();  // the caller's std::shared_ptr keeps it alive until it is held
+  base.segment = comm->segment().get();
   base.count = r.count;
-  base.type = r.type;
-  base.op = r.op;
+  base.type = static_cast<ncclDataType_t>(r.type);
+  base.op = static_cast<ncclRedOp_t>(r.op);
   base.root = r.root;
   base.stream = r.stream;
   const auto* send = static_cast<const std::byte*>(r.send);
   auto* recv = static_cast<std::byte*>(r.recv);
-  const std::size_t slice = r.count * type_size(r.type);
+  const std::size_t slice = r.count * type_size(base.type);
   auto add = [&](Kind kind, const std::byte* from, std::byte* to, int peer) {
     Op op = base;
     op.kind = kind;
@@ -271,6 +281,7 @@ ncclResult_t enqueue(const Request& r) {
   if (state == ncclSuccess) state = group_join_mode(comm->blocking);
   if (state == ncclSuccess) {
     build(comm, r, group.ops);
+    group.comms.push_back(comm);
   } else {
     if (!comm->blocking) comm->set_error(state);
     if (group.error == ncclSuccess) group.error = state;
@@ -316,32 +327,32 @@ ncclResult_t ncclGroupEnd() {
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                            ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                            cudaStream_t stream) {
-  return enqueue({Call::all_reduce, "ncclAllReduce", sendbuff, recvbuff, count, datatype, op, 0,
-                  comm, stream});
+  return enqueue({Call::all_reduce, "ncclAllReduce", sendbuff, recvbuff, count, bits(datatype),
+                  bits(op), 0, comm, stream});
 }
 
 ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                         ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
-  return enqueue(
-      {Call::reduce, "ncclReduce", sendbuff, recvbuff, count, datatype, op, root, comm, stream});
+  return enqueue({Call::reduce, "ncclReduce", sendbuff, recvbuff, count, bits(datatype), bits(op),
+                  root, comm, stream});
 }
 
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
                            ncclDataType_t datatype, int root, ncclComm_t comm,
                            cudaStream_t stream) {
-  return enqueue({Call::broadcast, "ncclBroadcast", sendbuff, recvbuff, count, datatype, ncclSum,
-                  root, comm, stream});
+  return enqueue({Call::broadcast, "ncclBroadcast", sendbuff, recvbuff, count, bits(datatype),
+                  ncclSum, root, comm, stream});
 }
 
 ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
                        cudaStream_t stream) {
-  return enqueue(
-      {Call::broadcast, "ncclBcast", buff, buff, count, datatype, ncclSum, root, comm, stream});
+  return enqueue({Call::broadcast, "ncclBcast", buff, buff, count, bits(datatype), ncclSum, root,
+                  comm, stream});
 }
 
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
                            ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
-  return enqueue({Call::all_gather, "ncclAllGather", sendbuff, recvbuff, sendcount, datatype,
+  return enqueue({Call::all_gather, "ncclAllGather", sendbuff, recvbuff, sendcount, bits(datatype),
                   ncclSum, 0, comm, stream});
 }
 
@@ -349,35 +360,35 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
                                ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                cudaStream_t stream) {
   return enqueue({Call::reduce_scatter, "ncclReduceScatter", sendbuff, recvbuff, recvcount,
-                  datatype, op, 0, comm, stream});
+                  bits(datatype), bits(op), 0, comm, stream});
 }
 
 ncclResult_t ncclGather(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                         int root, ncclComm_t comm, cudaStream_t stream) {
-  return enqueue({Call::gather, "ncclGather", sendbuff, recvbuff, count, datatype, ncclSum, root,
-                  comm, stream});
+  return enqueue({Call::gather, "ncclGather", sendbuff, recvbuff, count, bits(datatype), ncclSum,
+                  root, comm, stream});
 }
 
 ncclResult_t ncclScatter(const void* sendbuff, void* recvbuff, size_t count,
                          ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream) {
-  return enqueue({Call::scatter, "ncclScatter", sendbuff, recvbuff, count, datatype, ncclSum, root,
-                  comm, stream});
+  return enqueue({Call::scatter, "ncclScatter", sendbuff, recvbuff, count, bits(datatype), ncclSum,
+                  root, comm, stream});
 }
 
 ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
                           ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
-  return enqueue({Call::all_to_all, "ncclAlltoAll", sendbuff, recvbuff, count, datatype, ncclSum, 0,
-                  comm, stream});
+  return enqueue({Call::all_to_all, "ncclAlltoAll", sendbuff, recvbuff, count, bits(datatype),
+                  ncclSum, 0, comm, stream});
 }
 
 ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
                       ncclComm_t comm, cudaStream_t stream) {
-  return enqueue(
-      {Call::send, "ncclSend", sendbuff, nullptr, count, datatype, ncclSum, peer, comm, stream});
+  return enqueue({Call::send, "ncclSend", sendbuff, nullptr, count, bits(datatype), ncclSum, peer,
+                  comm, stream});
 }
 
 ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
                       ncclComm_t comm, cudaStream_t stream) {
-  return enqueue(
-      {Call::recv, "ncclRecv", nullptr, recvbuff, count, datatype, ncclSum, peer, comm, stream});
+  return enqueue({Call::recv, "ncclRecv", nullptr, recvbuff, count, bits(datatype), ncclSum, peer,
+                  comm, stream});
 }

@@ -73,10 +73,11 @@ ncclResult_t join(CommState& comm, const std::atomic<bool>* stop, const char* ap
   atomic(mine.ready).store(1, std::memory_order_release);
   SharedHeader& header = segment->header();
   atomic(header.joined).fetch_add(1, std::memory_order_acq_rel);
-  segment->ring_bell();
+  segment->ring_bell(Bell::host);
 
-  Patience patience(segment.get());
+  Patience patience(segment.get(), Bell::host);
   const auto everyone = static_cast<std::uint32_t>(comm.nranks);
+  std::string gone;  // a rank seen gone: fatal unless the next look finds everyone joined
   for (;;) {
     const std::uint32_t mark = patience.mark();
     if (atomic(header.joined).load(std::memory_order_acquire) == everyone) break;
@@ -84,15 +85,15 @@ ncclResult_t join(CommState& comm, const std::atomic<bool>* stop, const char* ap
       comm.leave();
       return comm.fail(ncclInternalError, prefix + "aborted while waiting for the other ranks");
     }
+    if (!gone.empty()) {
+      comm.leave();
+      return comm.fail(ncclRemoteError,
+                       prefix + gone + " before every rank had joined the communicator");
+    }
     patience.idle(mark);
     if (!patience.check_due()) continue;
-    for (int q = 0; q < comm.nranks; ++q) {
-      if (q == comm.rank) continue;
-      if (const std::string gone = peer_gone(*segment, q); !gone.empty()) {
-        comm.leave();
-        return comm.fail(ncclRemoteError,
-                         prefix + gone + " before every rank had joined the communicator");
-      }
+    for (int q = 0; q < comm.nranks && gone.empty(); ++q) {
+      if (q != comm.rank) gone = peer_gone(*segment, q);
     }
   }
   comm.joined.store(true);
@@ -124,9 +125,10 @@ ncclResult_t split(CommState* parent, int color, int key, ncclComm_t* newcomm, b
   mine.split_color[parity] = color;
   mine.split_key[parity] = key;
   atomic(mine.split_seq[parity]).store(number, std::memory_order_release);
-  segment->ring_bell();
+  segment->ring_bell(Bell::host);
 
-  Patience patience(segment.get());
+  Patience patience(segment.get(), Bell::host);
+  std::string gone;  // the missing rank seen gone: fatal unless the next look finds it posted
   for (;;) {
     const std::uint32_t mark = patience.mark();
     int missing = -1;
@@ -139,11 +141,11 @@ ncclResult_t split(CommState* parent, int color, int key, ncclComm_t* newcomm, b
     if (parent->aborted.load()) {
       return parent->fail(ncclInternalError, prefix + "the parent was aborted during the split");
     }
-    patience.idle(mark);
-    if (!patience.check_due()) continue;
-    if (const std::string gone = peer_gone(*segment, missing); !gone.empty()) {
+    if (!gone.empty()) {
       return parent->fail(ncclRemoteError, prefix + gone + " before it called ncclCommSplit");
     }
+    patience.idle(mark);
+    if (patience.check_due()) gone = peer_gone(*segment, missing);
   }
   if (color == NCCL_SPLIT_NOCOLOR) return ncclSuccess;
   std::vector<std::pair<int, int>> members;  // (key, parent rank) of this color
@@ -155,8 +157,8 @@ ncclResult_t split(CommState* parent, int color, int key, ncclComm_t* newcomm, b
   const auto me = std::find(members.begin(), members.end(), std::make_pair(key, parent->rank));
   const int rank = static_cast<int>(me - members.begin());
   const int size = static_cast<int>(members.size());
-  auto child = std::make_shared<CommState>(child_id(parent->id, number, color), rank, size,
-                                           parent->device, blocking);
+  auto child =
+      CommState::make(child_id(parent->id, number, color), rank, size, parent->device, blocking);
   const ncclResult_t joined = join(*child, &parent->aborted, "ncclCommSplit");
   if (joined != ncclSuccess) return parent->fail(joined, child->error_text());
   *newcomm = register_comm(child);
@@ -248,7 +250,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* newcomm, int nranks, ncclUniqueI
                 "ncclCommInitRank: the ncclUniqueId was not made by ncclGetUniqueId");
   }
   if (const ncclResult_t mode = group_join_mode(blocking); mode != ncclSuccess) return mode;
-  auto comm = std::make_shared<CommState>(commId, rank, nranks, device, blocking);
+  auto comm = CommState::make(commId, rank, nranks, device, blocking);
   *newcomm = register_comm(comm);
   CommState* made = comm.get();
   if (!blocking) {

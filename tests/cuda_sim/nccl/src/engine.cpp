@@ -20,12 +20,21 @@
 namespace simnccl {
 namespace {
 
+/// One host function's work. It holds each of its communicators (CommState::hold) from the
+/// host's call until its stream work has run (or failed to be queued).
 struct Launch {
   int device = 0;
   cudaStream_t stream = nullptr;
-  std::vector<std::shared_ptr<CommState>> comms;
+  std::vector<CommState*> comms;
   std::vector<std::uint64_t> tickets;
   std::vector<Op> ops;
+
+  Launch() = default;
+  Launch(const Launch&) = delete;
+  Launch& operator=(const Launch&) = delete;
+  ~Launch() {
+    for (CommState* comm : comms) CommState::release(comm);
+  }
 };
 
 bool collective(Kind kind) {
@@ -88,7 +97,7 @@ ncclResult_t step_collective(Op& op, bool& progressed) {
         break;
     }
     atomic(segment.rank(me).posted).store(round, std::memory_order_release);
-    segment.ring_bell();
+    segment.ring_bell(Bell::stream);
     comm.round = round;
     op.round = round;
     op.chunk = c;
@@ -130,7 +139,7 @@ ncclResult_t step_collective(Op& op, bool& progressed) {
       break;
   }
   atomic(segment.rank(me).consumed).store(op.round, std::memory_order_release);
-  segment.ring_bell();
+  segment.ring_bell(Bell::stream);
   op.offset += c;
   op.phase = 0;
   op.done = op.offset == op.count;
@@ -167,7 +176,7 @@ ncclResult_t step_send(Op& op, bool& progressed) {
   }
   if (written != before) {
     atomic(ring.written).store(written, std::memory_order_release);
-    segment.ring_bell();
+    segment.ring_bell(Bell::stream);
     progressed = true;
   }
   if (op.phase == 2 && atomic(ring.read).load(std::memory_order_acquire) >= op.end) {
@@ -205,7 +214,7 @@ ncclResult_t step_recv(Op& op, bool& progressed) {
   op.offset += n;
   if (read != before) {
     atomic(ring.read).store(read, std::memory_order_release);
-    segment.ring_bell();
+    segment.ring_bell(Bell::stream);
     progressed = true;
   }
   op.done = op.offset == bytes;
@@ -256,17 +265,32 @@ struct Lanes {
   }
 };
 
-void advance(Launch& launch) {
-  const Segment* shared = launch.ops.front().segment.get();
-  for (const Op& op : launch.ops) {
-    if (op.segment.get() != shared) shared = nullptr;
+/// Gives up a communicator's part of the launch (aborted, or failed): the others' go on. Returns
+/// whether it had any left.
+bool drop(Launch& launch, const CommState* comm) {
+  bool dropped = false;
+  for (Op& op : launch.ops) {
+    if (op.comm == comm && !op.done) {
+      op.done = true;
+      dropped = true;
+    }
   }
-  Patience patience(shared);
+  return dropped;
+}
+
+void advance(Launch& launch) {
+  const Segment* shared = launch.ops.front().segment;
+  for (const Op& op : launch.ops) {
+    if (op.segment != shared) shared = nullptr;
+  }
+  Patience patience(shared, Bell::stream);
   std::vector<Lanes> lanes(launch.comms.size());
   for (std::size_t i = 0; i < lanes.size(); ++i) {
     lanes[i].send.resize(static_cast<std::size_t>(launch.comms[i]->nranks));
     lanes[i].recv.resize(static_cast<std::size_t>(launch.comms[i]->nranks));
   }
+  const Op* suspect = nullptr;  // waits for a rank seen gone
+  std::string suspicion;
   for (;;) {
     const std::uint32_t mark = patience.mark();
     bool progressed = false;
@@ -287,16 +311,28 @@ void advance(Launch& launch) {
       }
       if (state != ncclSuccess) {
         op.comm->set_error(state);
-        return;
+        drop(launch, op.comm);
+        progressed = true;
+        continue;
       }
       if (!op.done) busy = 1;
     }
     if (!remaining) return;
-    for (const auto& comm : launch.comms) {
-      if (comm->aborted.load()) return;
+    for (CommState* comm : launch.comms) {
+      if (comm->aborted.load() && drop(launch, comm)) progressed = true;
     }
     if (progressed) {
       patience.progressed();
+      suspect = nullptr;
+      continue;
+    }
+    if (suspect) {
+      // A peer was gone before this pass, and the pass could still do nothing: it is not just a
+      // peer that finished its part and left in the meantime.
+      suspect->comm->fail(ncclRemoteError, suspicion);
+      suspect->comm->set_error(ncclRemoteError);
+      drop(launch, suspect->comm);
+      suspect = nullptr;
       continue;
     }
     patience.idle(mark);
@@ -308,23 +344,22 @@ void advance(Launch& launch) {
       if (busy) continue;
       busy = 1;
       if (std::string why = stalled_on(op); !why.empty()) {
-        op.comm->fail(ncclRemoteError, why);
-        op.comm->set_error(ncclRemoteError);
-        return;
+        suspect = &op;  // confirmed only by one more pass without progress
+        suspicion = std::move(why);
+        break;
       }
     }
   }
 }
 
 void execute(Launch& launch) {
-  bool go = true;
   for (std::size_t i = 0; i < launch.comms.size(); ++i) {
-    if (!launch.comms[i]->wait_turn(launch.tickets[i])) go = false;
+    CommState* comm = launch.comms[i];
+    // A communicator aborted, or failed earlier, does nothing more (as NCCL's kernels of an
+    // aborted or failed communicator).
+    if (!comm->wait_turn(launch.tickets[i]) || comm->error() != ncclSuccess) drop(launch, comm);
   }
-  for (const auto& comm : launch.comms) {
-    if (comm->aborted.load() || comm->error() != ncclSuccess) go = false;
-  }
-  if (go) advance(launch);
+  advance(launch);
   for (std::size_t i = 0; i < launch.comms.size(); ++i) {
     launch.comms[i]->finish_turn(launch.tickets[i]);
   }
@@ -415,7 +450,7 @@ ncclResult_t submit(std::unique_ptr<Launch> launch, const std::vector<cudaStream
 /// Stress mode: whether to report ncclInProgress for this launch of nonblocking communicators.
 bool delay_it(const Launch& launch) {
   if (!stress_mode()) return false;
-  for (const auto& comm : launch.comms) {
+  for (const CommState* comm : launch.comms) {
     if (comm->blocking) return false;
   }
   return stress_draw() % 2 == 0;
@@ -451,6 +486,7 @@ ncclResult_t launch(std::vector<Op> ops) {
       Op& op = ops[i];
       auto known = std::find(made->comms.begin(), made->comms.end(), op.comm);
       if (known == made->comms.end()) {
+        op.comm->hold();
         made->comms.push_back(op.comm);
         made->tickets.push_back(op.comm->take_ticket());
         known = made->comms.end() - 1;
@@ -471,8 +507,11 @@ ncclResult_t launch(std::vector<Op> ops) {
     // Stress mode: report ncclInProgress and queue the work a little later, from another thread
     // (the per-thread default stream belongs to this thread: that work is queued now).
     const auto pause = std::chrono::microseconds(50 + stress_draw() % 500);
-    std::vector<std::shared_ptr<CommState>> comms = made->comms;
-    for (const auto& comm : comms) comm->delayed.fetch_add(1);
+    std::vector<CommState*> comms = made->comms;
+    for (CommState* comm : comms) {
+      comm->hold();  // the delaying thread's own, given back after `delayed`
+      comm->delayed.fetch_add(1);
+    }
     const bool now = made->stream == cudaStreamPerThread ||
                      std::find(joined.begin(), joined.end(), cudaStreamPerThread) != joined.end();
     if (now) {
@@ -484,10 +523,13 @@ ncclResult_t launch(std::vector<Op> ops) {
       std::this_thread::sleep_for(pause);
       if (later) {
         if (const ncclResult_t queued = submit(std::move(later), joined); queued != ncclSuccess) {
-          for (const auto& comm : comms) comm->set_error(queued);
+          for (CommState* comm : comms) comm->set_error(queued);
         }
       }
-      for (const auto& comm : comms) comm->delayed.fetch_sub(1, std::memory_order_release);
+      for (CommState* comm : comms) {
+        comm->delayed.fetch_sub(1, std::memory_order_release);
+        CommState::release(comm);
+      }
     }).detach();
     if (result == ncclSuccess) result = ncclInProgress;
   }

@@ -10,7 +10,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <vector>
 
 #include "state.hpp"
@@ -31,9 +30,9 @@ enum class Kind : std::uint8_t {
 /// NCCL 2.28); the other collectives run in rounds through the segment's slots.
 struct Op {
   Kind kind = Kind::all_reduce;
-  const char* api = "";  ///< the NCCL call it came from, for messages
-  std::shared_ptr<CommState> comm;
-  std::shared_ptr<Segment> segment;
+  const char* api = "";        ///< the NCCL call it came from, for messages
+  CommState* comm = nullptr;   ///< held by the launch (CommState::hold) until its work has run
+  Segment* segment = nullptr;  ///< the communicator's: alive while the communicator is
   const std::byte* send = nullptr;
   std::byte* recv = nullptr;
   std::size_t count = 0;  ///< elements (per rank for all-gather and reduce-scatter)

@@ -131,14 +131,15 @@ struct Integer {
   static constexpr bool pre_multiplies = false;
 };
 
-template <class A, class Step>
+// out[i] = post(pre(x_0) step pre(x_1) step ... pre(x_{n-1})), the inputs in rank order.
+template <class A, class Pre, class Step, class Post>
 void fold(int nranks, const std::byte* const* inputs, std::byte* out, std::size_t count,
-          std::size_t size, Step step) {
+          std::size_t size, Pre pre, Step step, Post post) {
   for (std::size_t i = 0; i < count; ++i) {
     const std::size_t at = i * size;
-    typename A::V acc = A::get(inputs[0] + at);
-    for (int q = 1; q < nranks; ++q) acc = step(acc, A::get(inputs[q] + at));
-    A::put(out + at, acc);
+    typename A::V acc = pre(A::get(inputs[0] + at));
+    for (int q = 1; q < nranks; ++q) acc = step(acc, pre(A::get(inputs[q] + at)));
+    A::put(out + at, post(acc));
   }
 }
 
@@ -146,38 +147,26 @@ template <class A>
 void reduce_as(ncclRedOp_t op, int nranks, const std::byte* const* inputs, std::byte* out,
                std::size_t count, std::size_t size) {
   using V = typename A::V;
+  const auto same = [](V v) { return v; };
+  const auto run = [&](auto pre, V (*step)(V, V), auto post) {
+    fold<A>(nranks, inputs, out, count, size, pre, step, post);
+  };
   switch (op) {
     case ncclSum:
-      fold<A>(nranks, inputs, out, count, size, [](V a, V b) { return A::add(a, b); });
-      return;
+      return run(same, A::add, same);
     case ncclProd:
-      fold<A>(nranks, inputs, out, count, size, [](V a, V b) { return A::mul(a, b); });
-      return;
+      return run(same, A::mul, same);
     case ncclMin:
-      fold<A>(nranks, inputs, out, count, size, [](V a, V b) { return A::min(a, b); });
-      return;
+      return run(same, A::min, same);
     case ncclMax:
-      fold<A>(nranks, inputs, out, count, size, [](V a, V b) { return A::max(a, b); });
-      return;
+      return run(same, A::max, same);
     case ncclAvg:
       if constexpr (A::pre_multiplies) {
         const V scalar = A::avg_scalar(nranks);
-        for (std::size_t i = 0; i < count; ++i) {
-          const std::size_t at = i * size;
-          V acc = A::mul(A::get(inputs[0] + at), scalar);
-          for (int q = 1; q < nranks; ++q)
-            acc = A::add(acc, A::mul(A::get(inputs[q] + at), scalar));
-          A::put(out + at, acc);
-        }
+        return run([scalar](V v) { return A::mul(v, scalar); }, A::add, same);
       } else {
-        for (std::size_t i = 0; i < count; ++i) {
-          const std::size_t at = i * size;
-          V acc = A::get(inputs[0] + at);
-          for (int q = 1; q < nranks; ++q) acc = A::add(acc, A::get(inputs[q] + at));
-          A::put(out + at, A::post_avg(acc, nranks));
-        }
+        return run(same, A::add, [nranks](V v) { return A::post_avg(v, nranks); });
       }
-      return;
     default:
       return;
   }

@@ -136,6 +136,10 @@ std::shared_ptr<Segment> Segment::open(const std::string& name, int nranks, std:
     close(fd);
     return nullptr;
   }
+  // A forked child gets no copy of the mapping: the mapping holds the file, and with it this
+  // process's locks, which must end with this process (forget_descriptor does the same for the
+  // descriptor).
+  (void)madvise(base, size, MADV_DONTFORK);
   std::shared_ptr<Segment> segment(new Segment(name, fd, base, size, nranks));
   std::uint32_t expected = 0;
   auto& header = segment->header();
@@ -176,45 +180,66 @@ std::byte* Segment::ring_data(int from, int to) const noexcept {
   return reinterpret_cast<std::byte*>(&ring(from, to)) + sizeof(SharedRing);
 }
 
-void Segment::ring_bell() const noexcept {
-  auto& head = header();
-  atomic(head.doorbell).fetch_add(1);
-  if (atomic(head.waiters).load() != 0) futex(&head.doorbell, FUTEX_WAKE, INT_MAX, nullptr);
+namespace {
+
+struct Doorbell {
+  std::uint32_t& word;
+  std::uint32_t& waiters;
+};
+
+Doorbell doorbell(SharedHeader& head, Bell which) {
+  if (which == Bell::stream) return {head.stream_bell, head.stream_waiters};
+  return {head.host_bell, head.host_waiters};
 }
 
-std::uint32_t Segment::bell() const noexcept {
-  return atomic(header().doorbell).load();
+}  // namespace
+
+void Segment::ring_bell(Bell which) const noexcept {
+  const Doorbell door = doorbell(header(), which);
+  atomic(door.word).fetch_add(1);
+  if (atomic(door.waiters).load() != 0) futex(&door.word, FUTEX_WAKE, INT_MAX, nullptr);
 }
 
-void Segment::wait_bell(std::uint32_t seen, std::chrono::microseconds limit) const noexcept {
-  auto& head = header();
-  atomic(head.waiters).fetch_add(1);
-  if (atomic(head.doorbell).load() == seen) {
+std::uint32_t Segment::bell(Bell which) const noexcept {
+  return atomic(doorbell(header(), which).word).load();
+}
+
+void Segment::wait_bell(Bell which, std::uint32_t seen,
+                        std::chrono::microseconds limit) const noexcept {
+  const Doorbell door = doorbell(header(), which);
+  atomic(door.waiters).fetch_add(1);
+  if (atomic(door.word).load() == seen) {
     const auto micros = limit.count();
     const timespec span{static_cast<time_t>(micros / 1000000),
                         static_cast<long>(micros % 1000000) * 1000};
-    futex(&head.doorbell, FUTEX_WAIT, seen, &span);
+    futex(&door.word, FUTEX_WAIT, seen, &span);
   }
-  atomic(head.waiters).fetch_sub(1);
+  atomic(door.waiters).fetch_sub(1);
 }
 
-void Segment::hold_rank(int r) const noexcept {
-  if (fd_ < 0) return;
+namespace {
+
+// An open file description lock of type `type` on byte r of the segment: rank r's.
+struct flock byte_lock(short type, int r) {
   struct flock lock {};
-  lock.l_type = F_WRLCK;
+  lock.l_type = type;
   lock.l_whence = SEEK_SET;
   lock.l_start = r;
   lock.l_len = 1;
+  return lock;
+}
+
+}  // namespace
+
+void Segment::hold_rank(int r) const noexcept {
+  if (fd_ < 0) return;
+  struct flock lock = byte_lock(F_WRLCK, r);
   (void)fcntl(fd_, F_OFD_SETLK, &lock);
 }
 
 void Segment::release_rank(int r) const noexcept {
   if (fd_ < 0) return;
-  struct flock lock {};
-  lock.l_type = F_UNLCK;
-  lock.l_whence = SEEK_SET;
-  lock.l_start = r;
-  lock.l_len = 1;
+  struct flock lock = byte_lock(F_UNLCK, r);
   (void)fcntl(fd_, F_OFD_SETLK, &lock);
 }
 
@@ -222,13 +247,14 @@ bool Segment::rank_process_alive(int r) const noexcept {
   SharedRank& record = rank(r);
   if (atomic(record.ready).load(std::memory_order_acquire) == 0) return true;  // not known yet
   if (record.process == process_token() || fd_ < 0) return true;
-  struct flock lock {};
-  lock.l_type = F_WRLCK;
-  lock.l_whence = SEEK_SET;
-  lock.l_start = r;
-  lock.l_len = 1;
+  struct flock lock = byte_lock(F_WRLCK, r);
   if (fcntl(fd_, F_OFD_GETLK, &lock) != 0) return true;  // cannot tell: assume it lives
   return lock.l_type != F_UNLCK;
+}
+
+void Segment::forget_descriptor() noexcept {
+  if (fd_ >= 0) close(fd_);
+  fd_ = -1;
 }
 
 void Segment::unlink() const noexcept {

@@ -25,11 +25,19 @@ inline constexpr std::size_t ring_bytes = 64 * 1024;
 inline constexpr int max_ranks = 256;
 
 struct SharedHeader {
-  std::uint32_t nranks;    // set once by the first rank to open the segment
-  std::uint32_t joined;    // ranks that have claimed their record
-  std::uint32_t doorbell;  // futex word: bumped on every change a waiter may look for
-  std::uint32_t waiters;   // ranks sleeping on the doorbell
+  std::uint32_t nranks;  // set once by the first rank to open the segment
+  std::uint32_t joined;  // ranks that have claimed their record
+  // Futex words, bumped on every change a waiter may look for, and their sleepers: one for stream
+  // work, one for the host's init and split, so that the host never synchronises with stream
+  // work through them (ThreadSanitizer must see a host read of unsynchronised results).
+  std::uint32_t stream_bell;
+  std::uint32_t stream_waiters;
+  std::uint32_t host_bell;
+  std::uint32_t host_waiters;
 };
+
+/// Which of the segment's doorbells: stream work's, or the host's (init, split).
+enum class Bell { stream, host };
 
 struct alignas(64) SharedRank {
   std::uint32_t claimed;  // 0 -> 1 by the rank's init
@@ -79,11 +87,11 @@ class Segment {
   SharedRing& ring(int from, int to) const noexcept;
   std::byte* ring_data(int from, int to) const noexcept;
 
-  /// Tells every waiter that something changed.
-  void ring_bell() const noexcept;
-  [[nodiscard]] std::uint32_t bell() const noexcept;
+  /// Tells every waiter on `which` that something changed.
+  void ring_bell(Bell which) const noexcept;
+  [[nodiscard]] std::uint32_t bell(Bell which) const noexcept;
   /// Sleeps until the doorbell differs from `seen` or `limit` has passed.
-  void wait_bell(std::uint32_t seen, std::chrono::microseconds limit) const noexcept;
+  void wait_bell(Bell which, std::uint32_t seen, std::chrono::microseconds limit) const noexcept;
 
   /// Marks rank r as held by this process (an open file description lock on byte r: the
   /// kernel drops it when the process dies, however it dies).
@@ -95,8 +103,9 @@ class Segment {
   /// Removes the name (the mapping stays): once every rank has joined, or on a failed init.
   void unlink() const noexcept;
 
-  /// Closes the descriptor in a forked child (its lock belongs to the parent).
-  void forget_descriptor() noexcept { fd_ = -1; }
+  /// In a forked child: closes its copy of the descriptor, which would otherwise keep the
+  /// parent's locks (and so the parent's ranks) alive after the parent has died.
+  void forget_descriptor() noexcept;
 
  private:
   Segment(std::string name, int fd, void* base, std::size_t size, int nranks)

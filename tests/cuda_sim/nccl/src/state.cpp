@@ -143,6 +143,16 @@ CommState::CommState(const ncclUniqueId& id_, int rank_, int nranks_, int device
       device(device_),
       blocking(blocking_) {}
 
+std::shared_ptr<CommState> CommState::make(const ncclUniqueId& id, int rank, int nranks, int device,
+                                           bool blocking) {
+  return std::shared_ptr<CommState>(new CommState(id, rank, nranks, device, blocking),
+                                    [](CommState* comm) { release(comm); });
+}
+
+void CommState::release(CommState* comm) noexcept {
+  if (comm->holds_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete comm;
+}
+
 CommState::~CommState() {
   join_job();
   leave();
@@ -221,7 +231,10 @@ void CommState::join_job() {
 
 void CommState::abort() {
   aborted.store(true, std::memory_order_release);
-  if (auto shared = segment()) shared->ring_bell();
+  if (auto shared = segment()) {
+    shared->ring_bell(Bell::stream);
+    shared->ring_bell(Bell::host);
+  }
   { std::lock_guard lock(turn_mutex_); }
   turn_cv_.notify_all();
   join_job();
@@ -237,12 +250,8 @@ void CommState::leave() {
     shared->release_rank(rank);
   }
   if (!joined.load()) shared->unlink();  // an init that never completed leaves no name behind
-  shared->ring_bell();
-}
-
-std::uint64_t CommState::take_ticket() {
-  std::lock_guard lock(turn_mutex_);
-  return issued_++;
+  shared->ring_bell(Bell::stream);
+  shared->ring_bell(Bell::host);
 }
 
 bool CommState::wait_turn(std::uint64_t ticket) {
@@ -331,7 +340,7 @@ void Patience::idle(std::uint32_t mark) {
   if (++idle_ < 16) {
     std::this_thread::yield();
   } else if (segment_) {
-    segment_->wait_bell(mark, std::chrono::milliseconds(20));
+    segment_->wait_bell(bell_, mark, std::chrono::milliseconds(20));
   } else {
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }

@@ -46,12 +46,21 @@ std::string segment_name(const ncclUniqueId& id);
 /// The id of the child a split makes: the same on every rank of the parent that passes color.
 ncclUniqueId child_id(const ncclUniqueId& parent, std::uint64_t split, int color);
 
+/// One rank of a communicator. Its owners are host threads (std::shared_ptr, made by make())
+/// and the launches queued on streams (hold() and release(), a count of their own): stream work
+/// never touches a std::shared_ptr's count, which would order its earlier work before the host's
+/// next copy of the pointer and so hide, from ThreadSanitizer, a host read of results it has not
+/// synchronised with. The last owner out deletes it.
 class CommState {
  public:
-  CommState(const ncclUniqueId& id, int rank, int nranks, int device, bool blocking);
+  static std::shared_ptr<CommState> make(const ncclUniqueId& id, int rank, int nranks, int device,
+                                         bool blocking);
   CommState(const CommState&) = delete;
   CommState& operator=(const CommState&) = delete;
-  ~CommState();
+
+  /// A launch's hold (taken on the host when it is queued, given back by its stream work).
+  void hold() noexcept { holds_.fetch_add(1, std::memory_order_relaxed); }
+  static void release(CommState* comm) noexcept;
 
   const ncclUniqueId id;
   const std::string name;
@@ -97,7 +106,9 @@ class CommState {
   void leave();
 
   // --- the order of this rank's launches (NCCL runs a communicator's work in issue order) ----
-  std::uint64_t take_ticket();
+  // The host only takes tickets (an atomic of its own); stream work passes the turn on under
+  // turn_mutex_, which the host locks only to finalize, destroy or abort.
+  std::uint64_t take_ticket() noexcept { return issued_.fetch_add(1, std::memory_order_relaxed); }
   /// Waits until every launch before `ticket` has finished; false once aborted.
   bool wait_turn(std::uint64_t ticket);
   void finish_turn(std::uint64_t ticket);
@@ -133,9 +144,14 @@ class CommState {
 
   std::mutex turn_mutex_;
   std::condition_variable turn_cv_;
-  std::uint64_t issued_ = 0;
+  std::atomic<std::uint64_t> issued_{0};
   std::uint64_t completed_ = 0;
   std::set<std::uint64_t> finished_early_;
+
+  std::atomic<std::int64_t> holds_{1};  ///< the host's std::shared_ptr (one), and each launch's
+
+  CommState(const ncclUniqueId& id, int rank, int nranks, int device, bool blocking);
+  ~CommState();
 };
 
 // --- handles ------------------------------------------------------------------------------------
@@ -159,8 +175,8 @@ ncclResult_t ensure_ready(CommState& comm, const char* api);
 /// it waits on several segments), and every 100 ms a look at the peers (check_due).
 class Patience {
  public:
-  explicit Patience(const Segment* segment) : segment_(segment) {}
-  [[nodiscard]] std::uint32_t mark() const noexcept { return segment_ ? segment_->bell() : 0; }
+  Patience(const Segment* segment, Bell bell) : segment_(segment), bell_(bell) {}
+  [[nodiscard]] std::uint32_t mark() const noexcept { return segment_ ? segment_->bell(bell_) : 0; }
   void progressed() noexcept { idle_ = 0; }
   void idle(std::uint32_t mark);
   /// True once every 100 ms of waiting.
@@ -168,6 +184,7 @@ class Patience {
 
  private:
   const Segment* segment_;
+  Bell bell_;
   int idle_ = 0;
   std::chrono::steady_clock::time_point last_check_ = std::chrono::steady_clock::now();
 };

@@ -169,16 +169,9 @@ void every_type(ncclComm_t comm, cudaStream_t stream, int rank, int n, std::size
 }
 
 void all_collectives(int n, std::size_t count) {
-  const ncclUniqueId id = unique_id();
-  run_ranks(n, [&](int rank) {
-    ncclComm_t comm = nullptr;
-    SIM_NCCL(ncclCommInitRank(&comm, n, id, rank));
-    {
-      Stream stream;
-      every_type<std::int8_t, std::uint8_t, std::int32_t, std::uint32_t, std::int64_t,
-                 std::uint64_t, __half, __nv_bfloat16, float, double>(comm, stream, rank, n, count);
-    }
-    SIM_NCCL(ncclCommDestroy(comm));
+  with_communicator(n, [&](ncclComm_t comm, cudaStream_t stream, int rank) {
+    every_type<std::int8_t, std::uint8_t, std::int32_t, std::uint32_t, std::int64_t, std::uint64_t,
+               __half, __nv_bfloat16, float, double>(comm, stream, rank, n, count);
   });
 }
 
@@ -194,34 +187,20 @@ TEST_CASE("every collective, type and op matches the reference bit for bit at 2,
 TEST_CASE("counts larger than a round's chunk run in several rounds (odd remainders too)") {
   // 100003 floats are 7 rounds of a 64 KiB slot (reduce-scatter's rounds are n times smaller);
   // 65541 bytes are 2 rounds, and larger messages than a pair's 64 KiB ring.
-  const ncclUniqueId id = unique_id();
-  CHECK_NOTHROW(run_ranks(3, [&](int rank) {
-    ncclComm_t comm = nullptr;
-    SIM_NCCL(ncclCommInitRank(&comm, 3, id, rank));
-    {
-      Stream stream;
-      reductions<float>(comm, stream, rank, 3, 100003, {ncclSum, ncclAvg});
-      movements<std::uint8_t>(comm, stream, rank, 3, 65536 + 5);
-    }
-    SIM_NCCL(ncclCommDestroy(comm));
+  CHECK_NOTHROW(with_communicator(3, [&](ncclComm_t comm, cudaStream_t stream, int rank) {
+    reductions<float>(comm, stream, rank, 3, 100003, {ncclSum, ncclAvg});
+    movements<std::uint8_t>(comm, stream, rank, 3, 65536 + 5);
   }));
 }
 
 TEST_CASE("a communicator of one rank, and operations on no elements") {
-  const ncclUniqueId id = unique_id();
-  CHECK_NOTHROW(run_ranks(1, [&](int) {
-    ncclComm_t comm = nullptr;
-    SIM_NCCL(ncclCommInitRank(&comm, 1, id, 0));
-    {
-      Stream stream;
-      reductions<double>(comm, stream, 0, 1, 1000);
-      movements<__half>(comm, stream, 0, 1, 1000);
-      // Count 0: nothing happens, null buffers are fine.
-      SIM_NCCL(ncclAllReduce(nullptr, nullptr, 0, ncclFloat32, ncclSum, comm, stream));
-      SIM_NCCL(ncclAllGather(nullptr, nullptr, 0, ncclFloat32, comm, stream));
-      SIM_NCCL(ncclAlltoAll(nullptr, nullptr, 0, ncclFloat32, comm, stream));
-      SIM_CUDA(cudaStreamSynchronize(stream));
-    }
-    SIM_NCCL(ncclCommDestroy(comm));
+  CHECK_NOTHROW(with_communicator(1, [&](ncclComm_t comm, cudaStream_t stream, int) {
+    reductions<double>(comm, stream, 0, 1, 1000);
+    movements<__half>(comm, stream, 0, 1, 1000);
+    // Count 0: nothing happens, null buffers are fine.
+    SIM_NCCL(ncclAllReduce(nullptr, nullptr, 0, ncclFloat32, ncclSum, comm, stream));
+    SIM_NCCL(ncclAllGather(nullptr, nullptr, 0, ncclFloat32, comm, stream));
+    SIM_NCCL(ncclAlltoAll(nullptr, nullptr, 0, ncclFloat32, comm, stream));
+    SIM_CUDA(cudaStreamSynchronize(stream));
   }));
 }

@@ -208,6 +208,40 @@ TEST_CASE("abort ends a collective that waits for a rank that never comes; the s
   CHECK(ncclCommDestroy(comms[1]) == ncclSuccess);
 }
 
+TEST_CASE("a group over two communicators on one stream: aborting one leaves the other's work") {
+  // Rank 0 groups an all-reduce on A (whose rank 1 never joins it) with one on B, on one stream:
+  // they run as one host function. Aborting A must not take B's all-reduce with it.
+  const ncclUniqueId a_id = unique_id(), b_id = unique_id();
+  ncclComm_t a[2] = {nullptr, nullptr}, b[2] = {nullptr, nullptr};
+  CHECK_NOTHROW(run_ranks(2, [&](int rank) {
+    SIM_NCCL(ncclCommInitRank(&a[rank], 2, a_id, rank));
+    SIM_NCCL(ncclCommInitRank(&b[rank], 2, b_id, rank));
+  }));
+  std::atomic<bool> a_waiting{false};
+  CHECK_NOTHROW(run_ranks(2, [&](int rank) {
+    Stream stream;
+    Buffer on_a(4), on_b(4);
+    const std::int32_t value = rank + 1;
+    on_b.upload(&value, 4, stream);
+    if (rank == 0) {
+      SIM_NCCL(ncclGroupStart());
+      SIM_NCCL(ncclAllReduce(on_a.get(), on_a.get(), 1, ncclInt32, ncclSum, a[0], stream));
+      SIM_NCCL(ncclAllReduce(on_b.get(), on_b.get(), 1, ncclInt32, ncclSum, b[0], stream));
+      SIM_NCCL(ncclGroupEnd());
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      expect(cudaStreamQuery(stream) == cudaErrorNotReady, "A's all-reduce waits for its rank 1");
+      a_waiting.store(true);
+      SIM_NCCL(ncclCommAbort(a[0]));
+    } else {
+      wait_for([&] { return a_waiting.load(); }, "rank 0's group");
+      SIM_NCCL(ncclAllReduce(on_b.get(), on_b.get(), 1, ncclInt32, ncclSum, b[1], stream));
+    }
+    expect(read_int(on_b.download(stream)) == 3, "B's all-reduce ran to its end");
+    SIM_NCCL(ncclCommDestroy(b[rank]));
+  }));
+  CHECK(ncclCommDestroy(a[1]) == ncclSuccess);
+}
+
 TEST_CASE("argument errors: codes and ncclGetLastError's text") {
   const ncclUniqueId id = unique_id();
   CHECK_NOTHROW(run_ranks(1, [&](int) {
@@ -312,45 +346,37 @@ TEST_CASE("two ranks of one communicator on one device of one process: Duplicate
 }
 
 TEST_CASE("a collective runs in stream order: it sees earlier stream work, later work sees it") {
-  const ncclUniqueId id = unique_id();
-  CHECK_NOTHROW(run_ranks(2, [&](int rank) {
-    ncclComm_t comm = nullptr;
-    SIM_NCCL(ncclCommInitRank(&comm, 2, id, rank));
-    {
-      Stream stream;
-      const std::size_t count = 50000;
-      Buffer buffer(count * 4);
-      struct Work {
-        std::int32_t* data;
-        std::size_t count;
-        int rank;
-        bool ok = true;
-      } work{static_cast<std::int32_t*>(buffer.get()), count, rank};
-      for (int round = 0; round < 3; ++round) {
-        // Stream work before the collective writes its input...
-        SIM_CUDA(cudaLaunchHostFunc(
-            stream,
-            [](void* p) {
-              auto* w = static_cast<Work*>(p);
-              for (std::size_t i = 0; i < w->count; ++i) w->data[i] = w->rank + static_cast<int>(i);
-            },
-            &work));
-        SIM_NCCL(
-            ncclAllReduce(buffer.get(), buffer.get(), count, ncclInt32, ncclSum, comm, stream));
-        // ...and stream work after it reads the result.
-        SIM_CUDA(cudaLaunchHostFunc(
-            stream,
-            [](void* p) {
-              auto* w = static_cast<Work*>(p);
-              for (std::size_t i = 0; i < w->count; ++i) {
-                if (w->data[i] != 1 + 2 * static_cast<int>(i)) w->ok = false;
-              }
-            },
-            &work));
-      }
-      SIM_CUDA(cudaStreamSynchronize(stream));
-      expect(work.ok, "the stream work after the collective saw its result");
+  CHECK_NOTHROW(with_communicator(2, [&](ncclComm_t comm, cudaStream_t stream, int rank) {
+    const std::size_t count = 50000;
+    Buffer buffer(count * 4);
+    struct Work {
+      std::int32_t* data;
+      std::size_t count;
+      int rank;
+      bool ok = true;
+    } work{static_cast<std::int32_t*>(buffer.get()), count, rank};
+    for (int round = 0; round < 3; ++round) {
+      // Stream work before the collective writes its input...
+      SIM_CUDA(cudaLaunchHostFunc(
+          stream,
+          [](void* p) {
+            auto* w = static_cast<Work*>(p);
+            for (std::size_t i = 0; i < w->count; ++i) w->data[i] = w->rank + static_cast<int>(i);
+          },
+          &work));
+      SIM_NCCL(ncclAllReduce(buffer.get(), buffer.get(), count, ncclInt32, ncclSum, comm, stream));
+      // ...and stream work after it reads the result.
+      SIM_CUDA(cudaLaunchHostFunc(
+          stream,
+          [](void* p) {
+            auto* w = static_cast<Work*>(p);
+            for (std::size_t i = 0; i < w->count; ++i) {
+              if (w->data[i] != 1 + 2 * static_cast<int>(i)) w->ok = false;
+            }
+          },
+          &work));
     }
-    SIM_NCCL(ncclCommDestroy(comm));
+    SIM_CUDA(cudaStreamSynchronize(stream));
+    expect(work.ok, "the stream work after the collective saw its result");
   }));
 }

@@ -182,6 +182,23 @@ void stress(int n) {
   });
 }
 
+/// Kills `peer` (rank 1) while this rank's work on `stream` waits for it: the communicator
+/// reports ncclRemoteError naming rank 1, the waiting work gives up (the stream moves on), and the
+/// communicator is aborted.
+void kill_while_waited_for(Child& peer, ncclComm_t comm, cudaStream_t stream) {
+  peer.signal(SIGKILL);
+  expect(peer.wait() == -SIGKILL, "the peer was killed");
+  const ncclResult_t state = wait_state(
+      comm, [](ncclResult_t now) { return now != ncclSuccess; }, "the communicator to notice");
+  expect(state == ncclRemoteError,
+         "ncclRemoteError, not " + std::string(ncclGetErrorString(state)));
+  const std::string text = ncclGetLastError(comm);
+  expect(text.find("rank 1") != std::string::npos && text.find("died") != std::string::npos,
+         "the text names the rank: " + text);
+  SIM_CUDA(cudaStreamSynchronize(stream));
+  SIM_NCCL(ncclCommAbort(comm));
+}
+
 }  // namespace
 
 namespace simtest {
@@ -210,6 +227,16 @@ int child_main(int argc, char** argv) {
     if (scenario == "collectives") {
       collectives(comm, rank, nranks);
     } else if (scenario == "idle") {
+      wait_for_stdin();  // killed meanwhile
+      return 3;
+    } else if (scenario == "forker") {
+      // A forked child that outlives us must not keep us looking alive.
+      if (fork() == 0) {
+        wait_for_stdin();  // until the test closes our stdin
+        _exit(0);
+      }
+      Stream stream;
+      expect(sum_one(comm, rank + 1, stream) == 3, "the all-reduce after the fork");
       wait_for_stdin();  // killed meanwhile
       return 3;
     } else if (scenario == "stopped") {
@@ -252,24 +279,23 @@ TEST_CASE("a peer process that is killed: the waiting rank reports ncclRemoteErr
     Buffer buffer(1024 * 4);
     SIM_NCCL(ncclAllReduce(buffer.get(), buffer.get(), 1024, ncclFloat32, ncclSum, comm, stream));
     expect(cudaStreamQuery(stream) == cudaErrorNotReady, "the all-reduce waits for rank 1");
-    peer.signal(SIGKILL);
-    expect(peer.wait() == -SIGKILL, "the peer was killed");
-    ncclResult_t state = ncclSuccess;
-    wait_for(
-        [&] {
-          SIM_NCCL(ncclCommGetAsyncError(comm, &state));
-          return state != ncclSuccess;
-        },
-        "the communicator to notice");
-    expect(state == ncclRemoteError,
-           "ncclRemoteError, not " + std::string(ncclGetErrorString(state)));
-    const std::string text = ncclGetLastError(comm);
-    expect(text.find("rank 1") != std::string::npos && text.find("died") != std::string::npos,
-           "the text names the rank: " + text);
-    SIM_CUDA(cudaStreamSynchronize(stream));  // the waiting work gave up
-    SIM_NCCL(ncclCommAbort(comm));
+    kill_while_waited_for(peer, comm, stream);
   }));
   CHECK(access(shm_path(id).c_str(), F_OK) != 0);
+}
+
+TEST_CASE("a peer process's forked child does not keep the dead peer looking alive") {
+  const ncclUniqueId id = unique_id();
+  Child peer("forker", 1, 2, id);
+  CHECK_NOTHROW(run_ranks(1, [&](int) {
+    ncclComm_t comm = nullptr;
+    SIM_NCCL(ncclCommInitRank(&comm, 2, id, 0));
+    Stream stream;
+    expect(sum_one(comm, 1, stream) == 3, "the all-reduce after the peer forked");
+    Buffer buffer(4);
+    SIM_NCCL(ncclAllReduce(buffer.get(), buffer.get(), 1, ncclInt32, ncclSum, comm, stream));
+    kill_while_waited_for(peer, comm, stream);
+  }));
 }
 
 TEST_CASE("a peer process that is stopped makes the others wait; they go on when it continues") {

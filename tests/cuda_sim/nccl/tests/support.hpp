@@ -55,16 +55,24 @@ void wait_for(Done done, const std::string& what) {
   }
 }
 
-/// Polls a nonblocking communicator until its pending call has settled; returns its state.
-inline ncclResult_t settle(ncclComm_t comm) {
+/// Polls ncclCommGetAsyncError until `until(state)`; returns that state.
+template <class Until>
+ncclResult_t wait_state(ncclComm_t comm, Until until, const std::string& what) {
   ncclResult_t state = ncclInProgress;
   wait_for(
       [&] {
         SIM_NCCL(ncclCommGetAsyncError(comm, &state));
-        return state != ncclInProgress;
+        return until(state);
       },
-      "a nonblocking communicator to settle");
+      what);
   return state;
+}
+
+/// Polls a nonblocking communicator until its pending call has settled; returns its state.
+inline ncclResult_t settle(ncclComm_t comm) {
+  return wait_state(
+      comm, [](ncclResult_t state) { return state != ncclInProgress; },
+      "a nonblocking communicator to settle");
 }
 
 /// Device memory of `bytes` on the current device.
@@ -141,6 +149,22 @@ inline ncclUniqueId unique_id() {
   ncclUniqueId id{};
   SIM_NCCL(ncclGetUniqueId(&id));
   return id;
+}
+
+/// run_ranks over a fresh blocking communicator of n ranks: fn(comm, stream, rank) with a stream
+/// of the rank's device, then the communicator is destroyed.
+template <class Fn>
+void with_communicator(int n, Fn fn) {
+  const ncclUniqueId id = unique_id();
+  run_ranks(n, [&](int rank) {
+    ncclComm_t comm = nullptr;
+    SIM_NCCL(ncclCommInitRank(&comm, n, id, rank));
+    {
+      Stream stream;
+      fn(comm, stream, rank);
+    }
+    SIM_NCCL(ncclCommDestroy(comm));
+  });
 }
 
 /// A nonblocking config (NCCL_CONFIG_INITIALIZER, blocking = 0).
