@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "tandem/arena/parameters.hpp"
+#include "tandem/comm/agree.hpp"
 #include "tandem/comm/local/local.hpp"
 #include "tandem/core/env.hpp"
 #include "tandem/ddp/ddp.hpp"
@@ -192,6 +193,11 @@ std::int64_t fingerprint(tandem::View<float> values) {
 /// One rank's whole job, for any communicator. Returns whether training did what it should.
 template <tandem::Communicator Comm>
 bool train(Comm& comm, const Settings& settings) {
+  // The same run on every rank, or an Error on every rank naming the flag and who has what.
+  tandem::agree(comm, {{"--steps", settings.steps},
+                       {"--checkpoint-every", settings.checkpoint_every},
+                       {"--fail-rank", settings.fail_rank},
+                       {"--fail-step", settings.fail_step}});
   const auto n = static_cast<std::size_t>(comm.size());
   const auto rank = static_cast<std::size_t>(comm.rank());
   // 64 samples a step, or the next multiple of the world size (66 on 3 ranks).
@@ -214,8 +220,10 @@ bool train(Comm& comm, const Settings& settings) {
   state.model(model.params()).optimizer(optimizer).scheduler(schedule).ema(ema, model.params());
   state.counter("step", first_step);
   if (!settings.checkpoint_dir.empty()) {
-    if (auto last = tandem::latest_checkpoint(settings.checkpoint_dir)) {
-      tandem::load_checkpoint(comm, *last, state);  // every rank reads the same file
+    // Before the first step: rank 0 takes the directory (another job using it is refused) and
+    // checks it can write there; the newest checkpoint, the same on every rank, is loaded.
+    if (auto last =
+            tandem::open_checkpoints(comm, settings.checkpoint_dir, state, {.resume = true})) {
       if (rank == 0) {
         std::printf("attempt %d resumed from %s at step %d\n", tandem::restart_count(),
                     last->filename().c_str(), first_step);
@@ -308,7 +316,11 @@ int main(int argc, char** argv) {
                 arg == "--fail-rank" || arg == "--fail-step") &&
                i + 1 < argc) {
       const auto value = tandem::parse_int(argv[++i]);
-      if (!value || *value < 0 || *value > 100000) return usage();
+      if (!value || *value < 0 || *value > 100000) {
+        std::fprintf(stderr, "train_mlp: %s '%s': not a whole number from 0 to 100000\n",
+                     argv[i - 1], argv[i]);
+        return usage();
+      }
       int& slot = arg == "--ranks"              ? settings.ranks
                   : arg == "--steps"            ? settings.steps
                   : arg == "--checkpoint-every" ? settings.checkpoint_every
@@ -316,9 +328,11 @@ int main(int argc, char** argv) {
                                                 : settings.fail_step;
       slot = static_cast<int>(*value);
       if ((arg == "--ranks" || arg == "--steps" || arg == "--checkpoint-every") && slot < 1) {
+        std::fprintf(stderr, "train_mlp: %s '%s': must be at least 1\n", argv[i - 1], argv[i]);
         return usage();
       }
     } else {
+      std::fprintf(stderr, "train_mlp: %s: unknown flag, or its value is missing\n", argv[i]);
       return usage();
     }
   }

@@ -73,6 +73,47 @@ if ! "${python}" -c "import safetensors, numpy, tensorboard" >/dev/null 2>&1; th
   fi
 fi
 
+# --- One Python with both torch and safetensors: tandem-python --------------------------------
+# PyTorch loads the libtorch bridge's checkpoints (docs/libtorch.md; tests/unit/torch's
+# torch_state_dict_python). Debian's torch lives in /usr/bin/python3, which is "externally managed"
+# and Debian 12 has no python3-safetensors; so a virtual environment over that Python that sees
+# its packages (torch, numpy) gets safetensors from PyPI, and `tandem-python` on PATH runs it.
+if [ "$(id -u)" -eq 0 ]; then
+  torch_venv=/opt/tandem/torch-python bindir=/usr/local/bin
+else
+  torch_venv=${XDG_DATA_HOME:-${HOME}/.local/share}/tandem/torch-python bindir=${HOME}/.local/bin
+fi
+has_modules() {  # has_modules PYTHON MODULE...: found without importing them (torch takes seconds)
+  local python=$1
+  shift
+  "${python}" -c '
+import importlib.util, sys
+sys.exit(0 if all(importlib.util.find_spec(m) for m in sys.argv[1:]) else 1)' "$@" 2>/dev/null
+}
+if ! has_modules "${torch_venv}/bin/python" torch safetensors; then
+  [ -x "${torch_venv}/bin/python" ] || /usr/bin/python3 -m venv --system-site-packages "${torch_venv}"
+  "${torch_venv}/bin/python" -m pip install -q safetensors
+fi
+mkdir -p "${bindir}"
+# A script, not a link: Python finds its virtual environment from the path it was started by.
+tandem_python="#!/bin/sh
+exec '${torch_venv}/bin/python' \"\$@\""
+if [ -L "${bindir}/tandem-python" ] ||
+  [ "$(cat "${bindir}/tandem-python" 2>/dev/null)" != "${tandem_python}" ]; then
+  rm -f "${bindir}/tandem-python"
+  printf '%s\n' "${tandem_python}" >"${bindir}/tandem-python"
+  chmod 755 "${bindir}/tandem-python"
+fi
+if ! has_modules "${bindir}/tandem-python" torch safetensors; then
+  echo "setup.sh: ${bindir}/tandem-python lacks torch or safetensors" >&2
+  exit 1
+fi
+echo "setup.sh: tandem-python (${torch_venv}) has torch and safetensors"
+case ":${PATH}:" in
+  *":${bindir}:"*) ;;
+  *) echo "setup.sh: tandem-python is ${bindir}/tandem-python; add ${bindir} to PATH" >&2 ;;
+esac
+
 # --- Conan 2, from PyPI, for whoever runs this (the user, not root, when sudo was used) ----------
 conan_is_2() { command -v conan >/dev/null 2>&1 && conan --version 2>/dev/null | grep -q " 2\."; }
 if conan_is_2; then

@@ -1,6 +1,7 @@
 // tandem-ckpt: inspects safetensors checkpoints without loading a model.
 //   tandem-ckpt info FILE      tensors (name, dtype, shape, bytes) and metadata
-//   tandem-ckpt verify FILE    exit 0 for a valid file; 1 and the reason for any other
+//   tandem-ckpt verify FILE    exit 0 for a valid file (its data checksum matching, its training
+//                              state JSON); 1 and the reason for any other
 //   tandem-ckpt diff A B       each tensor's largest absolute difference; exit 1 if any differs
 // Every file is validated first (tandem/io/safetensors.hpp): a damaged file is reported, never
 // read past its end.
@@ -12,6 +13,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "tandem/io/safetensors.hpp"
 
@@ -141,6 +144,17 @@ int main(int argc, char** argv) {
     if (command == "verify" && argc == 3) {
       const auto file = tandem::SafetensorsFile::map(argv[2]);
       file.verify_checksum();
+      // A tandem checkpoint's training state must at least be a JSON object (what it restores
+      // is checked when it is loaded into a TrainingState).
+      if (const auto state = file.metadata().find("tandem.state"); state != file.metadata().end()) {
+        const auto parsed = nlohmann::json::parse(state->second, nullptr, false);
+        if (!parsed.is_object()) {
+          std::fprintf(stderr,
+                       "tandem-ckpt: %s: the training state (metadata tandem.state) is %s\n",
+                       argv[2], parsed.is_discarded() ? "not valid JSON" : "not a JSON object");
+          return 1;
+        }
+      }
       std::printf("%s: valid, %zu tensors%s\n", argv[2], file.tensors().size(),
                   file.has_checksum() ? ", data checksum matches" : "");
       return 0;

@@ -1,5 +1,6 @@
 // examples/common/run.hpp - what the training examples (fashion_mnist, its GPU variant,
-// torch_resnet) share around their training loop: the numeric flags every one takes, the CPU
+// torch_resnet) share around their training loop: the numeric flags every one takes and the
+// checks of their values (a refused value is named with the reason, never trained on), the CPU
 // backend a --backend flag names started the way a PyTorch user starts it (and the one a run
 // without the flag gets: default_cpu_backend), --resume from the newest checkpoint, and whether
 // this is torchrun's first attempt (the crash tests kill a rank there only).
@@ -8,14 +9,27 @@
 //                                             [&](auto& comm) { return train(comm, s); });
 #pragma once
 
+#include <unistd.h>
+
+#include <array>
+#include <cctype>
+#include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
 
+#include "tandem/comm/agree.hpp"
 #include "tandem/comm/init.hpp"
 #include "tandem/comm/local/local.hpp"
 #include "tandem/data/mnist.hpp"
@@ -84,31 +98,115 @@ bool parse_run_number(std::string_view arg, Number&& number, Settings& s) {
   return true;
 }
 
+/// Says why a flag's value is refused, on `errors` (nothing when it is null), as
+/// "PROGRAM: FLAG VALUE: REASON"; returns nullopt, which the parsers return for a refused flag.
+inline std::nullopt_t refuse(std::FILE* errors, std::string_view program, std::string_view flag,
+                             std::string_view value, std::string_view reason) {
+  if (errors) {
+    std::fprintf(errors, "%.*s: %.*s '%.*s': %.*s\n", int(program.size()), program.data(),
+                 int(flag.size()), flag.data(), int(value.size()), value.data(), int(reason.size()),
+                 reason.data());
+  }
+  return std::nullopt;
+}
+
+/// A decimal number that is the whole of `text` and finite ("0.1", "1e-3"); nullopt for anything
+/// else ("", " 1", "0.1x", "inf", "nan", "1e999").
+inline std::optional<double> parse_real(const char* text) {
+  if (!text || !*text || std::isspace(static_cast<unsigned char>(*text))) return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  const double value = std::strtod(text, &end);
+  if (end == text || *end != '\0' || !std::isfinite(value) || errno == ERANGE) {
+    return std::nullopt;
+  }
+  return value;
+}
+
+/// The paths among the settings, checked before anything starts: --data must be a directory
+/// this process can read, --checkpoint-dir and --tensorboard a directory where they exist
+/// (whether they can be written, rank 0 finds out before the first step). The reason, or "".
+template <class Settings>
+std::string path_problem(const Settings& s) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  if (!fs::is_directory(s.data, error)) {
+    return "--data '" + s.data +
+           "': " + (fs::exists(s.data, error) ? "not a directory" : "no such directory");
+  }
+  if (::access(s.data.c_str(), R_OK | X_OK) != 0) {
+    return "--data '" + s.data + "': cannot read it: " + std::strerror(errno);
+  }
+  // A named array, not a braced list in the for: nvcc 13 cannot parse the braced form.
+  const std::array<std::pair<const char*, const std::string*>, 2> directories{
+      {{"--checkpoint-dir", &s.checkpoint_dir}, {"--tensorboard", &s.tensorboard}}};
+  for (const auto& [flag, path_of] : directories) {
+    const std::string& path = *path_of;
+    if (!path.empty() && fs::exists(path, error) && !fs::is_directory(path, error)) {
+      return std::string(flag) + " '" + path + "': exists and is not a directory";
+    }
+  }
+  return {};
+}
+
+/// An Error unless `data` fits the model: `inputs` values per sample and labels below `classes`
+/// (a label out of range would index past the model's outputs).
+template <class Dataset>
+void check_data_fits(const Dataset& data, std::size_t inputs, std::size_t classes,
+                     const std::string& directory) {
+  if (data.field_numel()[0] != inputs || data.classes() == 0 || data.classes() > classes) {
+    throw tandem::Error("--data " + directory,
+                        "the samples have " + std::to_string(data.field_numel()[0]) +
+                            " values and labels below " + std::to_string(data.classes()) +
+                            " (0: unchecked); the model takes " + std::to_string(inputs) +
+                            " values and " + std::to_string(classes) + " classes");
+  }
+}
+
 /// Whether this is torchrun's first attempt at the job (TORCHELASTIC_RESTART_COUNT unset or 0).
 inline bool first_attempt() {
   const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
   return !restart || std::string_view(restart) == "0";
 }
 
-/// With --resume and a checkpoint directory: loads the newest checkpoint there into `state` on
-/// every rank and moves the loader to the batch it had reached (`batches_done` and `step` are
-/// registered in `state`). Nothing where there is none yet: a first run.
+/// With a checkpoint directory, before the first step: prepares it (rank 0 takes its lock, so
+/// that another job using it is refused, and checks it can be written: tandem::open_checkpoints)
+/// and, with --resume, loads its newest checkpoint into `state` on every rank (the same one:
+/// checked) and moves the loader to the batch it had reached (`batches_done` and `step` are
+/// registered in `state`). Without a directory nothing; without a checkpoint, a first run.
 template <class Comm, class Loader>
 void resume_from_latest(Comm& comm, bool resume, const std::string& directory,
                         tandem::TrainingState& state, Loader& loader,
                         const std::size_t& batches_done, const std::int64_t& step) {
-  if (!resume || directory.empty()) return;
-  if (auto last = tandem::latest_checkpoint(directory)) {
-    tandem::load_checkpoint(comm, *last, state);
+  if (directory.empty()) return;
+  if (auto last = tandem::open_checkpoints(comm, directory, state, {.resume = resume})) {
     loader.resume_at(batches_done);
     tandem::log0(comm) << "resumed from " << last->string() << " at step " << step;
   }
 }
 
 /// The TensorBoard writer of a run: rank 0 writes under `directory` when one is given; the other
-/// ranks (and a run without --tensorboard) write nothing.
+/// ranks (and a run without --tensorboard) write nothing. A directory rank 0 cannot create or
+/// write in is an Error on every rank now (rank 0's with its cause, the others naming rank 0),
+/// before the first step, not rank 0 alone failing while the others wait for it.
 template <class Comm>
-tandem::TensorBoardWriter rank0_board(const Comm& comm, const std::string& directory) {
+tandem::TensorBoardWriter rank0_board(Comm& comm, const std::string& directory) {
+  std::string failure;
+  if (comm.rank() == 0 && !directory.empty()) {
+    try {
+      std::error_code error;
+      std::filesystem::create_directories(directory, error);
+      if (error) {
+        throw tandem::Error("TensorBoardWriter",
+                            "cannot create " + directory + ": " + error.message());
+      }
+      tandem::detail::probe_write(directory, "tensorboard-", "TensorBoardWriter " + directory);
+    } catch (const std::exception& error) {
+      failure = tandem::detail::failure_text(error);
+    }
+  }
+  tandem::detail::agree_on_failure(comm, failure, "--tensorboard " + directory,
+                                   "open its TensorBoard directory");
   return tandem::TensorBoardWriter(directory.empty() ? "." : directory,
                                    comm.rank() == 0 && !directory.empty());
 }
@@ -174,6 +272,24 @@ double run_env_rank(std::chrono::seconds timeout, Train& train) {
   const double result = train(comm);
   comm.barrier();
   return result;
+}
+
+/// Collective, at start: the flags that must be the same on every rank are (tandem::agree), with
+/// the example's own (`more`); otherwise an Error on every rank naming the flag, the ranks and
+/// their values. Not compared: what may differ per rank or node (--data and --checkpoint-dir are
+/// places, which open_checkpoints checks by what every rank loads; --workers, --timeout,
+/// --tensorboard).
+template <class Comm>
+void agree_on_flags(Comm& comm, const RunSettings& s, const std::vector<tandem::Setting>& more) {
+  std::vector<tandem::Setting> flags{{"--epochs", s.epochs},
+                                     {"--batch-size", s.batch_size},
+                                     {"--lr", s.lr},
+                                     {"--seed", s.seed},
+                                     {"--resume", s.resume},
+                                     {"--max-steps", s.max_steps},
+                                     {"--crash-at-step", s.crash_at_step}};
+  flags.insert(flags.end(), more.begin(), more.end());
+  tandem::agree(comm, flags);
 }
 
 /// The backend of a run without --backend: under a launcher (WORLD_SIZE set) the shared-memory

@@ -220,8 +220,13 @@ struct DdpFor<Comm, 0> {
 /// One rank's whole run under ZeRO stage Stage (0: plain DDP). Returns the final test accuracy.
 template <int Stage, tandem::Communicator Comm>
 double train(Comm& comm, const Settings& settings) {
+  examples::agree_on_flags(
+      comm, settings,
+      {{"--wide", settings.wide}, {"--plain", settings.plain}, {"--zero", settings.zero}});
   const tandem::FashionMNIST train_set(tandem::split::train, settings.data);
   const tandem::FashionMNIST test_set(tandem::split::test, settings.data);
+  examples::check_data_fits(train_set, pixels, classes, settings.data);  // or labels index past
+  examples::check_data_fits(test_set, pixels, classes, settings.data);   // the model's outputs
   Mlp<Comm> model(comm, fashion_mnist::hidden_width(settings), settings.seed);
   typename DdpFor<Comm, Stage>::type ddp(comm, model.params());
 

@@ -116,19 +116,30 @@ inline int usage(program which) {
   return 2;
 }
 
-inline std::optional<Settings> parse(int argc, char** argv, program which) {
+/// The settings the command line asks for; nullopt (the caller prints the usage and exits 2) for
+/// an unknown flag, a flag without its value, or a value out of range, each refusal said on
+/// `errors` with its reason ("fashion_mnist: --lr 'inf': not a finite number above 0"); null
+/// `errors` says nothing.
+inline std::optional<Settings> parse(int argc, char** argv, program which,
+                                     std::FILE* errors = stderr) {
   Settings s;
   if (which == program::cpu)
     s.backend = examples::default_cpu_backend();
   else
     s.backend = "nccl";
   const bool gpu = which == program::gpu;
+  const char* name = gpu ? "fashion_mnist_cuda" : "fashion_mnist";
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
     const bool has_value = i + 1 < argc;
     auto number = [&](std::int64_t low, std::int64_t high) -> std::optional<std::int64_t> {
-      const auto v = tandem::parse_int(argv[++i]);
-      if (!v || *v < low || *v > high) return std::nullopt;
+      const char* text = argv[++i];
+      const auto v = tandem::parse_int(text);
+      if (!v || *v < low || *v > high) {
+        return examples::refuse(
+            errors, name, arg, text,
+            "not a whole number from " + std::to_string(low) + " to " + std::to_string(high));
+      }
       return *v;
     };
     if (arg == "--resume")
@@ -140,7 +151,7 @@ inline std::optional<Settings> parse(int argc, char** argv, program which) {
     else if (gpu && arg == "--resident")
       s.resident = true;
     else if (!has_value)
-      return std::nullopt;
+      return examples::refuse(errors, name, arg, "", "unknown, or its value is missing");
     else if (arg == "--backend")
       s.backend = argv[++i];
     else if (arg == "--data")
@@ -156,13 +167,22 @@ inline std::optional<Settings> parse(int argc, char** argv, program which) {
     } else if (gpu && arg == "--precision") {
       s.precision = argv[++i];
       if (s.precision != "fp16" && s.precision != "bf16" && s.precision != "fp32")
-        return std::nullopt;
+        return examples::refuse(errors, name, arg, s.precision, "not fp16, bf16 or fp32");
     } else if (arg == "--lr") {
-      s.lr = std::atof(argv[++i]);
-      if (!(s.lr > 0)) return std::nullopt;
-    } else if (!examples::parse_run_number(arg, number, s)) {
-      return std::nullopt;
+      const auto lr = examples::parse_real(argv[++i]);
+      if (!lr || !(*lr > 0)) {
+        return examples::refuse(errors, name, arg, argv[i], "not a finite number above 0");
+      }
+      s.lr = *lr;
+    } else if (const int at = i; !examples::parse_run_number(arg, number, s)) {
+      // number() said why where it read a value; an unknown flag is said here.
+      return i == at ? examples::refuse(errors, name, arg, argv[i + 1], "unknown flag")
+                     : std::nullopt;
     }
+  }
+  if (const auto problem = examples::path_problem(s); !problem.empty()) {
+    if (errors) std::fprintf(errors, "%s: %s\n", name, problem.c_str());
+    return std::nullopt;
   }
   return s;
 }

@@ -71,9 +71,12 @@ int usage() {
   return 2;
 }
 
+/// The settings the command line asks for; nullopt (main prints the usage and exits 2) for an
+/// unknown flag, a missing value or a value out of range, each said on stderr with its reason.
 std::optional<Settings> parse(int argc, char** argv) {
   Settings s;
   s.backend = examples::default_cpu_backend();
+  constexpr const char* name = "torch_resnet";
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
     if (arg == "--resume") {
@@ -84,17 +87,28 @@ std::optional<Settings> parse(int argc, char** argv) {
       s.sync_bn = false;
       continue;
     }
-    if (i + 1 >= argc) return std::nullopt;
+    if (i + 1 >= argc) return examples::refuse(stderr, name, arg, "", "unknown, or no value");
     const char* value = argv[++i];
+    bool said = false;  // a refusal below already gave its reason
     auto number = [&](std::int64_t low, std::int64_t high) -> std::optional<std::int64_t> {
       const auto v = tandem::parse_int(value);
-      if (!v || *v < low || *v > high) return std::nullopt;
+      if (!v || *v < low || *v > high) {
+        said = true;
+        return examples::refuse(
+            stderr, name, arg, value,
+            "not a whole number from " + std::to_string(low) + " to " + std::to_string(high));
+      }
       return *v;
     };
-    auto real = [&](double low) -> std::optional<double> {
-      char* end = nullptr;
-      const double v = std::strtod(value, &end);
-      if (end == value || *end != '\0' || !(v >= low)) return std::nullopt;
+    // A finite number at least `low` (above it where `above`) and at most `high`.
+    auto real = [&](double low, bool above, double high) -> std::optional<double> {
+      const auto v = examples::parse_real(value);
+      if (!v || *v < low || (above && *v == low) || *v > high) {
+        said = true;
+        return examples::refuse(stderr, name, arg, value,
+                                std::string("not a finite number ") + (above ? "above " : "from ") +
+                                    std::to_string(low) + " to " + std::to_string(high));
+      }
       return v;
     };
     std::optional<std::int64_t> n;
@@ -109,18 +123,28 @@ std::optional<Settings> parse(int argc, char** argv) {
       s.checkpoint_dir = value;
     else if (arg == "--tensorboard")
       s.tensorboard = value;
-    else if (arg == "--lr" && (x = real(0)) && *x > 0)
+    else if (arg == "--lr" && (x = real(0, true, 1e6)))
       s.lr = *x;
-    else if (arg == "--weight-decay" && (x = real(0)))
+    else if (arg == "--weight-decay" && (x = real(0, false, 1e6)))
       s.weight_decay = *x;
-    else if (arg == "--min-accuracy" && (x = real(0)) && *x <= 100)
+    else if (arg == "--min-accuracy" && (x = real(0, false, 100)))
       s.min_accuracy = *x;
     else if (arg == "--width" && (n = number(1, 1024)))
       s.width = *n;
     else if (arg == "--checkpoint-every" && (n = number(0, INT64_MAX)))
       s.checkpoint_every = *n;
-    else if (!examples::parse_run_number(arg, number, s))
+    else if (!said && !examples::parse_run_number(arg, number, s))
+      return said ? std::nullopt : examples::refuse(stderr, name, arg, value, "unknown flag");
+    else if (said)
       return std::nullopt;
+  }
+  std::string problem = examples::path_problem(s);
+  if (problem.empty() && !s.init.empty() && ::access(s.init.c_str(), R_OK) != 0) {
+    problem = "--init '" + s.init + "': cannot read it: " + std::strerror(errno);
+  }
+  if (!problem.empty()) {
+    std::fprintf(stderr, "%s: %s\n", name, problem.c_str());
+    return std::nullopt;
   }
   return s;
 }
@@ -263,6 +287,11 @@ struct OnCpu {
 /// (autocast() returns its guard) with a GradScaler (OnCpu: no; torch_resnet_cuda.cu: fp16).
 template <class Placement, tandem::Communicator Comm>
 double train(Comm& comm, const Settings& settings) {
+  examples::agree_on_flags(comm, settings,
+                           {{"--weight-decay", settings.weight_decay},
+                            {"--width", settings.width},
+                            {"--checkpoint-every", settings.checkpoint_every},
+                            {"--no-sync-bn", !settings.sync_bn}});
   const tandem::FashionMNIST train_set(tandem::split::train, settings.data);
   const tandem::FashionMNIST test_set(tandem::split::test, settings.data);
 

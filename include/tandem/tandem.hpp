@@ -1,7 +1,7 @@
 // tandem/tandem.hpp - everything tandem offers that needs no engine beyond the C++ standard
-// library and POSIX: World, tensors and execution, the threads backend, stores (rendezvous/) and
-// init_process_group, the flat arena, DDP, optimizers and LR schedules, GradScaler, EMA and
-// SyncBatchNorm.
+// library and POSIX: World, tensors and execution, the threads backend, stores (rendezvous/),
+// init_process_group and agree (the ranks' configuration checked at start), the flat arena, DDP,
+// optimizers and LR schedules, GradScaler, EMA and SyncBatchNorm.
 //   #include <tandem/tandem.hpp>
 //   tandem::run_local(4, [](tandem::LocalComm& comm) { /* comm.all_reduce(...) */ });
 // Needs: Linux. Engines with libraries of their own have headers of their own:
@@ -29,6 +29,7 @@
 #include "tandem/rendezvous/store.hpp"
 #include "tandem/rendezvous/tcp_store.hpp"
 
+#include "tandem/comm/agree.hpp"
 #include "tandem/comm/communicator.hpp"
 #include "tandem/comm/init.hpp"
 #include "tandem/comm/local/local.hpp"
@@ -43,6 +44,7 @@
 #include "tandem/data/sampler.hpp"
 
 #include "tandem/ddp/ddp.hpp"
+#include "tandem/ddp/join.hpp"
 #include "tandem/ddp/policies.hpp"
 
 #include "tandem/amp/grad_scaler.hpp"

@@ -32,5 +32,8 @@ if(TARGET tandem::data)
 endif()
 if(TARGET tandem::torch)
   find_package(Torch REQUIRED)  # Debian's libtorch-dev, or PyTorch's wheel on CMAKE_PREFIX_PATH
-  target_link_libraries(tandem::torch INTERFACE ${TORCH_LIBRARIES})
+  # Gloo's library before libtorch's where Gloo is here, as tandem's own CMakeLists.txt does:
+  # PyTorch 2.x's libtorch_cpu exports its own Gloo, which would otherwise take GlooComm's calls.
+  target_link_libraries(tandem::torch INTERFACE
+    $<$<TARGET_EXISTS:gloo>:$<TARGET_LINKER_FILE:gloo>> ${TORCH_LIBRARIES})
 endif()

@@ -2,13 +2,16 @@
 // real training state saved, but whose `tandem.state` metadata (the JSON of the optimizer's
 // param groups, state and step counts, the GradScaler, LR schedule, sampler position, a counter
 // and a random generator) is the fuzz input. TrainingState::load_from must restore it or throw
-// tandem::Error; never anything else, and never touch memory outside what it restores.
+// tandem::Error; never anything else, and never touch memory outside what it restores; what it
+// restores is in range (a positive finite loss scale, a sampler position inside its epoch, finite
+// non-negative learning rates).
 // The model and EMA parts are left out: they read tensors only (the safetensors target covers
 // those), and Parameters::buffers() does not compile with clang 14 over libstdc++ 12
 // (std::ranges::subrange of a deque iterator).
 //
 // fuzz-needs: tandem::io
 // fuzz-max-len: 4096
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -101,6 +104,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   } catch (const tandem::Error&) {
     return 0;
   }
+  // Restored values are in range for what they restore (the loader checks them; nothing the
+  // file says reaches these objects unchecked).
+  FUZZ_CHECK(t.scaler.get_scale() > 0 && std::isfinite(t.scaler.get_scale()));
+  FUZZ_CHECK(t.batches_done <= t.sampler.size());
+  for (std::size_t g = 0; g < 2; ++g) FUZZ_CHECK(std::isfinite(t.opt->lr(g)) && t.opt->lr(g) >= 0);
+  FUZZ_CHECK(t.schedule->last_epoch() >= -1);
   // Restored: saving it again gives a checkpoint that loads, and that saves to the same state.
   tandem::SafetensorsWriter again;
   t.state.save_to(again, one_rank());

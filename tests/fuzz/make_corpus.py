@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Writes the hand-made seeds of tests/fuzz/corpus/{safetensors,idx,init_env,checkpoint_state}/.
+"""Writes the hand-made seeds of tests/fuzz/corpus/{safetensors,idx,init_env,checkpoint_state,
+mnist_dataset,example_flags}/.
 
 Valid files of every kind the readers accept and near-valid ones that each break one rule, so
 the fuzzer starts from the format's corners. Deterministic: running it again rewrites the same
@@ -105,6 +106,12 @@ def safetensors():
     w("offsets-reversed", st_raw('{"a":{"dtype":"U8","shape":[0],"data_offsets":[1,0]}}', b"\0"))
     w("offsets-float", st_raw('{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1.0]}}', b"\0"))
     w("trailing-data", st_file([("a", "U8", [1], b"\x01")]) + b"\x02")
+    w("duplicate-inner-key", st_raw('{"a":{"dtype":"U8","dtype":"I8","shape":[1],'
+                                    '"data_offsets":[0,1]}}', b"\0"))
+    w("duplicate-metadata-key", st_raw('{"__metadata__":{"tandem.state":"{}",'
+                                       '"tandem.state":"{\\"step\\":1}"}}'))
+    w("bool-valid", st_file([("mask", "BOOL", [3], b"\x00\x01\x01")]))
+    w("bool-byte-two", st_file([("mask", "BOOL", [2], b"\x01\x02")]))
 
 
 # --- IDX ---------------------------------------------------------------------------------------
@@ -222,8 +229,58 @@ def checkpoint_state():
     changed("rng-not-array", lambda s: s.update({"noise": 5}))
     changed("step-float", lambda s: s.update({"step": 1.5}), "pending")
     changed("step-huge", lambda s: s.update({"step": 18446744073709551615}))
+    changed("scaler-interval-huge", lambda s: s["grad_scaler"].update({"growth_interval": 1e20}))
+    changed("scaler-tracker-negative",
+            lambda s: s["grad_scaler"].update({"_growth_tracker": -1.0}))
+    changed("scaler-backoff-one", lambda s: s["grad_scaler"].update({"backoff_factor": 1.0}))
+    changed("options-lr-bool",
+            lambda s: s["optimizer"]["param_groups"][0]["options"].update({"lr": True}))
+    changed("scheduler-epoch-below", lambda s: s["lr_scheduler"].update({"last_epoch": -5}))
+    changed("scheduler-lr-null", lambda s: s["lr_scheduler"].update({"base_lrs": [None, 0.2]}))
+    changed("sampler-past-epoch", lambda s: s["sampler"].update({"batches_done": 46}))
+    changed("sampler-shuffle-off", lambda s: s["sampler"].update({"shuffle": False}))
+    changed("rng-trailing", lambda s: s.update({"noise": ["100 5"]}))
     w("not-json", "{\"step\":")
     w("array", "[]")
+
+
+# --- an MNIST-family data set: its images and labels (mnist_dataset_fuzz) -----------------------
+def mnist_dataset():
+    def w(name, classes, rows, columns, images, labels):
+        write("mnist_dataset", name,
+              bytes([classes, rows, columns]) + struct.pack(">H", len(images)) + images + labels)
+
+    images = idx_file(0x08, [3, 4, 5], [i % 251 for i in range(60)])
+    w("fits", 10, 4, 5, images, idx_file(0x08, [3], [0, 9, 4]))
+    w("any", 0, 0, 0, images, idx_file(0x08, [3], [255, 17, 0]))
+    w("label-out-of-range", 10, 4, 5, images, idx_file(0x08, [3], [0, 12, 4]))
+    w("rows-differ", 10, 28, 5, images, idx_file(0x08, [3], [0, 1, 2]))
+    w("counts-differ", 10, 4, 5, images, idx_file(0x08, [2], [0, 1]))
+    w("labels-2d", 10, 4, 5, images, idx_file(0x08, [3, 1], [0, 1, 2]))
+    w("no-pixels", 0, 0, 0, idx_file(0x08, [2, 0, 5], []), idx_file(0x08, [2], [1, 1]))
+    w("images-i32", 0, 0, 0, idx_file(0x0C, [1, 1, 1], [7]), idx_file(0x08, [1], [1]))
+
+
+# --- the examples' command line (example_flags_fuzz): arguments separated by NUL bytes ----------
+def example_flags():
+    w = lambda n, args: write("example_flags", n, "\0".join(args))
+    w("defaults", [])
+    w("short-run", ["--backend", "local", "--ranks", "2", "--epochs", "1", "--max-steps", "200"])
+    w("everything", ["--epochs", "3", "--batch-size", "64", "--lr", "0.05", "--seed", "7",
+                     "--data", "/tmp", "--checkpoint-dir", "/tmp/ckpt", "--resume", "--timeout",
+                     "60", "--workers", "2", "--tensorboard", "/tmp/tb", "--max-steps", "5",
+                     "--wide", "--plain", "--zero", "1", "--precision", "bf16", "--resident"])
+    w("lr-inf", ["--data", "/tmp", "--lr", "inf"])
+    w("lr-nan", ["--data", "/tmp", "--lr", "nan"])
+    w("lr-overflow", ["--data", "/tmp", "--lr", "1e999"])
+    w("lr-trailing", ["--data", "/tmp", "--lr", "0.1x"])
+    w("lr-negative", ["--data", "/tmp", "--lr", "-0.1"])
+    w("batch-zero", ["--data", "/tmp", "--batch-size", "0"])
+    w("epochs-negative", ["--data", "/tmp", "--epochs", "-1"])
+    w("data-missing", ["--data", "/nonexistent/fashion-mnist"])
+    w("data-file", ["--data", "/etc/hostname"])
+    w("value-missing", ["--data", "/tmp", "--epochs"])
+    w("unknown", ["--data", "/tmp", "--bogus", "1"])
 
 
 if __name__ == "__main__":
@@ -231,3 +288,5 @@ if __name__ == "__main__":
     idx()
     init_env()
     checkpoint_state()
+    mnist_dataset()
+    example_flags()

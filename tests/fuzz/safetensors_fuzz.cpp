@@ -1,8 +1,9 @@
 // The safetensors reader on hostile bytes: SafetensorsFile::parse either accepts a file whose
 // every tensor lies inside the data section with a size matching its dtype and shape, or throws
-// tandem::Error; never anything else. An accepted file's tensors read back through values<T>(),
-// its checksum verifies or fails with an Error, and writing it again with SafetensorsWriter gives
-// a file that parses to the same tensors, bytes and metadata.
+// tandem::Error; never anything else. The fingerprint ranks compare depends on the bytes only. An
+// accepted file's tensors read back through values<T>(), its checksum verifies or fails with an
+// Error, and writing it again with SafetensorsWriter gives a file that parses to the same tensors,
+// bytes and metadata.
 //
 // fuzz-needs: tandem::io
 // fuzz-max-len: 4096
@@ -99,6 +100,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   } catch (const tandem::Error&) {
     FUZZ_CHECK(file.has_checksum());  // only a recorded checksum can disagree
   }
+  // The fingerprint that ranks compare: the same for the same bytes.
+  FUZZ_CHECK(file.fingerprint() == tandem::SafetensorsFile::parse(input, "again").fingerprint());
+  FUZZ_CHECK(file.fingerprint().size() == 17);
 
   // Written again and read back: the same tensors (0-d ones as 1-d of one element, which is what
   // the writer makes of an empty shape), the same metadata.

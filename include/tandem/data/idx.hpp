@@ -4,18 +4,21 @@
 //   std::span<const std::uint8_t> pixels = images.values<std::uint8_t>();  // shape() {60000,28,28}
 // Needs: zlib (the tandem::data CMake component). A truncated, corrupt or lying file is a
 // tandem::Error naming the file and the problem; the reader never over-reads and never allocates
-// more than the file can hold.
+// more than the file holds (a gzip stream: more than it has inflated to so far).
 #pragma once
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
 #include <bit>
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <span>
 #include <string>
@@ -25,6 +28,7 @@
 #include <vector>
 
 #include "tandem/core/error.hpp"
+#include "tandem/core/fd.hpp"
 
 namespace tandem {
 
@@ -152,10 +156,15 @@ class IdxSource {
     return rest * 1032 + 1024;
   }
 
-  /// Exactly `size` bytes into `out`, or tandem::Error saying the file ends too soon.
-  void read(void* out, std::size_t size, std::string_view what) {
+  /// Exactly `size` bytes into `out`, or tandem::Error saying the file ends too soon; the part
+  /// at `offset` of `what`'s `whole` bytes (0: `size`), which the error names.
+  void read(void* out, std::size_t size, std::string_view what, std::size_t offset = 0,
+            std::size_t whole = 0) {
+    if (whole == 0) whole = size;
     if (!gzip_) {
-      if (input_.size() - consumed_ < size) truncated(what, size, input_.size() - consumed_);
+      if (input_.size() - consumed_ < size) {
+        truncated(what, whole, offset + input_.size() - consumed_);
+      }
       if (size != 0) std::memcpy(out, input_.data() + consumed_, size);
       consumed_ += size;
       return;
@@ -163,7 +172,7 @@ class IdxSource {
     auto* cursor = static_cast<Bytef*>(out);
     std::size_t left = size;
     while (left > 0) {
-      if (finished_) truncated(what, size, size - left);
+      if (finished_) truncated(what, whole, offset + size - left);
       if (stream_.avail_in == 0) feed();
       const auto chunk = static_cast<uInt>(std::min<std::size_t>(left, 1u << 30));
       stream_.next_out = cursor;
@@ -176,7 +185,7 @@ class IdxSource {
         finished_ = true;
       } else if (status == Z_BUF_ERROR && produced == 0 && stream_.avail_in == 0 &&
                  consumed_ == input_.size()) {
-        truncated(what, size, size - left);
+        truncated(what, whole, offset + size - left);
       } else if (status != Z_OK && status != Z_BUF_ERROR) {
         fail(std::string("corrupt gzip data (zlib: ") + (stream_.msg ? stream_.msg : "error") +
              ")");
@@ -292,8 +301,21 @@ inline std::uint32_t big_endian_u32(const unsigned char* p) noexcept {
                 " bytes of data, more than the file can hold (" + std::to_string(source.bound()) +
                 (source.gzip() ? " at most once inflated)" : ")"));
   }
-  std::vector<std::byte> bytes(data_bytes);
-  source.read(bytes.data(), data_bytes, "the data");
+  std::vector<std::byte> bytes;
+  if (!source.gzip()) {
+    bytes.resize(data_bytes);  // no more than the file's own bytes: checked above
+    source.read(bytes.data(), data_bytes, "the data");
+  } else {
+    // A gzip header may claim up to 1032 times its file's size: grow with what actually inflates,
+    // so that a lying header ends as an Error, not as an allocation of what it claimed.
+    constexpr std::size_t chunk = std::size_t{16} << 20;
+    while (bytes.size() < data_bytes) {
+      const std::size_t done = bytes.size();
+      const std::size_t next = std::min(chunk, data_bytes - done);
+      bytes.resize(done + next);
+      source.read(bytes.data() + done, next, "the data", done, data_bytes);
+    }
+  }
   source.expect_end();
 
   if (element_size > 1 && std::endian::native == std::endian::little) {
@@ -305,20 +327,28 @@ inline std::uint32_t big_endian_u32(const unsigned char* p) noexcept {
   return IdxArray(type, std::move(shape), std::move(bytes));
 }
 
-/// Reads an IDX file (gzip-compressed when it starts with gzip's magic bytes).
+/// Reads an IDX file (gzip-compressed when it starts with gzip's magic bytes). A path that is not
+/// a regular file (a directory, a device, a pipe) or cannot be read is an Error naming it.
 [[nodiscard]] inline IdxArray read_idx(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("read_idx " + path.string(), "cannot open the file");
-  std::vector<std::byte> input;
-  in.seekg(0, std::ios::end);
-  const std::streamoff size = in.tellg();
-  if (size < 0) throw Error("read_idx " + path.string(), "cannot tell the file's size");
-  in.seekg(0, std::ios::beg);
-  input.resize(static_cast<std::size_t>(size));
-  if (size > 0 && !in.read(reinterpret_cast<char*>(input.data()), size)) {
-    throw Error("read_idx " + path.string(), "cannot read the file");
+  const std::string name = path.string();
+  auto fail = [&](const std::string& cause) -> void { throw Error("read_idx " + name, cause); };
+  detail::Fd fd(::open(name.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) fail("cannot open the file: " + detail::errno_text(errno));
+  struct stat info {};
+  if (::fstat(fd.get(), &info) != 0) fail("cannot stat the file: " + detail::errno_text(errno));
+  if (!S_ISREG(info.st_mode)) {
+    fail(S_ISDIR(info.st_mode) ? "is a directory, not an IDX file" : "is not a regular file");
   }
-  return parse_idx(input, path.string());
+  std::vector<std::byte> input(static_cast<std::size_t>(info.st_size));
+  std::size_t done = 0;
+  while (done < input.size()) {
+    const ssize_t got = ::read(fd.get(), input.data() + done, input.size() - done);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) fail("cannot read the file: " + detail::errno_text(errno));
+    if (got == 0) fail("the file shrank while being read");
+    done += static_cast<std::size_t>(got);
+  }
+  return parse_idx(input, name);
 }
 
 }  // namespace tandem

@@ -6,12 +6,14 @@
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <span>
 #include <string>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -56,6 +58,15 @@ inline bool cpu_has_avx2() noexcept {
 /// Which half of an MNIST-family data set: the training set or the test set (t10k).
 enum class split { train, test };
 
+/// What a data set of IDX images must hold to fit the model it feeds (0: any): the image size and
+/// the number of classes (every label below it). A file that does not fit is an Error naming it,
+/// never an index out of a model's range.
+struct IdxImageShape {
+  std::size_t rows = 0;     ///< image height in pixels
+  std::size_t columns = 0;  ///< image width in pixels
+  std::size_t classes = 0;  ///< labels are 0 .. classes - 1
+};
+
 /// Images and labels of an MNIST-family data set, read from its four IDX files. Sample i is the
 /// image as rows*cols floats, (pixel / 255 - mean) / std exactly as torchvision computes it in
 /// float, and its label as one std::int64_t. The pixels stay bytes in memory (47 MB for 60000
@@ -66,19 +77,25 @@ class IdxImageDataset {
   /// A sample: the normalised image (float) and its label (std::int64_t).
   using fields = sample_fields<float, std::int64_t>;
 
-  /// The two IDX files (plain or .gz) and the normalisation's mean and standard deviation.
+  /// The two IDX files (plain or .gz), the normalisation's mean and standard deviation, and the
+  /// image size and class count the files must have (`expected`; 0: any).
   IdxImageDataset(const std::filesystem::path& images, const std::filesystem::path& labels,
-                  float mean, float std)
-      : mean_(mean), std_(std) {
-    IdxArray image_array = read_idx(images);
-    IdxArray label_array = read_idx(labels);
-    const std::string where = images.string() + " and " + labels.string();
+                  float mean, float std, IdxImageShape expected = {})
+      : IdxImageDataset(read_idx(images), read_idx(labels), images.string(), labels.string(), mean,
+                        std, expected) {}
+
+  /// The same from IDX arrays already read; `images_name` and `labels_name` name them in errors.
+  IdxImageDataset(const IdxArray& image_array, const IdxArray& label_array,
+                  const std::string& images_name, const std::string& labels_name, float mean,
+                  float std, IdxImageShape expected = {})
+      : classes_(expected.classes), mean_(mean), std_(std) {
+    const std::string where = images_name + " and " + labels_name;
     if (image_array.type() != idx_type::u8 || image_array.shape().size() != 3) {
-      throw Error("IdxImageDataset " + images.string(),
+      throw Error("IdxImageDataset " + images_name,
                   "expected unsigned bytes in 3 dimensions (count, rows, columns)");
     }
     if (label_array.type() != idx_type::u8 || label_array.shape().size() != 1) {
-      throw Error("IdxImageDataset " + labels.string(), "expected unsigned bytes in 1 dimension");
+      throw Error("IdxImageDataset " + labels_name, "expected unsigned bytes in 1 dimension");
     }
     if (image_array.shape()[0] != label_array.shape()[0]) {
       throw Error("IdxImageDataset " + where,
@@ -86,12 +103,35 @@ class IdxImageDataset {
                       std::to_string(label_array.shape()[0]) + " labels");
     }
     if (image_array.shape()[0] == 0) throw Error("IdxImageDataset " + where, "no samples");
-    if (!(std > 0.0f)) throw Error("IdxImageDataset " + where, "std must be positive");
+    if (!(std > 0.0f) || !std::isfinite(std) || !std::isfinite(mean)) {
+      throw Error("IdxImageDataset " + where, "mean must be finite and std finite and positive");
+    }
     rows_ = image_array.shape()[1];
     columns_ = image_array.shape()[2];
+    if ((expected.rows != 0 && rows_ != expected.rows) ||
+        (expected.columns != 0 && columns_ != expected.columns)) {
+      throw Error("IdxImageDataset " + images_name,
+                  "the images are " + std::to_string(rows_) + " x " + std::to_string(columns_) +
+                      " pixels; this data set's are " + std::to_string(expected.rows) + " x " +
+                      std::to_string(expected.columns));
+    }
+    if (rows_ == 0 || columns_ == 0) {
+      throw Error("IdxImageDataset " + images_name, "the images have no pixels");
+    }
+    const auto label_values = label_array.values<std::uint8_t>();
+    if (classes_ != 0) {
+      for (std::size_t i = 0; i < label_values.size(); ++i) {
+        if (label_values[i] >= classes_) {
+          throw Error("IdxImageDataset " + labels_name,
+                      "sample " + std::to_string(i) + " has the label " +
+                          std::to_string(label_values[i]) + ", outside the " +
+                          std::to_string(classes_) + " classes (0 to " +
+                          std::to_string(classes_ - 1) + ")");
+        }
+      }
+    }
     const auto pixels = image_array.values<std::uint8_t>();
     pixels_.assign(pixels.begin(), pixels.end());
-    const auto label_values = label_array.values<std::uint8_t>();
     labels_.assign(label_values.begin(), label_values.end());
     for (unsigned v = 0; v < 256; ++v) {
       // torchvision: ToTensor divides by 255 in float, Normalize subtracts and divides in float.
@@ -109,6 +149,8 @@ class IdxImageDataset {
   [[nodiscard]] std::size_t rows() const noexcept { return rows_; }
   /// Image width in pixels (28 for the MNIST family).
   [[nodiscard]] std::size_t columns() const noexcept { return columns_; }
+  /// The class count every label is below (10 for the MNIST family); 0 when not checked.
+  [[nodiscard]] std::size_t classes() const noexcept { return classes_; }
   /// The mean subtracted from every pixel / 255.
   [[nodiscard]] float mean() const noexcept { return mean_; }
   /// The standard deviation the centred pixels are divided by.
@@ -155,6 +197,7 @@ class IdxImageDataset {
   std::vector<std::uint8_t> labels_;
   std::size_t rows_ = 0;
   std::size_t columns_ = 0;
+  std::size_t classes_ = 0;
   float mean_ = 0.0f;
   float std_ = 1.0f;
   std::array<float, 256> table_{};
@@ -163,13 +206,33 @@ class IdxImageDataset {
 namespace detail {
 /// `stem` in `directory`, gzip-compressed or not (the .gz file first).
 inline std::filesystem::path idx_file(const std::filesystem::path& directory, const char* stem) {
-  std::filesystem::path gz = directory / (std::string(stem) + ".gz");
-  if (std::filesystem::exists(gz)) return gz;
-  std::filesystem::path plain = directory / stem;
-  if (std::filesystem::exists(plain)) return plain;
-  throw Error("mnist " + directory.string(),
-              std::string("neither ") + gz.string() + " nor " + plain.string() + " exists");
+  const auto gz = directory / (std::string(stem) + ".gz");
+  const auto plain = directory / stem;
+  const std::string looked_for = gz.string() + " nor " + plain.string();
+  std::error_code error;
+  const bool is_directory = std::filesystem::is_directory(directory, error);
+  if (error && error != std::errc::no_such_file_or_directory) {
+    throw Error("mnist " + directory.string(),
+                "cannot look into the directory (" + error.message() + ") for " + looked_for);
+  }
+  if (!is_directory) {
+    throw Error("mnist " + directory.string(),
+                (std::filesystem::exists(directory, error) ? "not a directory, so neither "
+                                                           : "no such directory, so neither ") +
+                    looked_for + " exists");
+  }
+  for (const auto& candidate : {gz, plain}) {
+    if (std::filesystem::exists(candidate, error)) return candidate;
+    if (error && error != std::errc::no_such_file_or_directory) {
+      throw Error("mnist " + directory.string(),
+                  "cannot look for " + candidate.string() + ": " + error.message());
+    }
+  }
+  throw Error("mnist " + directory.string(), "neither " + looked_for + " exists");
 }
+
+/// The 28 x 28 images of 10 classes every MNIST-family data set holds.
+inline constexpr IdxImageShape mnist_shape{28, 28, 10};
 
 inline IdxImageDataset mnist_family(const std::filesystem::path& directory, split which, float mean,
                                     float std) {
@@ -179,7 +242,7 @@ inline IdxImageDataset mnist_family(const std::filesystem::path& directory, spli
       idx_file(directory, train ? "train-images-idx3-ubyte" : "t10k-images-idx3-ubyte");
   const auto labels =
       idx_file(directory, train ? "train-labels-idx1-ubyte" : "t10k-labels-idx1-ubyte");
-  return IdxImageDataset(images, labels, mean, std);
+  return IdxImageDataset(images, labels, mean, std, mnist_shape);
 }
 }  // namespace detail
 

@@ -209,10 +209,10 @@ class ArenaAccess {
 
   /// Writes zeros over `count` gradients from `offset`, on the executor.
   virtual void zero_grads(std::size_t offset, std::size_t count) = 0;
-  /// Pre-divides (unless `pre_divide` is false) or compresses bucket `k`, hands it to the
+  /// Divides bucket `k` by `divisor` (1: leaves it) or compresses it, hands it to the
   /// communicator once the executor's writes are ordered before it, and starts its all_reduce
   /// (under shard<2>: its reduce_scatter and its tail's all_reduce), adding the Works to `works`.
-  virtual void launch(Comm& comm, const Bucket& bucket, std::size_t k, bool pre_divide,
+  virtual void launch(Comm& comm, const Bucket& bucket, std::size_t k, double divisor,
                       std::vector<Work>& works) = 0;
   /// shard<2>: copies each bucket's reduce-scattered part into the rank's own gradients.
   virtual void settle_shards() = 0;
@@ -220,8 +220,8 @@ class ArenaAccess {
   virtual void gather_values(Comm& comm) = 0;
   /// Writes the reduced 16-bit buckets back in the gradients' precision (compress<W> only).
   virtual void expand(const std::vector<Bucket>& buckets) = 0;
-  /// Broadcasts the buffers from rank 0, and the trained values too when `values_too`.
-  virtual void broadcast(Comm& comm, bool values_too) = 0;
+  /// Broadcasts the buffers from `root`, and the trained values too when `values_too`.
+  virtual void broadcast(Comm& comm, bool values_too, int root) = 0;
   /// Ends a synchronisation whose Works have been waited for (see finish_gradient_sync()).
   virtual void finish(const Comm& comm) = 0;
 };
@@ -241,27 +241,26 @@ class ArenaAccessFor final : public ArenaAccess<Comm> {
     for_each_index(exec_, count, fill_zero<T>{grads() + offset});
   }
 
-  void launch(Comm& comm, const Bucket& bucket, std::size_t k, bool pre_divide,
+  void launch(Comm& comm, const Bucket& bucket, std::size_t k, double divisor,
               std::vector<Work>& works) override {
-    const int n = comm.size();
     T* g = grads() + bucket.offset;
     if constexpr (Config::compressed) {
       wire_type* wire = wire_.data() + bucket.offset;
-      const float divisor = Config::averaged ? static_cast<float>(n) : 1.0f;
-      for_each_index(exec_, bucket.count, compress_into<T, wire_type>{g, wire, divisor});
+      const auto by = static_cast<float>(divisor);
+      for_each_index(exec_, bucket.count, compress_into<T, wire_type>{g, wire, by});
       hand_over(comm);
       works.push_back(
           comm.all_reduce_async(View<wire_type, Space>(wire, bucket.count), ReduceOp::sum));
     } else {
-      if (Config::averaged && pre_divide && n > 1) {
-        for_each_index(exec_, bucket.count, divide<T>{g, static_cast<opmath_t<T>>(n)});
+      if (divisor != 1.0) {
+        for_each_index(exec_, bucket.count, divide<T>{g, static_cast<opmath_t<T>>(divisor)});
       }
       hand_over(comm);
       if constexpr (Config::shard_stage == 2) {
         // The equal parts straight from the arena into this rank's staging; the tail (fewer
         // elements than ranks) all-reduced in place, which also leaves its owner its element.
         const ShardedBucket& b = layout_->buckets()[k];
-        const auto parts = static_cast<std::size_t>(n) * b.part;
+        const auto parts = static_cast<std::size_t>(comm.size()) * b.part;
         if (b.part > 0) {
           works.push_back(comm.reduce_scatter_async(
               View<T, Space>(g, parts), View<T, Space>(staging_.data() + b.staging_offset, b.part),
@@ -307,10 +306,10 @@ class ArenaAccessFor final : public ArenaAccess<Comm> {
     }
   }
 
-  void broadcast(Comm& comm, bool values_too) override {
+  void broadcast(Comm& comm, bool values_too, int root) override {
     hand_over(comm);  // what the forward (or the caller) queued is written first
-    if (values_too) comm.broadcast(params_->values(), 0);
-    if (params_->buffer_numel() > 0) comm.broadcast(params_->buffer_values(), 0);
+    if (values_too) comm.broadcast(params_->values(), root);
+    if (params_->buffer_numel() > 0) comm.broadcast(params_->buffer_values(), root);
   }
 
   /// The reductions have finished (their Works were waited for); what remains queued on the
@@ -344,6 +343,10 @@ class ArenaAccessFor final : public ArenaAccess<Comm> {
 };
 
 }  // namespace detail::ddp
+
+namespace detail::join {
+struct access;  // tandem::Join's way to the hooks below (ddp/join.hpp)
+}  // namespace detail::join
 
 /// Data-parallel training over a Communicator: see the top of this header for one step.
 /// Policies (tandem/ddp/policies.hpp) choose the bucket caps, overlap or sync_at_end, average or
@@ -440,7 +443,7 @@ class DistributedDataParallel {
 
     arena_ = std::make_unique<detail::ddp::ArenaAccessFor<Comm, config, T, Space, Exec>>(
         params, exec, layout_);
-    arena_->broadcast(*comm_, /*values_too=*/true);
+    arena_->broadcast(*comm_, /*values_too=*/true, /*root=*/0);
   }
 
   DistributedDataParallel(const DistributedDataParallel&) = delete;
@@ -448,6 +451,7 @@ class DistributedDataParallel {
 
   /// Waits for buckets still on the wire (a step left unfinished), ignoring their failures.
   ~DistributedDataParallel() {
+    if (join_record_) join_record_(join_destroyed, 0);  // the Join stops using it
     for (auto& work : works_) {
       try {
         work.wait();
@@ -461,7 +465,8 @@ class DistributedDataParallel {
   void before_forward() {
     if constexpr (config::broadcasts_buffers) {
       if (buffer_numel_ == 0 || comm_->size() == 1) return;
-      arena_->broadcast(*comm_, /*values_too=*/false);
+      join_note(join_buffers, 0);
+      arena_->broadcast(*comm_, /*values_too=*/false, broadcast_root_);
     }
   }
 
@@ -500,7 +505,7 @@ class DistributedDataParallel {
   /// ends the micro-batch: the gradients stay local and keep accumulating.
   void finish_gradient_sync() {
     require_stepped("DistributedDataParallel::finish_gradient_sync");
-    if (no_sync_depth_ > 0) {
+    if (no_sync_depth_ > 0 && !join_shadowing_) {
       for (std::size_t i = 0; i < ready_.size(); ++i) touched_[i] = touched_[i] | ready_[i];
       reset_step();
       return;
@@ -517,9 +522,10 @@ class DistributedDataParallel {
     if constexpr (config::shard_stage == 2) {
       if (!failure) arena_->settle_shards();
     }
-    if (!failure && hand_average_ && comm_->size() > 1) {
+    // A rank shadowing the step leaves the division to the replay of the step that takes it.
+    if (!failure && hand_average_ && !join_shadowing_ && average_divisor() > 1) {
       try {
-        hand_average_(static_cast<double>(comm_->size()));
+        hand_average_(average_divisor());
       } catch (...) {
         failure = std::current_exception();
       }
@@ -529,6 +535,7 @@ class DistributedDataParallel {
     reset_step();
     if (failure) std::rethrow_exception(failure);
     step_due_ = config::shard_stage > 0;
+    join_note(join_finish, 0);
   }
 
   /// `auto guard = ddp.no_sync();` - until the guard ends, steps accumulate gradients locally
@@ -632,8 +639,9 @@ class DistributedDataParallel {
   requires requires(O& o) { o.step(); }
   void step(O& opt) {
     require_sharded(opt, "DistributedDataParallel::step");
+    if (join_record_) join_note(join_step, join_slot(&opt, nullptr, [this, &opt] { step(opt); }));
     opt.step();
-    gather_parameters();
+    gather_shards();
   }
 
   /// The same through a GradScaler: scaler.step(opt) (unscale, inf check, step unless an inf or
@@ -649,6 +657,14 @@ class DistributedDataParallel {
   bool step(Scaler& scaler, O& opt) {
     const char* operation = "DistributedDataParallel::step";
     require_sharded(opt, operation);
+    if (join_record_) {
+      // A joined rank's shadow of finish_gradient_sync() left the division to this replay.
+      join_note(join_step, join_slot(&opt, &scaler, [this, &scaler, &opt] {
+                  if (hand_average_ && average_divisor() > 1) hand_average_(average_divisor());
+                  step(scaler, opt);
+                  if constexpr (requires { scaler.update(); }) scaler.update();
+                }));
+    }
     if constexpr (config::shard_stage == 2) {
       if (comm_->size() > 1 && scaler.is_enabled() && !scaler.agrees_across_ranks()) {
         throw Error(comm_->rank(), operation,
@@ -659,7 +675,7 @@ class DistributedDataParallel {
     }
     const bool stepped = scaler.step(opt);
     if (stepped) {
-      gather_parameters();
+      gather_shards();
     } else {
       step_due_ = false;  // skipped everywhere: the parameters did not change
     }
@@ -668,10 +684,16 @@ class DistributedDataParallel {
 
   /// ZeRO: all-gathers the parameters from every rank's own parts (what step() does after the
   /// optimizer's step; call it yourself after stepping a sharded optimizer some other way).
-  /// Collective. Does nothing without a shard policy.
+  /// Collective. Does nothing without a shard policy. An Error inside a tandem::Join, where a
+  /// rank that has run out of data must replay the step itself: step through step(opt) there.
   void gather_parameters() {
-    if constexpr (config::shard_stage > 0) arena_->gather_values(*comm_);
-    step_due_ = false;
+    if (config::shard_stage > 0 && join_record_) {
+      throw Error(comm_->rank(), "DistributedDataParallel::gather_parameters",
+                  "inside a tandem::Join, step a sharded optimizer through ddp.step(opt) or "
+                  "ddp.step(scaler, opt): a rank that has run out of data replays that call to "
+                  "keep its own parts current, and cannot replay a step taken another way");
+    }
+    gather_shards();
   }
 
   /// ZeRO: this rank's shards of the arena (empty without a shard policy).
@@ -760,7 +782,68 @@ class DistributedDataParallel {
   void launch(std::size_t k) {
     const Bucket& bucket = plan_.buckets[k];
     if (bucket.count == 0) return;
-    arena_->launch(*comm_, bucket, k, /*pre_divide=*/!hand_average_, works_);
+    join_note(join_bucket, k);
+    const double divisor = config::averaged && !hand_average_ ? average_divisor() : 1.0;
+    arena_->launch(*comm_, bucket, k, divisor, works_);
+  }
+
+  void gather_shards() {
+    if constexpr (config::shard_stage > 0) arena_->gather_values(*comm_);
+    step_due_ = false;
+  }
+
+  // --- tandem::Join (ddp/join.hpp), through detail::join::access -------------------------------
+  friend struct detail::join::access;
+  /// What join_record_ is told: each collective of a step (buckets by index; steps by the slot
+  /// of their replay), then `destroyed` from the destructor.
+  enum join_event : int { join_buffers, join_bucket, join_finish, join_step, join_destroyed };
+
+  /// The division averaging uses: the world size, or what the Join says (the ranks with data).
+  [[nodiscard]] double average_divisor() const {
+    return join_divisor_ > 0 ? join_divisor_ : static_cast<double>(comm_->size());
+  }
+  void join_note(int event, std::size_t argument) const {
+    if (join_record_) join_record_(event, argument);
+  }
+  /// The replay slot of step(opt) / step(scaler, opt) for these objects, made on first use.
+  template <class Replay>
+  std::size_t join_slot(const void* opt, const void* scaler, Replay&& replay) {
+    for (std::size_t i = 0; i < join_steps_.size(); ++i) {
+      if (join_steps_[i].first == std::pair{opt, scaler}) return i;
+    }
+    join_steps_.emplace_back(std::pair{opt, scaler}, std::forward<Replay>(replay));
+    return join_steps_.size() - 1;
+  }
+  /// A rank that has run out of data shadows one collective of the step the others run, with
+  /// zeros for its gradients and the others' values for everything else.
+  void join_shadow(int event, std::size_t argument) {
+    switch (event) {
+      case join_buffers:
+        before_forward();
+        break;
+      case join_bucket:
+        arena_->zero_grads(plan_.buckets[argument].offset, plan_.buckets[argument].count);
+        launch(argument);
+        next_launch_ = argument + 1;
+        in_step_ = true;
+        break;
+      case join_finish:  // zeros for the buckets left (none marked, none accumulated)
+        touched_.assign(touched_.size(), 0);
+        join_shadowing_ = true;
+        try {
+          finish_gradient_sync();
+        } catch (...) {
+          join_shadowing_ = false;
+          throw;
+        }
+        join_shadowing_ = false;
+        break;
+      case join_step:
+        join_steps_.at(argument).second();
+        break;
+      default:
+        break;
+    }
   }
 
   void reset_step() {
@@ -891,6 +974,14 @@ class DistributedDataParallel {
   std::vector<Work> works_;
   bool in_step_ = false;
   int no_sync_depth_ = 0;
+
+  // tandem::Join: the hook it attached, where buffers come from, the averaging divisor (0: the
+  // world size), and the replays of step(...) calls by slot.
+  std::function<void(int, std::size_t)> join_record_;
+  int broadcast_root_ = 0;
+  double join_divisor_ = 0;
+  bool join_shadowing_ = false;
+  std::vector<std::pair<std::pair<const void*, const void*>, std::function<void()>>> join_steps_;
 };
 
 }  // namespace tandem

@@ -4,7 +4,7 @@
 //   tandem::SafetensorsWriter out;
 //   out.add("fc.weight", weights, {10, 784});              // any host tensor, or a View
 //   out.metadata("epoch", "3");
-//   out.write("model.safetensors");                        // temp file, fsync, rename, fsync dir
+//   out.write("model.safetensors");                 // temp file, fsync, rename, fsync dir (umask)
 //   auto file = tandem::SafetensorsFile::map("model.safetensors");
 //   file.read_into("fc.weight", weights);                   // dtype and size checked
 // Needs: nlohmann-json (the tandem::io CMake component).
@@ -38,6 +38,7 @@
 #include "tandem/core/error.hpp"
 #include "tandem/core/fd.hpp"
 #include "tandem/io/crc32c.hpp"
+#include "tandem/io/detail/atomic_file.hpp"
 #include "tandem/tensor/dtype.hpp"
 #include "tandem/tensor/memory.hpp"
 #include "tandem/tensor/tensor.hpp"
@@ -174,7 +175,8 @@ inline std::vector<std::uint8_t> read_whole_file(const std::string& name) {
 /// A validated safetensors file in memory (read whole, or memory-mapped). Every violation of the
 /// format is a tandem::Error naming the file and the problem: a header length beyond the file or
 /// 100 MB, bad JSON or UTF-8, an unknown dtype, a shape whose bytes do not match its offsets,
-/// offsets out of range, overlapping or leaving holes, duplicate names, non-string metadata.
+/// offsets out of range, overlapping or leaving holes, a name or key given twice (nlohmann-json
+/// would keep the last silently), non-string metadata.
 class SafetensorsFile {
  public:
   /// Reads the whole file into memory.
@@ -237,6 +239,16 @@ class SafetensorsFile {
       fail("the data's CRC-32C is " + actual + ", the header records " + recorded->second +
            " (the file was damaged after it was written)");
     }
+  }
+
+  /// What identifies the file's content, "HHHHHHHH-DDDDDDDD": the CRC-32C of its header (length
+  /// and JSON: names, shapes, metadata) and of its data section (the recorded one, which
+  /// verify_checksum() checks, where the file has it). Two files with the same fingerprint hold
+  /// the same checkpoint; ranks compare it to know they loaded the same one.
+  [[nodiscard]] std::string fingerprint() const {
+    const auto recorded = metadata_.find(checksum_key);
+    return detail::hex32(crc32c(header_)) + "-" +
+           (recorded != metadata_.end() ? recorded->second : detail::hex32(crc32c(data_)));
   }
 
   /// The tensor's bytes, little-endian as stored.
@@ -315,15 +327,22 @@ class SafetensorsFile {
            std::to_string(file.size()) + " bytes)");
     }
     const auto header = file.subspan(8, static_cast<std::size_t>(header_length));
+    header_ = file.first(8 + static_cast<std::size_t>(header_length));
     data_ = file.subspan(8 + static_cast<std::size_t>(header_length));
 
-    // nlohmann keeps the last of duplicate keys silently: the callback sees every key first.
-    std::set<std::string> names;
+    // nlohmann keeps the last of duplicate keys silently: the callback sees every key first, in
+    // the header's object and in every object inside it (__metadata__, each tensor's entry).
+    std::vector<std::set<std::string>> open_objects;
     std::optional<std::string> duplicate;
-    auto watch = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
-      if (depth == 1 && event == nlohmann::json::parse_event_t::key) {
+    auto watch = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+      using event_t = nlohmann::json::parse_event_t;
+      if (event == event_t::object_start) {
+        open_objects.emplace_back();
+      } else if (event == event_t::object_end) {
+        if (!open_objects.empty()) open_objects.pop_back();
+      } else if (event == event_t::key && !open_objects.empty()) {
         const auto& key = parsed.get_ref<const std::string&>();
-        if (!names.insert(key).second && !duplicate) duplicate = key;
+        if (!open_objects.back().insert(key).second && !duplicate) duplicate = key;
       }
       return true;
     };
@@ -419,6 +438,7 @@ class SafetensorsFile {
 
   std::shared_ptr<void> owner_;
   std::string name_;
+  std::span<const std::byte> header_;  // the length and the JSON
   std::span<const std::byte> data_;
   std::vector<SafetensorsEntry> entries_;
   std::map<std::string, std::string> metadata_;
@@ -428,14 +448,18 @@ class SafetensorsFile {
 /// memory), and writes it atomically.
 class SafetensorsWriter {
  public:
-  /// Adds a tensor under `name` with `shape` (its product must be the tensor's size; a 1-D shape
-  /// of its size when left out).
+  /// Adds a tensor under `name`, 1-D of its size.
   template <Tensor In>
-  SafetensorsWriter& add(std::string name, const In& in, std::vector<std::int64_t> shape = {}) {
+  SafetensorsWriter& add(std::string name, const In& in) {
+    return add(std::move(name), in, {static_cast<std::int64_t>(std::ranges::size(in))});
+  }
+  /// Adds a tensor under `name` with `shape` (its product must be the tensor's size); `{}` is a
+  /// 0-dimensional tensor of one element, as PyTorch holds BatchNorm's num_batches_tracked.
+  template <Tensor In>
+  SafetensorsWriter& add(std::string name, const In& in, std::vector<std::int64_t> shape) {
     using T = tensor_element_t<In>;
     using Space = tensor_space_t<In>;
     const std::size_t count = std::ranges::size(in);
-    if (shape.empty()) shape = {static_cast<std::int64_t>(count)};
     std::size_t numel = 1;
     for (auto extent : shape) {
       if (extent < 0)
@@ -503,39 +527,13 @@ class SafetensorsWriter {
     return out;
   }
 
-  /// Writes the file atomically: a temporary file in the same directory, fsync, rename over
-  /// `path`, fsync of the directory. A crash leaves the old file or the new one, never a mix.
+  /// Writes the file atomically: a temporary file of this process's own in the same directory
+  /// (created as open() creates files: 0666 less the umask), fsync, rename over `path`, fsync of
+  /// the directory. A crash leaves the old file or the new one, never a mix; a failure removes
+  /// the temporary file and is an Error naming `path` and the system's reason.
   void write(const std::filesystem::path& path) const {
     const std::vector<std::byte> bytes = serialize();
-    const std::filesystem::path directory =
-        path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
-    std::string temporary = (directory / ("." + path.filename().string() + ".tmp-XXXXXX")).string();
-    detail::Fd fd(::mkstemp(temporary.data()));
-    if (!fd) fail(path, std::string("cannot create a temporary file: ") + std::strerror(errno));
-    std::size_t done = 0;
-    while (done < bytes.size()) {
-      const ssize_t wrote = ::write(fd.get(), bytes.data() + done, bytes.size() - done);
-      if (wrote < 0 && errno == EINTR) continue;
-      if (wrote <= 0) {
-        const std::string cause = std::strerror(errno);
-        ::unlink(temporary.c_str());
-        fail(path, "cannot write: " + cause);
-      }
-      done += static_cast<std::size_t>(wrote);
-    }
-    if (::fsync(fd.get()) != 0 || ::fchmod(fd.get(), 0644) != 0) {
-      const std::string cause = std::strerror(errno);
-      ::unlink(temporary.c_str());
-      fail(path, "cannot sync: " + cause);
-    }
-    fd.reset();
-    if (::rename(temporary.c_str(), path.c_str()) != 0) {
-      const std::string cause = std::strerror(errno);
-      ::unlink(temporary.c_str());
-      fail(path, "cannot rename into place: " + cause);
-    }
-    detail::Fd dir(::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-    if (!dir || ::fsync(dir.get()) != 0) fail(path, "cannot sync its directory");
+    detail::write_atomically(path, bytes, "safetensors " + path.string());
   }
 
  private:
@@ -553,10 +551,6 @@ class SafetensorsWriter {
     for (const auto& p : pending_) {
       if (p.name == name) throw Error("SafetensorsWriter", "tensor '" + name + "' added twice");
     }
-  }
-
-  [[noreturn]] static void fail(const std::filesystem::path& path, const std::string& cause) {
-    throw Error("safetensors " + path.string(), cause);
   }
 
   std::vector<Pending> pending_;

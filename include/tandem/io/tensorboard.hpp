@@ -10,6 +10,7 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -112,7 +113,10 @@ class TensorBoardWriter {
     path_ = directory / ("events.out.tfevents." + std::to_string(seconds) + "." + host + "." +
                          std::to_string(::getpid()));
     file_ = std::fopen(path_.c_str(), "wb");
-    if (!file_) throw Error("TensorBoardWriter", "cannot create " + path_.string());
+    if (!file_) {
+      throw Error("TensorBoardWriter",
+                  "cannot create " + path_.string() + ": " + std::strerror(errno));
+    }
     std::string first = detail::tfevents::event(now(), 0);
     detail::tfevents::length_delimited(first, 3, "brain.Event:2");
     write(first);

@@ -455,6 +455,10 @@ bool overlap(const T* a, std::size_t n, const T* b, std::size_t m) {
 
 }  // namespace detail::batch_norm
 
+namespace detail::join {
+struct access;  // tandem::Join's way to the hooks below (ddp/join.hpp)
+}  // namespace detail::join
+
 /// Batch normalisation over (N, C, ...) inputs whose statistics span every rank of `Comm` in
 /// training mode; see the top of this header. T is float or double; Space is host or device (or
 /// any memory space with an executor Exec and space_copy to the host: only Exec touches its
@@ -627,6 +631,7 @@ class SyncBatchNorm {
                          mean_.data(), invstd_.data()});
     } else {
       auto variance = scratch<double>(channels_);
+      if (mode == Mode::sync && join_record_) join_record_(join_forward, 0);
       count = mode == Mode::sync ? gather_statistics(input.data(), layout, variance.data())
                                  : local_statistics(input.data(), layout, variance.data());
       if (count < 2) {
@@ -683,6 +688,7 @@ class SyncBatchNorm {
     Buffer<double, Space> reduced;
     const double* global = sums.data();
     if (saved_mode_ == Mode::sync) {
+      if (join_record_) join_record_(join_backward, 0);
       reduced = scratch<double>(2 * channels_);
       collective(
           [&] { comm_->all_reduce(std::as_const(sums).view(), reduced.view(), ReduceOp::sum); });
@@ -926,6 +932,30 @@ class SyncBatchNorm {
     for_each_index(exec_, 1,
                    detail::batch_norm::count_batch<T, double>{slots.num_batches_tracked.data()});
   }
+
+  // --- tandem::Join (ddp/join.hpp), through detail::join::access -------------------------------
+  friend struct detail::join::access;
+  /// What join_record_ is told: each synchronised forward and backward, as it starts.
+  enum join_event : int { join_forward, join_backward };
+  /// A rank that has run out of data shadows one of them: a training forward (or its backward)
+  /// of an empty batch, which sends zeros and a count of 0 and takes the others' statistics.
+  void join_shadow(int event, std::size_t /*argument*/) {
+    const Shape empty{0, static_cast<std::int64_t>(channels_)};
+    if (event == join_backward) {
+      backward(View<const T, Space>(nullptr, empty), View<const T, Space>(nullptr, empty),
+               View<T, Space>(nullptr, empty));
+      return;
+    }
+    const bool was_training = std::exchange(training_, true);
+    try {
+      forward(View<const T, Space>(nullptr, empty), View<T, Space>(nullptr, empty));
+    } catch (...) {
+      training_ = was_training;
+      throw;
+    }
+    training_ = was_training;
+  }
+  std::function<void(int, std::size_t)> join_record_;  // set while a tandem::Join holds it
 
   Comm* comm_;
   std::size_t channels_;

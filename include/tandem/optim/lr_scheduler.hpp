@@ -205,8 +205,10 @@ Scheduler<O> cosine(O& optimizer, std::int64_t t_max, double eta_min = 0) {
 ///         = lr_min + (lr_max - lr_min) * (1 + cos(pi * (s - warmup) / (total - warmup))) / 2
 ///                                                                       for warmup <= s <= total
 ///         = lr_min                                                      after total.
-/// As a factor (operator()) it is lr(s) / lr_max, for lr::lambda on an optimizer whose lr is
-/// lr_max (groups at other lrs scale in proportion).
+/// As a factor (operator()) it is lr(s) / lr_max, for lr::lambda: a scheduler multiplies each
+/// group's own starting lr by it, so on an optimizer lr_max and lr_min are factors of that lr and
+/// only their ratio counts (warmup_cosine(opt, w, t, 1.0, 0.01): up to the optimizer's lr, down
+/// to 1 % of it).
 struct WarmupCosine {
   /// Steps of linear warm-up up to lr_max.
   std::int64_t warmup;
@@ -247,7 +249,13 @@ inline WarmupCosine warmup_cosine(std::int64_t warmup, std::int64_t total, doubl
   return {warmup, total, lr_max, lr_min};
 }
 
-/// A LambdaLR following warmup_cosine(warmup, total, lr_max, lr_min).
+/// A LambdaLR on `optimizer` whose factor is warmup_cosine(warmup, total, lr_max, lr_min): each
+/// group's lr at step s is its starting lr times lr(s) / lr_max. lr_max and lr_min are factors of
+/// the optimizer's rates, not rates: pass 1.0 and the floor's fraction (0.01 for 1 %). Rates work
+/// only where lr_max equals the optimizer's lr (3e-4, 3e-6 on an optimizer at 3e-4); an
+/// optimizer at 0.1 given lr_max = 0.01 still peaks at 0.1, with its floor at 0.1 * lr_min /
+/// lr_max. An Error as for the factor (warmup < 0, total < warmup, lr_max <= 0, lr_min outside
+/// [0, lr_max]).
 template <GroupLearningRates O>
 Scheduler<O> warmup_cosine(O& optimizer, std::int64_t warmup, std::int64_t total, double lr_max,
                            double lr_min = 0) {

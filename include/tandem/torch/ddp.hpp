@@ -44,8 +44,11 @@
 // does not need. A CUDA module with a host communicator is an Error (copy the module to the CPU,
 // or use NcclComm). Use tandem's GradScaler, EMA and optimizers with ddp.executor().
 // Parameters added to the module (or replaced, or moved with .to()) after wrapping are an Error at
-// the next forward or backward. A forward in eval mode (module->eval()) runs no collective, so
-// distributed evaluation may give ranks different batch counts.
+// the next forward or backward. A second backward() after the one that reduced the gradients,
+// with no forward in between, is an Error naming a parameter, as PyTorch's DDP refuses it
+// ("Expected to mark a variable ready only once"): accumulate micro-batches under no_sync(). A
+// forward in eval mode (module->eval()) runs no collective, so distributed evaluation may give
+// ranks different batch counts.
 #pragma once
 
 #include <cstddef>
@@ -70,6 +73,7 @@
 
 #include "tandem/arena/parameters.hpp"
 #include "tandem/comm/communicator.hpp"
+#include "tandem/core/detail/disagreement.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/ddp/ddp.hpp"
 #include "tandem/ddp/policies.hpp"
@@ -120,16 +124,6 @@ inline std::string sizes_text(at::IntArrayRef sizes) {
   return text + "]";
 }
 
-/// FNV-1a, 64 bits: the same text hashes the same on every rank.
-inline std::uint64_t text_hash(const std::string& text,
-                               std::uint64_t hash = 1469598103934665603ull) {
-  for (unsigned char c : text) {
-    hash ^= c;
-    hash *= 1099511628211ull;
-  }
-  return hash;
-}
-
 /// Collective: every rank's `mine`, rank r's at r * mine.size(). The values travel as libtorch
 /// tensors on `device` (the CPU, or the GPU of a device communicator: in Space).
 template <class Space, element_type T, Communicator Comm>
@@ -152,7 +146,7 @@ void require_same_entries(Comm& comm, const std::vector<std::string>& entries,
                           const char* operation, const at::Device& device) {
   const auto n = static_cast<std::size_t>(comm.size());
   std::uint64_t whole = 0;
-  for (const auto& entry : entries) whole = text_hash(entry + "\n", whole);
+  for (const auto& entry : entries) whole = tandem::detail::fnv1a(entry + "\n", whole);
   const auto all =
       all_gather_values<Space>(comm,
                                std::vector<std::int64_t>{static_cast<std::int64_t>(whole),
@@ -168,7 +162,7 @@ void require_same_entries(Comm& comm, const std::vector<std::string>& entries,
 
   std::vector<std::int64_t> hashes(common);
   for (std::size_t i = 0; i < common; ++i) {
-    hashes[i] = static_cast<std::int64_t>(text_hash(entries[i]));
+    hashes[i] = static_cast<std::int64_t>(tandem::detail::fnv1a(entries[i]));
   }
   std::vector<std::int64_t> all_hashes;
   if (common > 0) all_hashes = all_gather_values<Space>(comm, std::move(hashes), device);
@@ -188,22 +182,10 @@ void require_same_entries(Comm& comm, const std::vector<std::string>& entries,
   for (std::size_t r = 0; r < n; ++r) {
     seen[r] = reinterpret_cast<const char*>(texts.data() + r * text_bytes);
   }
-  std::string cause =
-      "the ranks' modules differ; first difference at entry " + std::to_string(first) + ":";
-  std::vector<bool> told(n, false);
-  for (std::size_t r = 0; r < n; ++r) {
-    if (told[r]) continue;
-    std::string ranks;
-    std::size_t count = 0;
-    for (std::size_t s = r; s < n; ++s) {
-      if (!told[s] && seen[s] == seen[r]) {
-        told[s] = true;
-        ranks += (count++ ? ", " : "") + std::to_string(s);
-      }
-    }
-    cause += (r ? ";" : "") + std::string(count > 1 ? " ranks " : " rank ") + ranks +
-             (count > 1 ? " have " : " has ") + seen[r];
-  }
+  const std::string cause =
+      "the ranks' modules differ; first difference at entry " + std::to_string(first) + ": " +
+      tandem::detail::describe_groups(
+          seen, [](const std::string& entry) { return entry; }, " has ", " have ");
   throw Error(comm.rank(), operation, cause);
 }
 
@@ -261,8 +243,29 @@ class DistributedDataParallel {
   using executor_type = typename StreamOrder<arena_space>::executor;
   /// The tandem DDP that reduces the arena.
   using inner_type = tandem::DistributedDataParallel<Comm, Policies...>;
-  /// Its RAII guard for gradient accumulation (see no_sync()).
-  using NoSyncGuard = typename inner_type::NoSyncGuard;
+  /// The RAII guard of gradient accumulation (see no_sync()): the wrapped DDP's guard, and while
+  /// it lives more than one backward() may follow a forward.
+  class [[nodiscard]] NoSyncGuard {
+   public:
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+    /// Hands the guard over; the moved-from guard no longer ends the accumulation.
+    NoSyncGuard(NoSyncGuard&& other) noexcept
+        : inner_(std::move(other.inner_)), depth_(std::exchange(other.depth_, nullptr)) {}
+    NoSyncGuard& operator=(NoSyncGuard&&) = delete;
+    ~NoSyncGuard() {
+      if (depth_) --*depth_;
+    }
+
+   private:
+    friend class DistributedDataParallel;
+    NoSyncGuard(typename inner_type::NoSyncGuard inner, int* depth) noexcept
+        : inner_(std::move(inner)), depth_(depth) {
+      ++*depth_;
+    }
+    typename inner_type::NoSyncGuard inner_;
+    int* depth_;
+  };
 
   /// Collective: checks, moves into the arena and broadcasts `module`'s parameters and buffers
   /// (see the top of this header). An Error, on every rank, when the ranks' modules differ, a
@@ -328,6 +331,7 @@ class DistributedDataParallel {
     StreamOrder<arena_space>::check(exec_, device_, comm_->rank(),
                                     "torch::DistributedDataParallel::forward");
     check_unchanged("torch::DistributedDataParallel::forward");
+    reduced_since_forward_ = false;
     attach();
     attach_grads(/*undefined_is_zero=*/true);
     if (module_->is_training()) {
@@ -356,7 +360,7 @@ class DistributedDataParallel {
 
   /// `auto guard = ddp.no_sync();` - backward passes accumulate gradients locally until the
   /// guard ends; the first backward after it reduces the sum (gradient accumulation).
-  [[nodiscard]] NoSyncGuard no_sync() { return inner_->no_sync(); }
+  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(inner_->no_sync(), &no_sync_depth_); }
 
   /// ZeRO (policies shard<1>, shard<2>; docs/zero.md): gives `opt`, a tandem optimizer over
   /// parameters(), only this rank's parts of the arena. Call it before the first step and step
@@ -611,6 +615,15 @@ class DistributedDataParallel {
   void on_grad_ready(std::size_t i) {
     StreamOrder<arena_space>::check(exec_, device_, comm_->rank(),
                                     "torch::DistributedDataParallel (backward)");
+    if (reduced_since_forward_ && no_sync_depth_ == 0) {
+      throw Error(comm_->rank(), "torch::DistributedDataParallel (backward)",
+                  "parameter '" + trained_[i].name +
+                      "' was marked ready twice in one step: a second backward() after the one "
+                      "that reduced the gradients, with no forward (ddp.forward() or "
+                      "ddp.before_forward()) in between (PyTorch's DDP: \"Expected to mark a "
+                      "variable ready only once\"); sum the losses and call backward() once, or "
+                      "accumulate micro-batches under ddp.no_sync()");
+    }
     if (!callback_queued_) {
       ::torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
       callback_queued_ = true;
@@ -622,6 +635,7 @@ class DistributedDataParallel {
   /// From the engine, as backward ends: the reduction finishes (collective), then the checks.
   void finish_backward() {
     callback_queued_ = false;
+    reduced_since_forward_ = no_sync_depth_ == 0;
     inner_->finish_gradient_sync();
     attach_grads(/*undefined_is_zero=*/false);  // unused parameters get their reduced gradient
     check_unchanged("torch::DistributedDataParallel (backward)");
@@ -706,6 +720,8 @@ class DistributedDataParallel {
   float* attached_values_ = nullptr;
   float* attached_buffers_ = nullptr;
   bool callback_queued_ = false;
+  bool reduced_since_forward_ = false;  // a backward reduced the gradients since the last forward
+  int no_sync_depth_ = 0;               // open NoSyncGuards
   std::unique_ptr<inner_type> inner_;
 };
 

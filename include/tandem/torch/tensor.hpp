@@ -1,11 +1,12 @@
 // tandem/torch/tensor.hpp - libtorch tensors on tandem's communicators: torch::Tensor as a
 // DynamicTensor (comm.all_reduce(t), every operation of tandem's communicators), a checked typed
 // view (tandem::torch::view<float>(t)), collectives for any Communicator that dispatch on the
-// tensor's run-time dtype (tandem::torch::all_reduce(comm, t), broadcast), and reduce_mean /
-// reduce_sum of a tensor.
+// tensor's run-time dtype (tandem::torch::all_reduce(comm, t), broadcast), reduce_mean /
+// reduce_sum of a tensor, and a Loader batch's fields as tensors (tandem::torch::tensors(batch)).
 //   comm.all_reduce(grads, tandem::ReduceOp::avg);                     // any supported dtype
 //   comm.all_reduce(tandem::torch::view<float>(t));                    // the typed way
 //   torch::Tensor mean = tandem::reduce_mean(comm, loss.detach());     // PyTorch's reduce_tensor
+//   auto [images, labels] = tandem::torch::tensors(batch);            // views, no copy
 // Needs: libtorch (1.13 or 2.x; the tandem::torch CMake component) and a Communicator.
 //
 // How: tandem's Tensor concept fixes the element type and memory space at compile time (that is
@@ -25,8 +26,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <torch/cuda.h>
@@ -130,6 +133,34 @@ decltype(auto) visit_dtype(const at::Tensor& t, const char* operation, int rank,
                   "dtype " + dtype_name(t.scalar_type()) +
                       " is not one tandem moves (Float, Double, Half, BFloat16, Int, Long, Byte)");
   }
+}
+
+/// A tandem::View as a libtorch tensor over the same memory (no copy): its shape, its element
+/// type's dtype, on the CPU for host memory or on the GPU that holds it for device memory. It is
+/// valid as long as the View's memory is.
+template <element_type T, memory_space Space>
+[[nodiscard]] at::Tensor tensor(View<T, Space> v) {
+  const Shape& shape = v.shape();
+  std::vector<std::int64_t> sizes(shape.begin(), shape.end());
+  auto options = at::TensorOptions().dtype(scalar_type_of<T>());
+  // Without an index, libtorch asks CUDA which GPU the pointer is on.
+  options = options.device(host_accessible<Space> ? at::kCPU : at::kCUDA);
+  return at::from_blob(static_cast<void*>(v.data()), sizes, options);
+}
+
+/// A Loader batch's fields as libtorch tensors, in the data set's field order, each a view of
+/// the batch's memory (no copy) of shape {batch size, elements of one sample} and its element
+/// type's dtype:
+///   auto [images, labels] = tandem::torch::tensors(batch);   // Float {n, 784}, Long {n, 1}
+///   auto loss = cross_entropy(ddp.forward(images.view({-1, 1, 28, 28})), labels.view(-1));
+/// They are valid while the batch is (until the loop's next iteration: the Loader reuses its
+/// buffers); .clone() one to keep it, .to(device) to move it to a GPU.
+template <class Batch>
+requires requires(const Batch& batch) {
+  batch.views();
+}
+[[nodiscard]] auto tensors(const Batch& batch) {
+  return std::apply([](auto... views) { return std::make_tuple(tensor(views)...); }, batch.views());
 }
 
 }  // namespace tandem::torch

@@ -1,17 +1,22 @@
 // The IDX reader on files made here: every element type, plain and gzip, and hostile inputs
-// (truncated at every byte, lying sizes, trailing bytes, corrupt compression), each an Error.
+// (truncated at every byte, lying sizes, trailing bytes, corrupt compression, paths that are no
+// file), each an Error; and images and labels that do not fit their data set (labels outside its
+// classes, images of another size), each an Error naming the file.
 #include <zlib.h>
 
 #include <doctest/doctest.h>
 
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "support/temp_dir.hpp"
 #include "tandem/data/idx.hpp"
+#include "tandem/data/mnist.hpp"
 
 namespace {
 
@@ -179,4 +184,97 @@ TEST_CASE("a zero extent makes an empty file, however large the other extents") 
   }
   CHECK_THROWS_WITH_AS((void)tandem::parse_idx(idx_file(0x08, {0, 7}, bytes_of({1})), "f.idx"),
                        doctest::Contains("1 bytes follow"), tandem::Error);
+}
+
+TEST_CASE("a path that is not a regular file is an Error naming it, never an allocation") {
+  tandem::test::TempDir dir;
+  const std::string directory = dir.str() + ": is a directory, not an IDX file";
+  CHECK_THROWS_WITH_AS((void)tandem::read_idx(dir.path()), doctest::Contains(directory.c_str()),
+                       tandem::Error);
+  CHECK_THROWS_WITH_AS((void)tandem::read_idx("/dev/null"),
+                       doctest::Contains("/dev/null: is not a regular file"), tandem::Error);
+}
+
+TEST_CASE("a gzip header claiming far more than the stream holds is an Error") {
+  // 1 GiB claimed by a 2 MB stream of incompressible bytes: within deflate's best ratio (1032:1),
+  // so only the stream's early end tells; the reader finds it having allocated what inflated
+  // (16 MB at a time), not the gigabyte claimed.
+  Bytes data(2'000'000);
+  std::uint32_t noise = 12345;
+  for (auto& b : data) b = std::byte((noise = noise * 1664525u + 1013904223u) >> 24);
+  const Bytes plain = idx_file(0x08, {1024, 1024, 1024}, data);
+  CHECK_THROWS_WITH_AS((void)tandem::parse_idx(gzip(plain), "claims.gz"),
+                       doctest::Contains("truncated: the data needs 1073741824 bytes, the file "
+                                         "has 2000000"),
+                       tandem::Error);
+}
+
+namespace {
+
+// An images file of `count` images of rows x columns and a labels file of `labels`.
+std::pair<tandem::IdxArray, tandem::IdxArray> image_set(std::uint32_t count, std::uint32_t rows,
+                                                        std::uint32_t columns,
+                                                        std::vector<int> labels) {
+  const Bytes pixels(std::size_t{count} * rows * columns, std::byte{7});
+  Bytes label_bytes;
+  for (int l : labels) label_bytes.push_back(std::byte(l));
+  return {tandem::parse_idx(idx_file(0x08, {count, rows, columns}, pixels), "images"),
+          tandem::parse_idx(
+              idx_file(0x08, {static_cast<std::uint32_t>(labels.size())}, label_bytes), "labels")};
+}
+
+}  // namespace
+
+TEST_CASE("images and labels that do not fit the data set are Errors naming the file") {
+  const tandem::IdxImageShape mnist{28, 28, 10};
+  auto make = [&](std::uint32_t rows, std::uint32_t columns, std::vector<int> labels) {
+    const auto [images, label_array] = image_set(3, rows, columns, std::move(labels));
+    return tandem::IdxImageDataset(images, label_array, "train-images", "train-labels", 0.5f, 0.25f,
+                                   mnist);
+  };
+  const auto fine = make(28, 28, {0, 9, 4});
+  CHECK(fine.classes() == 10);
+  CHECK(fine.field_numel() == std::array<std::size_t, 2>{784, 1});
+  CHECK_THROWS_WITH_AS((void)make(28, 28, {0, 12, 3}),
+                       doctest::Contains("IdxImageDataset train-labels: sample 1 has the label "
+                                         "12, outside the 10 classes (0 to 9)"),
+                       tandem::Error);
+  CHECK_THROWS_WITH_AS((void)make(27, 28, {0, 1, 2}),
+                       doctest::Contains("IdxImageDataset train-images: the images are 27 x 28 "
+                                         "pixels; this data set's are 28 x 28"),
+                       tandem::Error);
+  CHECK_THROWS_WITH_AS((void)make(28, 28, {0, 1}), doctest::Contains("3 images but 2 labels"),
+                       tandem::Error);
+  // Without expectations any label and size passes (a data set of its own kind).
+  const auto [images, labels] = image_set(2, 5, 4, {200, 3});
+  const tandem::IdxImageDataset any(images, labels, "i", "l", 0.5f, 0.25f);
+  CHECK(any.classes() == 0);
+  CHECK(any.field_numel()[0] == 20);
+  const auto [no_pixels, two] = image_set(2, 0, 4, {1, 1});
+  CHECK_THROWS_WITH_AS(tandem::IdxImageDataset(no_pixels, two, "i", "l", 0.5f, 0.25f),
+                       doctest::Contains("the images have no pixels"), tandem::Error);
+  CHECK_THROWS_WITH_AS(tandem::IdxImageDataset(images, labels, "i", "l", 0.5f, 0.0f),
+                       doctest::Contains("std finite and positive"), tandem::Error);
+}
+
+TEST_CASE("FashionMNIST refuses a directory whose files do not fit it, naming the file") {
+  tandem::test::TempDir dir;
+  auto write = [&](const std::string& name, const Bytes& bytes) {
+    std::ofstream(dir / name, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()),
+               static_cast<std::streamsize>(bytes.size()));
+  };
+  const Bytes pixels(std::size_t{2} * 28 * 28, std::byte{1});
+  write("train-images-idx3-ubyte", idx_file(0x08, {2, 28, 28}, pixels));
+  write("train-labels-idx1-ubyte", idx_file(0x08, {2}, bytes_of({3, 10})));
+  const std::string label_10 =
+      dir / "train-labels-idx1-ubyte" + ": sample 1 has the label 10, outside the 10 classes";
+  CHECK_THROWS_WITH_AS(tandem::FashionMNIST(tandem::split::train, dir.path()),
+                       doctest::Contains(label_10.c_str()), tandem::Error);
+  write("train-labels-idx1-ubyte", idx_file(0x08, {2}, bytes_of({3, 9})));
+  CHECK(tandem::FashionMNIST(tandem::split::train, dir.path()).size() == 2);
+  CHECK_THROWS_WITH_AS(tandem::FashionMNIST(tandem::split::test, dir.path()),
+                       doctest::Contains("t10k-images-idx3-ubyte.gz nor"), tandem::Error);
+  CHECK_THROWS_WITH_AS(tandem::FashionMNIST(tandem::split::train, dir / "train-images-idx3-ubyte"),
+                       doctest::Contains("not a directory"), tandem::Error);
 }

@@ -81,3 +81,15 @@ TEST_CASE("DDP on GlooComm: 16-bit compression stays within its rounding bound")
     CHECK(suite::check_compressions<tandem::GlooComm>(run, max_ranks) == 0);
   });
 }
+
+TEST_CASE("Join on GlooComm: uneven data equals the single-process schedule") {
+  on_gloo([](auto& run, int max_ranks) {
+    CHECK(suite::check_joins<tandem::GlooComm>(run, max_ranks) == 0);
+  });
+}
+
+TEST_CASE("Join on GlooComm: SyncBatchNorm between buckets; misuse is an Error, never a hang") {
+  on_gloo([](auto& run, int max_ranks) {
+    CHECK(suite::check_join_norms_and_errors<tandem::GlooComm>(run, max_ranks) == 0);
+  });
+}

@@ -42,6 +42,16 @@ TEST_CASE("DDP on LocalComm: 16-bit compression stays within its rounding bound"
   CHECK(suite::check_compressions<tandem::LocalComm>(run, max_ranks) == 0);
 }
 
+TEST_CASE("Join on LocalComm: uneven data equals the single-process schedule, bit for bit") {
+  LocalRunner run;
+  CHECK(suite::check_joins<tandem::LocalComm>(run, max_ranks) == 0);
+}
+
+TEST_CASE("Join on LocalComm: SyncBatchNorm between buckets; misuse is an Error, never a hang") {
+  LocalRunner run;
+  CHECK(suite::check_join_norms_and_errors<tandem::LocalComm>(run, max_ranks) == 0);
+}
+
 TEST_CASE("DDP on LocalComm: before_forward() broadcasts the buffers the arena holds now") {
   // EMA's apply_shadow() swaps the arena's buffer storage; DDP must follow the arena, not keep
   // the storage it saw at construction.

@@ -58,3 +58,13 @@ TEST_CASE("DDP on MpiComm: 16-bit compression stays within its rounding bound") 
   MpiRunner run;
   CHECK(suite::check_compressions<tandem::MpiComm>(run, tandem::test::job_size()) == 0);
 }
+
+TEST_CASE("Join on MpiComm: uneven data equals the single-process schedule") {
+  MpiRunner run;
+  CHECK(suite::check_joins<tandem::MpiComm>(run, tandem::test::job_size()) == 0);
+}
+
+TEST_CASE("Join on MpiComm: SyncBatchNorm between buckets; misuse is an Error, never a hang") {
+  MpiRunner run;
+  CHECK(suite::check_join_norms_and_errors<tandem::MpiComm>(run, tandem::test::job_size()) == 0);
+}

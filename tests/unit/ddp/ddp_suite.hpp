@@ -532,3 +532,5 @@ std::size_t check_compressions(Runner& run, int max_ranks) {
 }
 
 }  // namespace tandem::test::ddp
+
+#include "join_suite.hpp"  // the Join cases, over the same runners

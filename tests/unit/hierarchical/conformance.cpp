@@ -120,6 +120,17 @@ TEST_CASE("HierarchicalComm: DDP's N ranks x batch b equal 1 rank x batch N*b") 
   CHECK(tandem::test::ddp::check_theorem<Comm>(run, comm().size()) == 0);
 }
 
+TEST_CASE("HierarchicalComm: Join on uneven data, SyncBatchNorm between buckets, its misuse") {
+  namespace suite = tandem::test::ddp;
+  tandem::test::ProcessRunner<Comm> run{&comm()};
+  const int n = comm().size();
+  CHECK(suite::check_join<Comm>(run, n) == 0);
+  CHECK(suite::check_join<Comm, tandem::shard<2>, tandem::bucket_cap<256>>(run, n, {.micro = 2}) ==
+        0);
+  CHECK(suite::check_join_batch_norm<Comm>(run, n) == 0);
+  CHECK(suite::check_join_errors<Comm>(run, n) == 0);
+}
+
 TEST_CASE("HierarchicalComm: a level's rank numbers are this group's in its messages") {
   using tandem::detail::hierarchical::renumbered;
   const std::vector<int> node{2, 3};

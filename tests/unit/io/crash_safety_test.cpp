@@ -96,9 +96,11 @@ TEST_CASE("SIGKILL during saves never leaves an unreadable newest checkpoint") {
     ++verified;
   }
   CHECK(verified == 20);
-  // The next whole save sweeps away the temporary file a killed save left.
+  // The next job resumes there: claiming the directory (the killed writer's lock is gone with
+  // it) sweeps away the temporary file its save left.
   tandem::run_local(1, [&](tandem::LocalComm& comm) {
     Saver saver;
+    REQUIRE(tandem::open_checkpoints(comm, last, saver.state, {.resume = true}).has_value());
     saver.step = 1000000;
     saver.save(comm, last);
   });

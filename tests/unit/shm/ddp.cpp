@@ -1,6 +1,6 @@
 // DistributedDataParallel on ShmComm: one process per rank under tandemrun (ctest shm_ddp_np3);
 // the job joins with init_process_group (env://) and groups of 1 .. WORLD_SIZE ranks are split
-// off it, each with a segment of its own.
+// off it, each with a segment of its own. The Join cases too (join_suite.hpp).
 #include <doctest/doctest.h>
 
 #include "support/runners.hpp"
@@ -42,4 +42,14 @@ TEST_CASE("DDP on ShmComm: marking twice and mismatched registrations are errors
 TEST_CASE("DDP on ShmComm: 16-bit compression stays within its rounding bound") {
   tandem::test::SplitRunner<tandem::ShmComm> run{&job()};
   CHECK(suite::check_compressions<tandem::ShmComm>(run, job().size()) == 0);
+}
+
+TEST_CASE("Join on ShmComm: uneven data equals the single-process schedule") {
+  tandem::test::SplitRunner<tandem::ShmComm> run{&job()};
+  CHECK(suite::check_joins<tandem::ShmComm>(run, job().size()) == 0);
+}
+
+TEST_CASE("Join on ShmComm: SyncBatchNorm between buckets; misuse is an Error, never a hang") {
+  tandem::test::SplitRunner<tandem::ShmComm> run{&job()};
+  CHECK(suite::check_join_norms_and_errors<tandem::ShmComm>(run, job().size()) == 0);
 }

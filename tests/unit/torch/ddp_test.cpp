@@ -10,10 +10,12 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -24,6 +26,7 @@
 #include "gradient_check.hpp"
 #include "support/error_of.hpp"
 #include "tandem/comm/local/local.hpp"
+#include "tandem/data/loader.hpp"
 #include "tandem/ddp/policies.hpp"
 #include "tandem/torch.hpp"
 #if TANDEM_TEST_IO
@@ -252,6 +255,84 @@ TEST_CASE("misuse is a clear Error") {
   }
 }
 
+TEST_CASE("misuse: a second backward() in one step is an Error; under no_sync it accumulates") {
+  torch::set_num_threads(1);
+  const Data data;
+  auto nets = copies(3, 7);
+  // Two backward()s of one forward under no_sync, then a reduced one: 3x the plain gradients.
+  auto want = reference_grads(nets[2], data, 2, 1, nowhere);
+  for (auto& g : want) g = g * 3;
+  std::vector<std::vector<torch::Tensor>> got(2);
+  std::vector<std::string> errors(2);
+  tandem::run_local(2, [&](LocalComm& comm) {
+    const int r = comm.rank();
+    tandem::torch::DistributedDataParallel ddp(comm, nets[r].ptr());
+    auto [x, y] = slice(data, 2, r, 1, 0);
+    auto loss = torch::nn::functional::cross_entropy(ddp.forward(x), y);
+    loss.backward({}, /*retain_graph=*/true);
+    errors[r] = error_of([&] { loss.backward(); });
+
+    for (auto& p : nets[r]->parameters()) p.mutable_grad() = torch::Tensor();  // set_to_none
+    {
+      auto guard = ddp.no_sync();
+      auto local = torch::nn::functional::cross_entropy(ddp.forward(x), y);
+      local.backward({}, /*retain_graph=*/true);
+      local.backward();
+    }
+    torch::nn::functional::cross_entropy(ddp.forward(x), y).backward();
+    for (auto& p : nets[r]->parameters()) got[r].push_back(p.grad().clone());
+  });
+  for (int r = 0; r < 2; ++r) {
+    DOCTEST_CAPTURE(errors[r]);
+    DOCTEST_CHECK(contains(errors[r], "rank " + std::to_string(r)));
+    DOCTEST_CHECK(contains(errors[r], "was marked ready twice in one step"));
+    DOCTEST_CHECK(contains(errors[r], "Expected to mark a variable ready only once"));
+    DOCTEST_CHECK(contains(errors[r], "parameter 'fc"));
+    check_close(got[r], want, "rank " + std::to_string(r) + " after no_sync");
+  }
+}
+
+namespace {
+
+/// Ten samples: x = {i, i + 0.5, i + 0.25}, y = i * i.
+struct Squares {
+  using fields = tandem::sample_fields<float, std::int64_t>;
+  std::size_t size() const { return 10; }
+  std::array<std::size_t, 2> field_numel() const { return {3, 1}; }
+  void read(std::size_t i, std::span<float> x, std::span<std::int64_t> y) const {
+    x[0] = float(i), x[1] = float(i) + 0.5f, x[2] = float(i) + 0.25f;
+    y[0] = std::int64_t(i * i);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a Loader batch's fields as torch tensors: views of the batch's memory") {
+  const Squares data;
+  const std::vector<std::vector<std::int64_t>> order{{3, 1, 4, 0}, {9, 2, 6, 5}, {7, 8}};
+  tandem::Loader loader(data, order, {.workers = 1});
+  std::size_t seen = 0;
+  for (const auto& batch : loader) {
+    const auto [x, y] = tandem::torch::tensors(batch);
+    const auto n = static_cast<std::int64_t>(batch.size());
+    DOCTEST_CHECK((x.sizes() == torch::IntArrayRef{n, 3}));
+    DOCTEST_CHECK((y.sizes() == torch::IntArrayRef{n, 1}));
+    DOCTEST_CHECK((x.scalar_type() == torch::kFloat));
+    DOCTEST_CHECK((y.scalar_type() == torch::kLong));
+    DOCTEST_CHECK(x.device().is_cpu());
+    const auto [images, labels] = batch.views();
+    DOCTEST_CHECK(x.data_ptr() == static_cast<void*>(images.data()));  // no copy
+    DOCTEST_CHECK(y.data_ptr() == static_cast<void*>(labels.data()));
+    for (std::int64_t k = 0; k < n; ++k) {
+      const auto i = order[seen][static_cast<std::size_t>(k)];
+      DOCTEST_CHECK(y[k][0].item<std::int64_t>() == i * i);
+      DOCTEST_CHECK(x[k][1].item<float>() == float(i) + 0.5f);
+    }
+    ++seen;
+  }
+  DOCTEST_CHECK(seen == order.size());
+}
+
 TEST_CASE("reduce_mean and all_reduce take torch tensors") {
   tandem::run_local(3, [](LocalComm& comm) {
     auto t = torch::full({5}, float(comm.rank() + 1));
@@ -435,6 +516,8 @@ TEST_CASE("checkpoints: tensors under the module's state_dict keys, each once, e
   DOCTEST_CHECK(file.entry("body.1.num_batches_tracked").dtype == tandem::st_dtype::I64);
   DOCTEST_CHECK(file.values<std::int64_t>("body.1.num_batches_tracked") ==
                 std::vector<std::int64_t>{3});
+  // 0-dimensional, as PyTorch holds it (and as libtorch's BatchNorm registers it).
+  DOCTEST_CHECK(file.entry("body.1.num_batches_tracked").shape.empty());
   DOCTEST_CHECK(file.entry("body.1.running_var").shape == std::vector<std::int64_t>{6});
   DOCTEST_CHECK(file.entry("head.weight").shape == std::vector<std::int64_t>{3, 6});
   for (const auto& item : net->named_parameters()) {
@@ -450,6 +533,47 @@ TEST_CASE("checkpoints: tensors under the module's state_dict keys, each once, e
         torch::equal(torch::from_blob(values.data(), item.value().sizes()), item.value()),
         item.key());
   }
+  if (!std::getenv("TANDEM_TORCH_STATE_DICT_DIR")) std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("checkpoints: a file holding num_batches_tracked 1-dimensional (older tandem) loads") {
+  torch::set_num_threads(1);
+  const auto dir = test_directory("legacy-count");
+  torch::manual_seed(3);
+  Tiny saved, loaded;
+  saved->body[1]->as<torch::nn::BatchNorm1d>()->num_batches_tracked.fill_(9);
+  tandem::run_local(1, [&](LocalComm& comm) {
+    tandem::torch::DistributedDataParallel ddp(comm, saved.ptr());
+    tandem::TrainingState state;
+    tandem::torch::model(state, ddp);
+    tandem::save_checkpoint(comm, dir / "new.safetensors", state);
+  });
+  // The same file as tandem wrote it before: num_batches_tracked of shape [1].
+  const auto file = tandem::SafetensorsFile::map(dir / "new.safetensors");
+  tandem::SafetensorsWriter old;
+  for (const auto& entry : file.tensors()) {
+    auto shape = entry.shape.empty() ? std::vector<std::int64_t>{1} : entry.shape;
+    if (entry.dtype == tandem::st_dtype::I64) {
+      old.add(entry.name, file.values<std::int64_t>(entry.name), shape);
+    } else {
+      old.add(entry.name, file.values<float>(entry.name), shape);
+    }
+  }
+  for (const auto& [key, value] : file.metadata()) old.metadata(key, value);
+  if (file.has_checksum()) old.checksum();
+  old.write(dir / "old.safetensors");
+  DOCTEST_CHECK(tandem::SafetensorsFile::map(dir / "old.safetensors")
+                    .entry("body.1.num_batches_tracked")
+                    .shape == std::vector<std::int64_t>{1});
+  tandem::run_local(1, [&](LocalComm& comm) {
+    tandem::torch::DistributedDataParallel ddp(comm, loaded.ptr());
+    tandem::TrainingState state;
+    tandem::torch::model(state, ddp);
+    tandem::load_checkpoint(comm, dir / "old.safetensors", state);
+  });
+  const auto& count = loaded->body[1]->as<torch::nn::BatchNorm1d>()->num_batches_tracked;
+  DOCTEST_CHECK(count.dim() == 0);
+  DOCTEST_CHECK(count.item<std::int64_t>() == 9);
   if (!std::getenv("TANDEM_TORCH_STATE_DICT_DIR")) std::filesystem::remove_all(dir);
 }
 

@@ -33,8 +33,11 @@ def main(model_file, expected_file):
     model = Tiny()
     model.load_state_dict(state, strict=True)
     count = state["body.1.num_batches_tracked"]
-    if count.dtype != torch.int64 or count.item() != 3:
-        sys.exit(f"FAILED: num_batches_tracked is {count} of {count.dtype}, not 3 of torch.int64")
+    if count.dtype != torch.int64 or count.dim() != 0 or count.item() != 3:
+        sys.exit(f"FAILED: num_batches_tracked is {count} of {count.dtype}, not 3 of torch.int64 "
+                 "with 0 dimensions (as PyTorch holds it)")
+    if model.body[1].num_batches_tracked.shape != count.shape:
+        sys.exit("FAILED: PyTorch's num_batches_tracked and the file's differ in shape")
     if not torch.equal(state["tied"], state["head.weight"]):
         sys.exit("FAILED: the tied parameter's two keys hold different values")
     expected = load_file(expected_file)

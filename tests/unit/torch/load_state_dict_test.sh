@@ -4,9 +4,10 @@
 # same output (load_state_dict.py). Skipped (exit 77) when no Python here has both torch and
 # safetensors, saying why; never passed without the check.
 #   load_state_dict_test.sh TORCH_BRIDGE
-# The Python: $TANDEM_PYTHON, python3 or /usr/bin/python3, the first that imports both. Failing
-# that, one with torch is given another one's safetensors package on PYTHONPATH (safetensors is one
-# abi3 extension module: this machine has torch in Debian's Python and safetensors in pyenv's).
+# The Python: $TANDEM_PYTHON, tandem-python (scripts/setup.sh makes it: Debian's Python with its
+# torch, and safetensors), python3 or /usr/bin/python3, the first that has both. Failing that, one
+# with torch is given another one's safetensors package on PYTHONPATH (safetensors is one abi3
+# extension module), for a machine set up before setup.sh made tandem-python.
 set -euo pipefail
 bridge=$1
 here=$(cd "$(dirname "$0")" && pwd)
@@ -20,7 +21,7 @@ TANDEM_TORCH_STATE_DICT_DIR=$work "$bridge" --test-case='*state_dict keys*' >"$w
 
 candidates=()
 [[ -n ${TANDEM_PYTHON:-} ]] && candidates+=("$TANDEM_PYTHON")
-candidates+=(python3 /usr/bin/python3)
+candidates+=(tandem-python python3 /usr/bin/python3)
 # Where each package lies, found without importing it (importing torch takes seconds).
 where() {
   "$1" -c "import importlib.util as u, os; s = u.find_spec('$2'); print(os.path.dirname(s.origin) if s else '')" 2>/dev/null

@@ -7,7 +7,8 @@
 // set), the same comparison runs on GlooComm processes, on groups of 1 .. WORLD_SIZE ranks split
 // off the job, and nothing else; built with ShmComm (TANDEM_TEST_SHM, ctest zero_shm_np3) the
 // same on the intra-node shared-memory path; built with MPI (TANDEM_TEST_MPI, ctest
-// zero_mpi_np4: always under mpirun), the same on MpiComm processes.
+// zero_mpi_np4: always under mpirun), the same on MpiComm processes. Each also runs the stages
+// against DDP through a tandem::Join on uneven data (rank r runs 4 + 2r steps).
 //
 // Bit for bit: LocalComm's reduce_scatter and all_reduce add the ranks' inputs in rank order, so
 // a shard<2> gradient equals the DDP one; the optimizers update each element on its own, so
@@ -42,6 +43,7 @@
 #include "tandem/arena/parameters.hpp"
 #include "tandem/comm/local/local.hpp"
 #include "tandem/ddp/ddp.hpp"
+#include "tandem/ddp/join.hpp"
 #include "tandem/io/checkpoint.hpp"
 #include "tandem/optim/adamw.hpp"
 #include "tandem/optim/sgd.hpp"
@@ -129,53 +131,73 @@ struct Loop {
   bool scaler = false;  // GradScaler(comm); step 3 overflows on the last rank only
   int first = 0;        // the first step's number (a resumed run goes on from there)
   int steps = 5;
+  bool uneven = false;  // train_uneven(): through a tandem::Join, rank r running 4 + 2r steps
 };
 
-/// A synthetic backward: each rank's gradients depend on its rank, the step and the micro-batch;
-/// step 2 accumulates two micro-batches under no_sync(); step 3 halves group 0's lr afterwards.
-/// Returns, per step, whether the optimizer stepped.
+/// What train() and train_uneven() share: a synthetic backward per micro-batch (each rank's
+/// gradients depend on its rank, the step and the micro-batch; with a scaler, step 3 overflows on
+/// the last rank) and the optimizer's step through the DDP.
+template <class Comm, class D, class O>
+struct Steps {
+  Comm& comm;
+  Trainee<D, O>& t;
+  std::optional<tandem::GradScaler<>> scaler;
+  std::vector<bool> stepped;  // per step: whether the optimizer stepped
+  std::vector<tandem::Parameters<float>::Parameter*> order;
+
+  Steps(Comm& c, Trainee<D, O>& trainee, bool with_scaler) : comm(c), t(trainee) {
+    if (with_scaler) scaler.emplace(comm, tandem::GradScalerOptions{.init_scale = 1024.0});
+    for (auto& p : t.params) order.push_back(&p);
+  }
+
+  /// Micro-batch m of step s, then finish_gradient_sync().
+  void backward(int s, int m) {
+    t.ddp.before_forward();
+    const float scale = scaler ? static_cast<float>(scaler->scale(1.0f)) : 1.0f;
+    auto values = t.params.values();
+    auto grads = t.params.grads();
+    for (std::size_t i = 0; i < grads.size(); ++i) {
+      const float g =
+          scale * (0.3f * values[i] +
+                   std::sin(static_cast<float>(1 + i + 7 * comm.rank() + 13 * s + 29 * m)));
+      grads[i] = m == 0 ? g : grads[i] + g;
+    }
+    if (scaler && s == 3 && comm.rank() == comm.size() - 1) {
+      grads[5] = std::numeric_limits<float>::infinity();
+    }
+    for (auto it = order.rbegin(); it != order.rend(); ++it) t.ddp.grad_ready(**it);
+    t.ddp.finish_gradient_sync();
+  }
+
+  void step() {
+    if (scaler) {
+      stepped.push_back(t.ddp.step(*scaler, t.opt));
+      scaler->update();
+    } else {
+      t.ddp.step(t.opt);
+      stepped.push_back(true);
+    }
+    t.opt.zero_grad();
+  }
+};
+
+/// A synthetic training run: Steps' backward; step 2 accumulates two micro-batches under
+/// no_sync(); step 3 halves group 0's lr afterwards. Returns, per step, whether the optimizer
+/// stepped.
 template <class Comm, class D, class O>
 std::vector<bool> train(Comm& comm, Trainee<D, O>& t, Loop loop) {
-  auto& params = t.params;
-  auto& ddp = t.ddp;
-  auto& opt = t.opt;
-  std::optional<tandem::GradScaler<>> scaler;
-  if (loop.scaler) scaler.emplace(comm, tandem::GradScalerOptions{.init_scale = 1024.0});
-  std::vector<bool> stepped;
-  std::vector<tandem::Parameters<float>::Parameter*> order;
-  for (auto& p : params) order.push_back(&p);
+  Steps<Comm, D, O> run(comm, t, loop.scaler);
   for (int s = loop.first; s < loop.first + loop.steps; ++s) {
     const int micros = s == 2 ? 2 : 1;
     for (int m = 0; m < micros; ++m) {
       std::optional<typename D::NoSyncGuard> guard;
-      if (m + 1 < micros) guard.emplace(ddp.no_sync());
-      ddp.before_forward();
-      const float scale = scaler ? static_cast<float>(scaler->scale(1.0f)) : 1.0f;
-      auto values = params.values();
-      auto grads = params.grads();
-      for (std::size_t i = 0; i < grads.size(); ++i) {
-        const float g =
-            scale * (0.3f * values[i] +
-                     std::sin(static_cast<float>(1 + i + 7 * comm.rank() + 13 * s + 29 * m)));
-        grads[i] = m == 0 ? g : grads[i] + g;
-      }
-      if (scaler && s == 3 && comm.rank() == comm.size() - 1) {
-        grads[5] = std::numeric_limits<float>::infinity();
-      }
-      for (auto it = order.rbegin(); it != order.rend(); ++it) ddp.grad_ready(**it);
-      ddp.finish_gradient_sync();
+      if (m + 1 < micros) guard.emplace(t.ddp.no_sync());
+      run.backward(s, m);
     }
-    if (scaler) {
-      stepped.push_back(ddp.step(*scaler, opt));
-      scaler->update();
-    } else {
-      ddp.step(opt);
-      stepped.push_back(true);
-    }
-    opt.zero_grad();
-    if (s == 3) opt.set_lr(0, opt.lr(0) * 0.5);
+    run.step();
+    if (s == 3) t.opt.set_lr(0, t.opt.lr(0) * 0.5);
   }
-  return stepped;
+  return run.stepped;
 }
 
 /// Whether a and b agree within `tolerance` (0: bit for bit).
@@ -229,6 +251,35 @@ std::size_t total_over_ranks(Comm& comm, std::size_t mine) {
   return static_cast<std::size_t>(value[0]);
 }
 
+/// train() on uneven data through a tandem::Join: rank r runs 4 + 2r steps (step 2 accumulating
+/// two micro-batches under no_sync(); with a scaler, the division by world size deferred to it
+/// and step 3 overflowing on the last rank), the ranks out of data shadowing the others; group
+/// 0's lr halves after step 3 through join.after_each_step(), on every rank. Returns, per step
+/// this rank ran, whether the optimizer stepped.
+template <class Comm, class D, class O>
+std::vector<bool> train_uneven(Comm& comm, Trainee<D, O>& t, Loop loop) {
+  Steps<Comm, D, O> run(comm, t, loop.scaler);
+  if (run.scaler) t.ddp.defer_average_to(*run.scaler, t.opt);
+  tandem::Join join(t.ddp);
+  int micro_steps = 0;  // counted on every rank, shadowed steps included
+  join.after_each_step([&] {
+    if (++micro_steps == 5) t.opt.set_lr(0, t.opt.lr(0) * 0.5);  // after step 3
+  });
+  for (int s = 0; s < 4 + 2 * comm.rank(); ++s) {
+    const int micros = s == 2 ? 2 : 1;
+    for (int m = 0; m < micros; ++m) {
+      std::optional<typename D::NoSyncGuard> guard;
+      if (m + 1 < micros) guard.emplace(t.ddp.no_sync());
+      join.step([&] {
+        run.backward(s, m);
+        if (m + 1 == micros) run.step();
+      });
+    }
+  }
+  join.finish();
+  return run.stepped;
+}
+
 /// Stage `Stage` against plain DDP on n ranks of `run` with optimizer `make` and loop `loop`,
 /// the parameters and gathered state within `tolerance` (0: bit for bit).
 template <class Comm, int Stage, class Run, class Make>
@@ -238,16 +289,20 @@ void check_against_ddp(Run& run, int n, Make make, Loop loop, Failures& failures
   run(n, [&](Comm& comm) {
     const int me = comm.rank();
     TraineeOf<DdpOn<Comm>, Make> ref(comm, make);
-    const auto ref_stepped = train(comm, ref, loop);
+    auto train_as_told = [&](auto& trainee) {
+      return loop.uneven ? train_uneven(comm, trainee, loop) : train(comm, trainee, loop);
+    };
+    const auto ref_stepped = train_as_told(ref);
     TraineeOf<Sharded, Make> sharded(comm, make);
     auto& params = sharded.params;
     auto& ddp = sharded.ddp;
     auto& opt = sharded.opt;
     ddp.shard(opt);
-    const auto stepped = train(comm, sharded, loop);
+    const auto stepped = train_as_told(sharded);
 
     const std::string where = "stage " + std::to_string(Sharded::shard_stage) + ", " +
-                              std::to_string(n) + " ranks, rank " + std::to_string(me) + ": ";
+                              std::to_string(n) + " ranks, rank " + std::to_string(me) +
+                              (loop.uneven ? ", uneven data through a Join" : "") + ": ";
     failures.expect(stepped == ref_stepped, where, "steps taken differ from DDP's");
     if (loop.scaler) {
       failures.expect(stepped.size() > 3 && !stepped[3], where,
@@ -257,6 +312,15 @@ void check_against_ddp(Run& run, int n, Make make, Loop loop, Failures& failures
                     "parameters differ from DDP's");
     const std::string state = compare(opt.state_dict(), ref.opt.state_dict(), tolerance);
     failures.expect(state.empty(), where, "gathered optimizer state: ", state);
+    const auto values = params.values();
+    std::vector<float> all(values.size() * static_cast<std::size_t>(n));
+    comm.all_gather(tandem::View<const float>(values.data(), values.size()),
+                    tandem::View<float>(all.data(), all.size()));
+    for (int r = 1; r < n; ++r) {
+      failures.expect(std::memcmp(all.data(), all.data() + r * values.size(),
+                                  values.size() * sizeof(float)) == 0,
+                      where, "rank ", r, "'s parameters differ from rank 0's");
+    }
 
     // Memory: the ranks' state adds up to DDP's exactly (no element lost or held twice), and
     // a rank holds at most one element per bucket beyond 1/N.
@@ -284,6 +348,9 @@ void check_job(JobComm& job) {
     check_against_ddp<JobComm, 2>(run, n, make_sgd, {}, failures, stage2_tolerance);
     check_against_ddp<JobComm, 1>(run, n, make_adamw, {.scaler = true}, failures);
     check_against_ddp<JobComm, 2>(run, n, make_adamw, {.scaler = true}, failures, stage2_tolerance);
+    check_against_ddp<JobComm, 1>(run, n, make_sgd, {.uneven = true}, failures);
+    check_against_ddp<JobComm, 2>(run, n, make_adamw, {.scaler = true, .uneven = true}, failures,
+                                  stage2_tolerance);
   }
   failures.report();
 }
@@ -397,6 +464,48 @@ std::vector<std::pair<std::vector<float>, std::vector<float>>> trained_o2(int n)
 }
 
 }  // namespace
+
+TEST_CASE("shard<1> and shard<2> through a Join on uneven data equal DDP's Join bit for bit") {
+  if (in_job()) return;
+  tandem::test::LocalRunner run;
+  Failures failures;
+  for (int n = 1; n <= 4; ++n) {
+    check_against_ddp<LocalComm, 1>(run, n, make_sgd, {.uneven = true}, failures);
+    check_against_ddp<LocalComm, 2>(run, n, make_sgd, {.uneven = true}, failures);
+    check_against_ddp<LocalComm, 1>(run, n, make_adamw, {.scaler = true, .uneven = true}, failures);
+    check_against_ddp<LocalComm, 2>(run, n, make_adamw, {.scaler = true, .uneven = true}, failures);
+  }
+  failures.report();
+}
+
+TEST_CASE(
+    "Inside a Join, a sharded optimizer steps through ddp.step: gather_parameters is an Error") {
+  if (in_job()) return;
+  Failures failures;
+  tandem::test::LocalRunner{}(2, [&](LocalComm& comm) {
+    Trainee<Stage2, tandem::optim::SGD<float>> t(comm, make_sgd);
+    t.ddp.shard(t.opt);
+    std::string text;
+    {
+      tandem::Join join(t.ddp);
+      try {
+        join.step([&] {
+          for (auto& p : t.params) t.ddp.grad_ready(p);
+          t.ddp.finish_gradient_sync();
+          t.opt.step();
+          t.ddp.gather_parameters();
+        });
+      } catch (const tandem::Error& e) {
+        text = e.what();
+      }
+    }
+    failures.expect(
+        text.find("step a sharded optimizer through ddp.step(opt)") != std::string::npos, "rank ",
+        comm.rank(), ": ", text);
+    t.ddp.gather_parameters();  // outside the Join it is allowed again
+  });
+  failures.report();
+}
 
 TEST_CASE("shard<1> and shard<2> under O2: the same master and half weights as DDP") {
   if (in_job()) return;

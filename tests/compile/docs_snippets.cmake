@@ -1,0 +1,86 @@
+# Every C++ block of docs/*.md compiles and links with the CMake components it names: included
+# by tests/compile/CMakeLists.txt where a Python 3 is found. docs_snippets.py writes one source
+# per block at configure time (a doc's change re-runs it at the next build) and says how a block
+# that is a fragment is marked. The blocks are built by their tests, not by `all`:
+#   docs_snippets        the blocks that need no libtorch and no nvcc
+#   docs_snippets_torch  those that include tandem/torch.hpp (where the torch component is)
+#   docs_snippets_cuda   those that need nvcc (where the cuda and nccl components are, and
+#                        libtorch with CUDA for a libtorch block)
+# Each test prints the blocks it compiles and those this build cannot (a component missing).
+set(tandem_docs_out ${CMAKE_CURRENT_BINARY_DIR}/docs_snippets)
+file(GLOB tandem_docs_pages CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/docs/*.md)
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS
+  ${tandem_docs_pages} ${CMAKE_CURRENT_SOURCE_DIR}/docs_snippets.py)
+execute_process(
+  COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/docs_snippets.py
+    ${PROJECT_SOURCE_DIR}/docs ${tandem_docs_out}
+  RESULT_VARIABLE tandem_docs_result ERROR_VARIABLE tandem_docs_error)
+
+set(tandem_docs_groups docs_snippets docs_snippets_torch docs_snippets_cuda)
+foreach(group IN LISTS tandem_docs_groups)
+  add_custom_target(${group})
+  set(${group}_blocks "")
+endforeach()
+set(tandem_docs_missing "")
+
+# tandem_doc_snippet(NAME target SOURCE file WHERE doc:line NEEDS component... LINKS component...)
+# (called by the manifest): the block's executable, in its group, when this build has what it
+# needs; otherwise it joins the list of blocks this build cannot compile.
+function(tandem_doc_snippet)
+  cmake_parse_arguments(arg "" "NAME;SOURCE;WHERE" "NEEDS;LINKS" ${ARGN})
+  set(group docs_snippets)
+  set(lacking "")
+  foreach(component IN LISTS arg_NEEDS arg_LINKS)
+    if(NOT TARGET tandem::${component})
+      list(APPEND lacking tandem::${component})
+    endif()
+    if(component STREQUAL "torch" AND NOT group STREQUAL "docs_snippets_cuda")
+      set(group docs_snippets_torch)
+    elseif(component MATCHES "^(cuda|nccl)$")
+      set(group docs_snippets_cuda)
+    endif()
+  endforeach()
+  if(group STREQUAL "docs_snippets_cuda" AND "torch" IN_LIST arg_NEEDS AND NOT C10_CUDA_LIBRARY)
+    list(APPEND lacking "libtorch with CUDA")
+  endif()
+  if(lacking)
+    list(REMOVE_DUPLICATES lacking)
+    string(REPLACE ";" ", " lacking "${lacking}")
+    set(tandem_docs_missing "${tandem_docs_missing}|${arg_WHERE} (needs ${lacking})" PARENT_SCOPE)
+    return()
+  endif()
+  add_executable(${arg_NAME} EXCLUDE_FROM_ALL ${arg_SOURCE})
+  target_link_libraries(${arg_NAME} PRIVATE tandem::tandem)
+  foreach(component IN LISTS arg_LINKS)
+    target_link_libraries(${arg_NAME} PRIVATE tandem::${component})
+  endforeach()
+  add_dependencies(${group} ${arg_NAME})
+  set(${group}_blocks "${${group}_blocks}|${arg_WHERE}" PARENT_SCOPE)
+endfunction()
+
+if(tandem_docs_result EQUAL 0)
+  include(${tandem_docs_out}/manifest.cmake)
+  foreach(group IN LISTS tandem_docs_groups)
+    if(NOT ${group}_blocks)
+      continue()
+    endif()
+    add_test(NAME ${group}
+      COMMAND ${CMAKE_COMMAND} -DBUILD_DIR=${CMAKE_BINARY_DIR} -DTARGET=${group}
+        "-DBLOCKS=${${group}_blocks}" "-DMISSING=${tandem_docs_missing}"
+        -P ${CMAKE_CURRENT_SOURCE_DIR}/run_docs_snippets.cmake)
+    set(labels docs compile)
+    if(group STREQUAL "docs_snippets_torch")
+      list(APPEND labels torch)
+    elseif(group STREQUAL "docs_snippets_cuda")
+      list(APPEND labels cuda)
+    endif()
+    set_tests_properties(${group} PROPERTIES LABELS "${labels}" TIMEOUT 1500)
+  endforeach()
+else()
+  # A doc the script cannot read (a block never closed, a fragment without its function head):
+  # the test fails and says why, the rest of the build goes on.
+  string(REPLACE ";" "," tandem_docs_error "${tandem_docs_error}")
+  add_test(NAME docs_snippets
+    COMMAND ${CMAKE_COMMAND} -E echo "docs_snippets.py failed: ${tandem_docs_error}")
+  set_tests_properties(docs_snippets PROPERTIES LABELS "docs;compile" WILL_FAIL TRUE)
+endif()

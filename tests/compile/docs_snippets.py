@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""Every C++ block of docs/*.md (```cpp or ```c++) as a source file that CMake compiles and links.
+
+    python3 docs_snippets.py DOCS_DIR OUT_DIR     # writes OUT_DIR/*.cpp (*.cu) and manifest.cmake
+
+A block is a whole translation unit (a main() is added where it has none), unless the line before
+its fence ends an HTML comment that starts with `<!-- fragment`; then the block is the inside of a
+function: its #include lines go to the top of the file, the comment's lines after the first (up
+to `-->`) follow them, then the rest of the block and a closing brace. So the comment opens the
+function (its head and `{`) and may define there what the block uses:
+
+    <!-- fragment: what the block assumes
+    struct Net : torch::nn::Module { torch::Tensor forward(torch::Tensor x) { return x; } };
+    void train(tandem::GlooComm& comm) {
+      auto model = std::make_shared<Net>();
+    -->
+    ```cpp
+    ... the block ...
+    ```
+
+The comment does not show in the rendered page; in the source it says what the fragment assumes.
+An indented block (in a list item) loses its fence's indentation.
+
+manifest.cmake calls tandem_doc_snippet() once per block with NAME (a target name), SOURCE,
+WHERE (doc:line), NEEDS (the components its #includes and its fragment comment's need: gloo, mpi,
+shm, data, io, torch, cuda, nccl) and LINKS (those a "CMake:" comment in the block names, else
+those its #includes need, and the fragment comment's), so that a block whose comment names too few
+components fails to link. Files are rewritten only when their
+text changes (no rebuild otherwise); files of blocks that are gone are removed.
+"""
+import os
+import re
+import sys
+
+FENCE = re.compile(r"^(\s*)(`{3,})\s*([A-Za-z0-9_+-]*)\s*$")  # an opening fence and its language
+INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]')
+# The CMake component an #include needs (the first match wins).
+COMPONENTS = [
+    (re.compile(r"^tandem/torch/cuda\.hpp$"), ["torch", "cuda", "nccl"]),
+    (re.compile(r"^tandem/torch(\.hpp|/)"), ["torch"]),
+    (re.compile(r"^tandem/comm/nccl(/|\.hpp|_mpi)"), ["nccl"]),
+    (re.compile(r"^tandem/(cuda\.hpp|cuda/)"), ["cuda"]),
+    (re.compile(r"^tandem/comm/gloo(/|\.hpp)"), ["gloo"]),
+    (re.compile(r"^tandem/comm/mpi(/|\.hpp)"), ["mpi"]),
+    (re.compile(r"^tandem/comm/shm/"), ["shm"]),
+    (re.compile(r"^tandem/data/(mnist|idx)\.hpp$"), ["data"]),
+    (re.compile(r"^tandem/io/(checkpoint|safetensors)\.hpp$"), ["io"]),
+]
+CMAKE_COMMENT = re.compile(r"//.*CMake:(.*)$")
+COMPONENT_NAME = re.compile(r"tandem::(gloo|mpi|shm|data|io|torch|cuda|nccl)\b")
+
+
+def blocks(path):
+    """(line of the fence, fragment context or None, lines of the block) for each C++ block; a
+    fence of another language (a Markdown example of a block, say) is skipped whole."""
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    found = []
+    i = 0
+    while i < len(lines):
+        fence = FENCE.match(lines[i])
+        if not fence:
+            i += 1
+            continue
+        indent, ticks, language = fence.groups()
+        closing = re.compile(r"^\s*`{%d,}\s*$" % len(ticks))
+        start = i
+        body = []
+        i += 1
+        while i < len(lines) and not closing.match(lines[i]):
+            line = lines[i]
+            body.append(line[len(indent):] if line.startswith(indent) else line.lstrip())
+            i += 1
+        if i == len(lines):
+            sys.exit(f"docs_snippets: {path}:{start + 1}: the block is never closed")
+        if language in ("cpp", "c++"):
+            found.append((start + 1, fragment_context(lines, start, path), body))
+        i += 1
+    return found
+
+
+def fragment_context(lines, fence, path):
+    """The C++ lines of a `<!-- fragment` comment that ends on the line before the fence."""
+    end = fence - 1
+    if end < 0 or not lines[end].strip().endswith("-->"):
+        return None
+    begin = end
+    while begin >= 0 and "<!--" not in lines[begin]:
+        begin -= 1
+    if begin < 0 or not lines[begin].strip().startswith("<!-- fragment"):
+        return None
+    if begin == end:
+        sys.exit(f"docs_snippets: {path}:{begin + 1}: a fragment comment opens the function its "
+                 "block is the inside of, on the lines after `<!-- fragment`")
+    context = [line.strip() if i == 0 else line for i, line in enumerate(lines[begin + 1:end + 1])]
+    context[-1] = context[-1].rsplit("-->", 1)[0]
+    return context
+
+
+def source_of(context, body):
+    """The translation unit: a whole block as it is, or a fragment wrapped into its function."""
+    if context is None:
+        text = "\n".join(body) + "\n"
+        if not re.search(r"\bmain\s*\(", text):
+            text += "\nint main() {}  // added by tests/compile/docs_snippets.py\n"
+        return text
+    includes = [line for line in body if INCLUDE.match(line)]
+    rest = [line for line in body if not INCLUDE.match(line)]
+    text = ("\n".join(includes) + "\n\n" + "\n".join(context) + "\n" + "\n".join(rest) +
+            "\n}  // added by tests/compile/docs_snippets.py\n")
+    if not re.search(r"\bmain\s*\(", "\n".join(context + rest)):
+        text += "\nint main() {}  // added by tests/compile/docs_snippets.py\n"
+    return text
+
+
+def needed(lines):
+    """The components the #includes among `lines` need, in order of first need."""
+    needs = []
+    for line in lines:
+        include = INCLUDE.match(line)
+        if include:
+            for pattern, wanted in COMPONENTS:
+                if pattern.search(include.group(1)):
+                    needs += [c for c in wanted if c not in needs]
+                    break
+    return needs
+
+
+def components(context, body):
+    """(components the block and its context need, components to link): the components a
+    "CMake:" comment of the block names (else those its #includes need), and those of the
+    fragment's context, which the page says come from elsewhere."""
+    named = None
+    for line in body:
+        comment = CMAKE_COMMENT.search(line)
+        if comment:
+            named = (named or []) + COMPONENT_NAME.findall(comment.group(1))
+    block = needed(body)
+    around = needed(context or [])
+    links = sorted(set(named if named is not None else block) | set(around))
+    return block + [c for c in around if c not in block], links
+
+
+def write_if_changed(path, text):
+    try:
+        with open(path, encoding="utf-8") as f:
+            if f.read() == text:
+                return
+    except FileNotFoundError:
+        pass
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    docs, out = sys.argv[1], sys.argv[2]
+    os.makedirs(out, exist_ok=True)
+    manifest = []
+    written = set()
+    for name in sorted(os.listdir(docs)):
+        if not name.endswith(".md"):
+            continue
+        for line, context, body in blocks(os.path.join(docs, name)):
+            needs, links = components(context, body)
+            cuda = any(c in needs for c in ("cuda", "nccl"))
+            target = "docs_" + re.sub(r"[^A-Za-z0-9]", "_", name[:-3]) + f"_{line}"
+            source = target + (".cu" if cuda else ".cpp")
+            write_if_changed(os.path.join(out, source), source_of(context, body))
+            written.add(source)
+            manifest.append(
+                f'tandem_doc_snippet(NAME {target} SOURCE "{os.path.join(out, source)}" '
+                f'WHERE "docs/{name}:{line}" NEEDS {" ".join(needs)} LINKS {" ".join(links)})')
+    for stale in os.listdir(out):
+        if stale.endswith((".cpp", ".cu")) and stale not in written:
+            os.remove(os.path.join(out, stale))
+    write_if_changed(os.path.join(out, "manifest.cmake"), "\n".join(manifest) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

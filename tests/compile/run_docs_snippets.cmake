@@ -1,0 +1,17 @@
+# cmake -DBUILD_DIR=.. -DTARGET=docs_snippets[_torch|_cuda] -DBLOCKS="|doc:line|..."
+#       -DMISSING="|doc:line (needs ...)|..." -P run_docs_snippets.cmake
+# The test of docs_snippets.cmake: says which blocks it compiles and which this build cannot, then
+# builds them (one target, so one build tool runs); a block that does not compile or link fails it.
+cmake_minimum_required(VERSION 3.25)
+string(REPLACE "|" "\n  " blocks "${BLOCKS}")
+message("compiling and linking the C++ blocks of:${blocks}")
+if(MISSING)
+  string(REPLACE "|" "\n  " missing "${MISSING}")
+  message("not compiled by this build (it lacks what they need):${missing}")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} --build ${BUILD_DIR} --target ${TARGET}
+  RESULT_VARIABLE result)
+if(NOT result EQUAL 0)
+  message(FATAL_ERROR "a block of the docs above does not compile or link (the build's output "
+    "names its generated source, ${BUILD_DIR}/tests/compile/docs_snippets/docs_<page>_<line>.*)")
+endif()
