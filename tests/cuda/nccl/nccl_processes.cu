@@ -47,6 +47,7 @@ namespace {
 
 using tandem::test::run_process;
 using tandem::test::self_path;
+using tandem::test::start_process;
 
 tandem::test::Matrix nccl_matrix(std::vector<std::size_t> counts = {0, 1, 7, 13, 1031}) {
   tandem::test::Matrix matrix{std::move(counts)};
@@ -104,22 +105,6 @@ int lose_a_rank(bool stop, tandem::Timeout timeout, const std::string& expected)
     std::printf("%s: rank %d: %s\n", ok ? "PASSED" : "FAILED", comm.rank(), text.c_str());
     return ok ? 0 : 1;
   }
-}
-
-/// Starts argv (argv[0] a path) with `env` added, in a process group of its own; its pid.
-pid_t start_process(const std::vector<std::string>& argv,
-                    const std::vector<std::pair<std::string, std::string>>& env) {
-  const pid_t child = ::fork();
-  if (child == 0) {
-    ::setpgid(0, 0);
-    for (const auto& [name, value] : env) ::setenv(name.c_str(), value.c_str(), 1);
-    std::vector<char*> args;
-    for (const auto& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
-    args.push_back(nullptr);
-    ::execv(args[0], args.data());
-    std::_Exit(127);
-  }
-  return child;
 }
 
 /// Waits for `pid` until `limit`: "exit N", "signal N", "stopped", or "running" when the limit
