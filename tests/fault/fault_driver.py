@@ -70,6 +70,15 @@ def alive(pid):
     return state not in ("Z", "X")
 
 
+def names_lost_rank(cause, victim):
+    """True when an Error's cause says what became of rank `victim`: it died, is gone, left or
+    is stopped, or the survivor timed out waiting for it."""
+    ranks = rf"\branks? (?:\d+, )*{victim}(?:(?:, | and )\d+)*"
+    return bool(re.search(ranks + r" (?:died|has died|have died|left|is stopped|are stopped|"
+                          r"has already ended|have already ended)", cause) or
+                re.search(rf"waiting for rank {victim}\b", cause))
+
+
 def plan_trial(rng, args, world):
     point = rng.choice(["before", "inside", "after"])
     return {
@@ -261,11 +270,12 @@ def run_trial(args, trial, directory):
                 errors[r]["error_line"] = mine[0].group(0)
                 errors[r]["operation"] = mine[0].group(2)
                 cause = mine[0].group(3)
-                errors[r]["names_lost_rank"] = bool(
-                    re.search(rf"\branks? (\d+, )*{victim}\b", cause))
+                errors[r]["names_lost_rank"] = names_lost_rank(cause, victim)
                 # A survivor blamed as the lost one ("rank 0 has died" when rank 0 only gave up).
+                # "rank 0 failed first (...)" (ShmComm) wraps the first failure another rank saw,
+                # and says nothing against rank 0: what counts is inside.
                 blamed = {int(m.group(1)) for m in re.finditer(
-                    r"\brank (\d+) (?:has died|left|failed)", cause)}
+                    r"\brank (\d+) (?:has died|left|failed(?! first \())", cause)}
                 errors[r]["blames"] = sorted(blamed - {victim})
 
         ends = [ended[r][0] for r in survivors if r in ended]
@@ -307,6 +317,8 @@ def run_trial(args, trial, directory):
             if info.get("blames"):
                 failures.append(f"rank {r}'s Error blames rank(s) {info['blames']}, which did "
                                 f"not fail (the lost rank is {victim})")
+            if args.require_named and "operation" in info and not info.get("names_lost_rank"):
+                failures.append(f"rank {r}'s Error does not name the lost rank {victim}")
             if args.mode in ("env", "threads"):
                 code = ended[r][1] if args.mode == "env" else info["recorded_code"]
                 if not code:
@@ -401,6 +413,9 @@ def main():
     parser.add_argument("--json", help="append each trial's result to this file (JSON lines)")
     parser.add_argument("--report", help="print the markdown table of a JSON-lines file")
     parser.add_argument("--keep", action="store_true", help="keep each trial's directory")
+    parser.add_argument("--require-named", action="store_true",
+                        help="fail a trial where a survivor's Error does not say what became of "
+                             "the lost rank (died, left, stopped, or waited for)")
     args = parser.parse_args()
 
     if args.report:

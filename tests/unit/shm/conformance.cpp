@@ -98,6 +98,31 @@ TEST_CASE("ShmComm: a rank that skips a collective makes the others fail within 
       comm(), quick, {.other_cause = "failed first", .names_skipper = true, .within = 10s});
 }
 
+TEST_CASE("ShmComm: abort passes a cause to every rank, which raise it") {
+  // The last rank aborts its group with a cause from outside it (what HierarchicalComm does with
+  // the first failure of another level); every rank's next call raises it, and every rank reads
+  // the cause itself, in the words it was given.
+  auto group = regroup(comm(), {.timeout = 60s});
+  const int last = group.size() - 1;
+  const std::string cause = "rank 9 died elsewhere (its process is gone)";
+  CHECK_FALSE(group.abort_cause().has_value());
+  group.barrier();  // every rank has looked before the abort
+  if (group.rank() == last) group.abort(cause);
+  std::vector<float> data(16, 1.0f);
+  try {
+    group.all_reduce(data);
+    FAIL_CHECK("an all_reduce of an aborted group completed");
+  } catch (const tandem::Error& e) {
+    const std::string what = e.what();
+    CHECK_MESSAGE(what.find("rank " + std::to_string(last) + " aborted the group (" + cause +
+                            ")") != std::string::npos,
+                  what);
+  }
+  CHECK(group.abort_cause() == cause);
+  CHECK_THROWS_AS(group.barrier(), tandem::Error);
+  comm().barrier();
+}
+
 TEST_CASE("ShmComm: a mismatched recv is an error and the pair stays usable") {
   tandem::test::check_mismatched_recv(comm());
 }

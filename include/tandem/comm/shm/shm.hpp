@@ -121,6 +121,15 @@ class ShmComm : public detail::CollectiveFrontend<ShmComm, host> {
   [[nodiscard]] const ShmCommOptions& options() const { return self().options(); }
   /// The store this group met in (shared: copies see the same keys).
   [[nodiscard]] AnyStore store() const { return self().store(); }
+  /// Ends the group: every rank's current or next call raises a tandem::Error that says "rank R
+  /// aborted the group (`cause`)" (or the group's own failure, where one came first), and so do
+  /// this rank's later calls; every rank's abort_cause() gives `cause` (the first one, where
+  /// several ranks abort). For a program (or a communicator built on this one, as
+  /// HierarchicalComm) that has learnt of a failure elsewhere and passes it on. Any thread, any
+  /// time; never blocks.
+  void abort(const std::string& cause) { self().abort(cause); }
+  /// The cause a rank of this group gave abort(), once one has (else nullopt).
+  [[nodiscard]] std::optional<std::string> abort_cause() const { return self().abort_cause(); }
   /// Always true: every collective's calls are compared (see the top of this header).
   [[nodiscard]] bool checks_collectives() const {
     (void)self();

@@ -143,6 +143,23 @@ class Engine : public IssueOrder {
   [[nodiscard]] const ShmCommOptions& options() const noexcept { return options_; }
   [[nodiscard]] const AnyStore& store() const noexcept { return store_; }
 
+  /// Ends the group for every rank with `cause` (see ShmComm::abort). Any thread, any time.
+  void abort(const std::string& cause) noexcept {
+    std::uint32_t unclaimed = 0;
+    if (control_->abort_claim.compare_exchange_strong(unclaimed, 1)) {
+      std::snprintf(control_->abort_reason, sizeof control_->abort_reason, "%s", cause.c_str());
+      control_->aborted_by.store(static_cast<std::uint32_t>(rank_ + 1), std::memory_order_release);
+    }
+    notify();
+  }
+
+  /// The cause a rank gave abort(), once one has; nullopt otherwise. Any thread, any time.
+  [[nodiscard]] std::optional<std::string> abort_cause() const {
+    if (control_->aborted_by.load(std::memory_order_acquire) == 0) return std::nullopt;
+    return std::string(control_->abort_reason,
+                       strnlen(control_->abort_reason, sizeof control_->abort_reason));
+  }
+
   /// The rendezvous' last step: returns once every rank has mapped the segment.
   void join() {
     start("ShmComm rendezvous");
@@ -366,6 +383,9 @@ class Engine : public IssueOrder {
 
   /// Every operation starts here: a failed group refuses it; the deadline starts.
   void start(const char* operation) {
+    if (!broken_ && control_->aborted_by.load(std::memory_order_acquire) != 0) {
+      broken_ = abort_failure();  // no call of any rank runs after an abort()
+    }
     if (broken_) {
       throw Error(rank_, operation,
                   "this communicator is unusable after an earlier failure (" + *broken_ + ")");
@@ -549,14 +569,27 @@ class Engine : public IssueOrder {
     return written > 0 ? written : pids_[static_cast<std::size_t>(r)];
   }
 
+  /// The group's failure recorded in the segment (broken must be set): "rank 1 failed first
+  /// (rank 1, barrier: ...)".
+  [[nodiscard]] std::string recorded_failure() const {
+    const std::uint32_t by = control_->broken.load(std::memory_order_acquire);
+    return "rank " + std::to_string(by - 1) + " failed first (" +
+           std::string(control_->reason, strnlen(control_->reason, sizeof control_->reason)) + ")";
+  }
+
+  /// The abort recorded in the segment (aborted_by must be set): "rank 1 aborted the group (its
+  /// cause)".
+  [[nodiscard]] std::string abort_failure() const {
+    const std::uint32_t by = control_->aborted_by.load(std::memory_order_acquire);
+    return "rank " + std::to_string(by - 1) + " aborted the group (" + abort_cause().value_or("") +
+           ")";
+  }
+
   /// Why waiting for `awaited` is hopeless, or "": a failure recorded by another rank, or awaited
   /// ranks whose communicator is destroyed or whose process is gone.
   [[nodiscard]] std::string trouble(const std::vector<int>& awaited) const {
-    if (const std::uint32_t by = control_->broken.load(std::memory_order_acquire); by != 0) {
-      return "rank " + std::to_string(by - 1) + " failed first (" +
-             std::string(control_->reason, strnlen(control_->reason, sizeof control_->reason)) +
-             ")";
-    }
+    if (control_->broken.load(std::memory_order_acquire) != 0) return recorded_failure();
+    if (control_->aborted_by.load(std::memory_order_acquire) != 0) return abort_failure();
     std::vector<int> dead;
     std::vector<int> left;
     for (const int r : awaited) {

@@ -37,7 +37,7 @@
 namespace tandem::detail::shm {
 
 inline constexpr std::uint64_t segment_magic = 0x746e'6465'6d73'686dULL;
-inline constexpr std::uint32_t layout_version = 1;
+inline constexpr std::uint32_t layout_version = 2;
 /// Bytes of the ring that carries one ordered pair's sends.
 inline constexpr std::size_t ring_bytes = std::size_t{64} << 10;
 /// Where segments live on Linux: shm_open's names are files here.
@@ -65,6 +65,11 @@ struct Control {
   std::atomic<std::uint32_t> claim{0};               ///< 1 once a rank writes the failure record
   std::atomic<std::uint32_t> broken{0};  ///< 0, or 1 + the rank whose failure `reason` holds
   char reason[1024] = {};
+  /// ShmComm::abort's record, apart from the group's own failure (which may come first: a peer
+  /// that timed out waiting for the aborting rank), so that the cause given is never lost.
+  std::atomic<std::uint32_t> abort_claim{0};  ///< 1 once a rank writes `abort_reason`
+  std::atomic<std::uint32_t> aborted_by{0};   ///< 0, or 1 + the rank that aborted
+  char abort_reason[1024] = {};
 };
 
 /// One rank's record. `calls` is plain data, published by the release store of `arrivals`.
