@@ -39,7 +39,10 @@
 //   this group's ("in node 1's group (ranks 2, 3): rank 3 died (its process is gone)"). The
 //   rank then closes both levels (its Intra segment and Inter connections), so that the ranks
 //   waiting for it at either level fail promptly too instead of waiting for their timeout; the
-//   communicator is unusable after a failure, and every later call raises at once.
+//   communicator is unusable after a failure, and every later call raises at once. Across nodes
+//   every rank names the first failure, not the peer that passed it on: the first rank to fail
+//   records what it saw in the group's store and passes it to its node (ShmComm::abort) before
+//   it closes; the others read it (detail/failure.hpp).
 // - Disagreeing calls (a mismatch) are caught within each level where that backend checks, but a
 //   mismatch between nodes may surface as a failure of the other level; the group is then
 //   unusable (detects_mismatched_collectives is false for it).
