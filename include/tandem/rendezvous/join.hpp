@@ -101,6 +101,9 @@ inline AnyStore open_store(const InitMethod& method, const World& world, Timeout
   options.is_server = world.rank == 0;
   options.timeout = timeout;
   options.notice_interval = detail::wait_notice_interval(env);
+  options.server_hint =
+      "rank 0 hosts it: not started yet, or started with another MASTER_ADDR or "
+      "MASTER_PORT?";
   return AnyStore(TcpStore(options));
 }
 
