@@ -398,22 +398,16 @@ inline void join_store(AnyStore& store, const World& world, Timeout timeout, con
                        Timeout notice = std::chrono::seconds(30)) {
   const detail::JoinRecord me = detail::JoinRecord::mine(world);
   const std::string size = std::to_string(world.world_size);
-  const std::string agreed =
-      store.compare_set("tandem/init/world_size", "", size + " " + me.text());
-  if (const std::string theirs = agreed.substr(0, agreed.find(' ')); theirs != size) {
-    const auto space = agreed.find(' ');
-    const std::string first = space == std::string::npos
-                                  ? std::string("?")
-                                  : detail::JoinRecord::parse(agreed.substr(space + 1)).describe();
-    detail::record_conflict(store, "processes disagree on the world size: rank " +
-                                       std::to_string(world.rank) + " (" + me.describe() +
-                                       ") has WORLD_SIZE=" + size + ", the first to join " + url +
-                                       " (" + first + ") has WORLD_SIZE=" + theirs + "; " +
-                                       std::string(detail::layout_hint));
+  const std::string agreed = store.compare_set("tandem/init/world_size", "", size);
+  if (agreed != size) {
+    detail::record_conflict(
+        store, "processes disagree on the world size: rank " + std::to_string(world.rank) + " (" +
+                   me.describe() + ") has WORLD_SIZE=" + size + ", the ranks that joined " + url +
+                   " first have WORLD_SIZE=" + agreed + "; " + std::string(detail::layout_hint));
     throw Error(world.rank, "init_process_group",
                 "this rank has world_size=" + size + " but ranks that joined " + url +
-                    " earlier have world_size=" + theirs + " (the first: " + first +
-                    "); every process of a job needs the same WORLD_SIZE: " +
+                    " earlier have world_size=" + agreed +
+                    "; every process of a job needs the same WORLD_SIZE: " +
                     std::string(detail::layout_hint));
   }
   const std::string key = std::string(detail::join_prefix) + std::to_string(world.rank);
