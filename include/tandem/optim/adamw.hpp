@@ -45,17 +45,20 @@ struct AdamWOptions {
   bool maximize = false;
 
   /// PyTorch's ValueError cases, as a tandem::Error: lr, eps or weight_decay negative (or NaN),
-  /// a beta outside [0, 1).
+  /// a beta outside [0, 1); stricter than PyTorch, an infinite lr, eps or weight_decay (the first
+  /// step would make every parameter inf or NaN).
   void validate(const char* optimizer = "optim::AdamW") const {
-    if (!(0 <= lr)) throw Error(optimizer, "invalid learning rate: " + std::to_string(lr));
-    if (!(0 <= eps)) throw Error(optimizer, "invalid epsilon value: " + std::to_string(eps));
+    if (!(0 <= lr) || std::isinf(lr))
+      throw Error(optimizer, "invalid learning rate: " + std::to_string(lr));
+    if (!(0 <= eps) || std::isinf(eps))
+      throw Error(optimizer, "invalid epsilon value: " + std::to_string(eps));
     for (std::size_t i = 0; i < 2; ++i) {
       if (!(0 <= betas[i] && betas[i] < 1)) {
         throw Error(optimizer, "invalid beta parameter at index " + std::to_string(i) + ": " +
                                    std::to_string(betas[i]));
       }
     }
-    if (!(0 <= weight_decay)) {
+    if (!(0 <= weight_decay) || std::isinf(weight_decay)) {
       throw Error(optimizer, "invalid weight_decay value: " + std::to_string(weight_decay));
     }
   }
