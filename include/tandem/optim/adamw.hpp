@@ -15,15 +15,12 @@
 #include <utility>
 #include <vector>
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__CUDACC__)
-#include <immintrin.h>
-#endif
-
 #include "tandem/arena/parameters.hpp"
 #include "tandem/core/config.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/optim/param_groups.hpp"
 #include "tandem/tensor/exec.hpp"
+#include "tandem/tensor/host_cpu.hpp"
 #include "tandem/tensor/memory.hpp"
 #include "tandem/tensor/tensor.hpp"
 
@@ -114,7 +111,7 @@ struct adamw_update {
   }
 };
 
-#if defined(TANDEM_OPTIM_X86_DISPATCH)
+#if defined(TANDEM_HOST_X86_KERNELS)
 /// The last n % 8 elements, scalar and outside the AVX2+FMA clone (noinline): inside it GCC's
 /// -ffp-contract=fast could fuse the weight-decay product into the final addition.
 template <bool Amsgrad>
@@ -467,9 +464,9 @@ class AdamW : public detail::GroupedOptimizer<AdamWOptions, T, Space, E> {
 
   template <bool Amsgrad>
   void run_update(const detail::adamw_update<T, Amsgrad>& update, std::size_t size) {
-#if defined(TANDEM_OPTIM_X86_DISPATCH)
+#if defined(TANDEM_HOST_X86_KERNELS)
     if constexpr (std::is_same_v<E, host_exec> && std::is_same_v<T, float>) {
-      if (detail::has_avx2_fma()) {
+      if (cpu_has(cpu_feature::avx2_fma)) {
         detail::adamw_avx2_fma(update, size);
         return;
       }
