@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <map>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -294,41 +295,36 @@ class AdamW : public detail::GroupedOptimizer<AdamWOptions, T, Space, E> {
   /// "weight_decay", "amsgrad", "maximize". Waits for the copies.
   /// Sharded (DistributedDataParallel::shard): a collective that gathers the full state.
   [[nodiscard]] state_dict_type state_dict() const {
-    state_dict_type dict;
-    for (std::size_t g = 0; g < this->groups_.size(); ++g) {
-      const Group& group = this->groups_[g];
-      auto out = this->export_group(group);
-      const AdamWOptions& o = group.options;
-      out.options = {{"lr", o.lr},
-                     {"beta1", o.betas[0]},
-                     {"beta2", o.betas[1]},
-                     {"eps", o.eps},
-                     {"weight_decay", o.weight_decay},
-                     {"amsgrad", o.amsgrad ? 1.0 : 0.0},
-                     {"maximize", o.maximize ? 1.0 : 0.0}};
-      dict.param_groups.push_back(std::move(out));
-      if (group.step == 0) continue;
-      const Moments& moments = moments_[g];
-      Buffer<state_type, Space> avg_scratch;
-      Buffer<state_type, Space> sq_scratch;
-      Buffer<state_type, Space> max_scratch;
-      const M* exp_avg = this->full_state(group, moments.exp_avg, avg_scratch);
-      const M* exp_avg_sq = this->full_state(group, moments.exp_avg_sq, sq_scratch);
-      const M* max_exp_avg_sq = moments.amsgrad_used
-                                    ? this->full_state(group, moments.max_exp_avg_sq, max_scratch)
-                                    : nullptr;
-      for (std::size_t p = group.params.first; p < group.params.last; ++p) {
-        auto& entry = dict.state[Base::state_index(group, p)];
-        entry.scalars.emplace("step", static_cast<double>(group.step));
-        entry.tensors.emplace("exp_avg", this->export_state(group, p, exp_avg));
-        entry.tensors.emplace("exp_avg_sq", this->export_state(group, p, exp_avg_sq));
-        if (moments.amsgrad_used) {
-          entry.tensors.emplace("max_exp_avg_sq", this->export_state(group, p, max_exp_avg_sq));
-        }
-      }
-    }
-    this->exec_.synchronize();
-    return dict;
+    const auto options_of = [](const AdamWOptions& o) -> std::map<std::string, double> {
+      return {{"lr", o.lr},
+              {"beta1", o.betas[0]},
+              {"beta2", o.betas[1]},
+              {"eps", o.eps},
+              {"weight_decay", o.weight_decay},
+              {"amsgrad", o.amsgrad ? 1.0 : 0.0},
+              {"maximize", o.maximize ? 1.0 : 0.0}};
+    };
+    return this->collect_state_dict(
+        options_of, [this](const Group& group, std::size_t g, state_dict_type& dict) {
+          const Moments& moments = moments_[g];
+          Buffer<state_type, Space> avg_scratch;
+          Buffer<state_type, Space> sq_scratch;
+          Buffer<state_type, Space> max_scratch;
+          const M* exp_avg = this->full_state(group, moments.exp_avg, avg_scratch);
+          const M* exp_avg_sq = this->full_state(group, moments.exp_avg_sq, sq_scratch);
+          const M* max_exp_avg_sq =
+              moments.amsgrad_used ? this->full_state(group, moments.max_exp_avg_sq, max_scratch)
+                                   : nullptr;
+          for (std::size_t p = group.params.first; p < group.params.last; ++p) {
+            auto& entry = dict.state[Base::state_index(group, p)];
+            entry.scalars.emplace("step", static_cast<double>(group.step));
+            entry.tensors.emplace("exp_avg", this->export_state(group, p, exp_avg));
+            entry.tensors.emplace("exp_avg_sq", this->export_state(group, p, exp_avg_sq));
+            if (moments.amsgrad_used) {
+              entry.tensors.emplace("max_exp_avg_sq", this->export_state(group, p, max_exp_avg_sq));
+            }
+          }
+        });
   }
 
   /// Restores hyperparameters, step counts and moments; an Error (and nothing changed) when the
@@ -350,16 +346,7 @@ class AdamW : public detail::GroupedOptimizer<AdamWOptions, T, Space, E> {
                     detail::option(in, "maximize", op) != 0};
       options[g].validate(op);
       const Group& group = this->groups_[g];
-      std::size_t with_state = 0;
-      for (std::size_t p = group.params.first; p < group.params.last; ++p) {
-        with_state += dict.state.contains(Base::state_index(group, p)) ? 1 : 0;
-      }
-      if (with_state != 0 && with_state != group.params.size()) {
-        throw Error(operation, "param group " + std::to_string(g) + " has state for " +
-                                   std::to_string(with_state) + " of its " +
-                                   std::to_string(group.params.size()) + " parameters");
-      }
-      has_state[g] = with_state != 0;
+      has_state[g] = this->group_has_state(dict, g, "state", [](const auto&) { return true; });
       for (std::size_t p = group.params.first; p < group.params.last && has_state[g]; ++p) {
         const std::size_t index = Base::state_index(group, p);
         const auto& entry = dict.state.at(index);
@@ -370,20 +357,9 @@ class AdamW : public detail::GroupedOptimizer<AdamWOptions, T, Space, E> {
                                      "'s step is missing or differs from its group's step " +
                                      std::to_string(dict.param_groups[g].step));
         }
-        std::vector<const char*> keys{"exp_avg", "exp_avg_sq"};
-        if (options[g].amsgrad) keys.push_back("max_exp_avg_sq");
-        for (const char* key : keys) {
-          auto tensor = entry.tensors.find(key);
-          if (tensor == entry.tensors.end()) {
-            throw Error(operation, "parameter " + std::to_string(index) + " has no " + key);
-          }
-          if (tensor->second.size() != this->slots_[p].shape.numel()) {
-            throw Error(operation, std::string(key) + " of parameter " + std::to_string(index) +
-                                       " has " + std::to_string(tensor->second.size()) +
-                                       " elements, the parameter " +
-                                       std::to_string(this->slots_[p].shape.numel()));
-          }
-        }
+        this->require_state(group, p, entry, "exp_avg");
+        this->require_state(group, p, entry, "exp_avg_sq");
+        if (options[g].amsgrad) this->require_state(group, p, entry, "max_exp_avg_sq");
       }
     }
     for (std::size_t g = 0; g < this->groups_.size(); ++g) {

@@ -512,6 +512,62 @@ class GroupedOptimizer {
     return out;
   }
 
+  /// state_dict()'s loop, one for SGD and AdamW: each group's param_groups entry with the
+  /// options `options_of(group.options)` names, then, for a group that has stepped,
+  /// `export_states(group, g, dict)` adds its parameters' state. Waits for the copies.
+  template <class OptionsOf, class ExportStates>
+  [[nodiscard]] state_dict_type collect_state_dict(const OptionsOf& options_of,
+                                                   const ExportStates& export_states) const {
+    state_dict_type dict;
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      const Group& group = groups_[g];
+      auto out = export_group(group);
+      out.options = options_of(group.options);
+      dict.param_groups.push_back(std::move(out));
+      if (group.step != 0) export_states(group, g, dict);
+    }
+    exec_.synchronize();
+    return dict;
+  }
+
+  /// Whether group g's parameters have state in `dict` (has_state(p, entry) for one that has an
+  /// entry): all or none, else an Error naming `what` and how many have it.
+  template <class HasState>
+  [[nodiscard]] bool group_has_state(const state_dict_type& dict, std::size_t g, const char* what,
+                                     const HasState& has_state) const {
+    const Group& group = groups_[g];
+    std::size_t with_state = 0;
+    for (std::size_t p = group.params.first; p < group.params.last; ++p) {
+      auto found = dict.state.find(state_index(group, p));
+      with_state += found != dict.state.end() && has_state(found->second) ? 1 : 0;
+    }
+    if (with_state != 0 && with_state != group.params.size()) {
+      throw Error(std::string(name_) + "::load_state_dict",
+                  "param group " + std::to_string(g) + " has " + what + " for " +
+                      std::to_string(with_state) + " of its " +
+                      std::to_string(group.params.size()) + " parameters");
+    }
+    return with_state != 0;
+  }
+
+  /// An Error unless parameter `param`'s `entry` holds tensor `key` with the parameter's size:
+  /// load_state_dict checks every tensor before it changes anything.
+  void require_state(const Group& group, std::size_t param,
+                     const typename state_dict_type::ParamState& entry, const char* key) const {
+    const std::size_t index = state_index(group, param);
+    auto tensor = entry.tensors.find(key);
+    if (tensor == entry.tensors.end()) {
+      throw Error(std::string(name_) + "::load_state_dict",
+                  "parameter " + std::to_string(index) + " has no " + key);
+    }
+    if (tensor->second.size() != slots_[param].shape.numel()) {
+      throw Error(std::string(name_) + "::load_state_dict",
+                  std::string(key) + " of parameter " + std::to_string(index) + " has " +
+                      std::to_string(tensor->second.size()) + " elements, the parameter " +
+                      std::to_string(slots_[param].shape.numel()));
+    }
+  }
+
   /// Checks that a state_dict describes this optimizer's groups and parameters.
   void check_layout(const state_dict_type& dict) const {
     const std::string operation = std::string(name_) + "::load_state_dict";

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstddef>
 #include <initializer_list>
+#include <map>
 #include <span>
 #include <string>
 #include <utility>
@@ -166,31 +167,29 @@ class SGD : public detail::GroupedOptimizer<SGDOptions, T, Space, E> {
   /// "momentum", "dampening", "weight_decay", "nesterov", "maximize". Waits for the copies.
   /// Sharded (DistributedDataParallel::shard): a collective that gathers the full state.
   [[nodiscard]] state_dict_type state_dict() const {
-    state_dict_type dict;
-    for (std::size_t g = 0; g < this->groups_.size(); ++g) {
-      const Group& group = this->groups_[g];
-      auto out = this->export_group(group);
-      const SGDOptions& o = group.options;
-      out.options = {{"lr", o.lr},
-                     {"momentum", o.momentum},
-                     {"dampening", o.dampening},
-                     {"weight_decay", o.weight_decay},
-                     {"nesterov", o.nesterov ? 1.0 : 0.0},
-                     {"maximize", o.maximize ? 1.0 : 0.0}};
-      dict.param_groups.push_back(std::move(out));
-      if (group.step == 0) continue;
-      Buffer<state_type, Space> scratch;
-      const M* flat =
-          buffers_[g].started ? this->full_state(group, buffers_[g].values, scratch) : nullptr;
-      for (std::size_t p = group.params.first; p < group.params.last; ++p) {
-        auto& entry = dict.state[Base::state_index(group, p)];
-        if (buffers_[g].started) {
-          entry.tensors.emplace("momentum_buffer", this->export_state(group, p, flat));
-        }
-      }
-    }
-    this->exec_.synchronize();
-    return dict;
+    const auto options_of = [](const SGDOptions& o) -> std::map<std::string, double> {
+      return {{"lr", o.lr},
+              {"momentum", o.momentum},
+              {"dampening", o.dampening},
+              {"weight_decay", o.weight_decay},
+              {"nesterov", o.nesterov ? 1.0 : 0.0},
+              {"maximize", o.maximize ? 1.0 : 0.0}};
+    };
+    return this->collect_state_dict(
+        options_of, [this](const Group& group, std::size_t g, state_dict_type& dict) {
+          if (!buffers_[g].started) {  // an empty entry per parameter, as PyTorch's None
+            for (std::size_t p = group.params.first; p < group.params.last; ++p) {
+              (void)dict.state[Base::state_index(group, p)];
+            }
+            return;
+          }
+          Buffer<state_type, Space> scratch;
+          const M* flat = this->full_state(group, buffers_[g].values, scratch);
+          for (std::size_t p = group.params.first; p < group.params.last; ++p) {
+            dict.state[Base::state_index(group, p)].tensors.emplace(
+                "momentum_buffer", this->export_state(group, p, flat));
+          }
+        });
   }
 
   /// Restores hyperparameters, step counts and momentum buffers; an Error (and nothing changed)
@@ -212,28 +211,12 @@ class SGD : public detail::GroupedOptimizer<SGDOptions, T, Space, E> {
                     detail::option(in, "maximize", op) != 0};
       options[g].validate(op);
       const Group& group = this->groups_[g];
-      std::size_t with_buffer = 0;
-      for (std::size_t p = group.params.first; p < group.params.last; ++p) {
-        auto found = dict.state.find(Base::state_index(group, p));
-        if (found != dict.state.end() && found->second.tensors.contains("momentum_buffer")) {
-          ++with_buffer;
-        }
-      }
-      if (with_buffer != 0 && with_buffer != group.params.size()) {
-        throw Error(operation, "param group " + std::to_string(g) + " has a momentum_buffer for " +
-                                   std::to_string(with_buffer) + " of its " +
-                                   std::to_string(group.params.size()) + " parameters");
-      }
-      started[g] = with_buffer != 0;
+      started[g] = this->group_has_state(dict, g, "a momentum_buffer", [](const auto& entry) {
+        return entry.tensors.contains("momentum_buffer");
+      });
       for (std::size_t p = group.params.first; p < group.params.last && started[g]; ++p) {
-        const auto& tensor =
-            dict.state.at(Base::state_index(group, p)).tensors.at("momentum_buffer");
-        if (tensor.size() != this->slots_[p].shape.numel()) {
-          throw Error(operation, "momentum_buffer of parameter " +
-                                     std::to_string(Base::state_index(group, p)) + " has " +
-                                     std::to_string(tensor.size()) + " elements, the parameter " +
-                                     std::to_string(this->slots_[p].shape.numel()));
-        }
+        this->require_state(group, p, dict.state.at(Base::state_index(group, p)),
+                            "momentum_buffer");
       }
     }
     for (std::size_t g = 0; g < this->groups_.size(); ++g) {
