@@ -121,15 +121,15 @@ class GradScaler {
   explicit GradScaler(C& comm, GradScalerOptions options = {})
       : options_(options),
         rank_(comm.rank()),
-        all_reduce_found_inf_([&comm](View<detail::amp::inf_flag, Space> flag,
-                                      const detail::ErasedExecutor& exec) {
-          // The stream-ordering contract (comm/stream_order.hpp): after the check that wrote
-          // the flag, its result handed back to the executor; on NcclComm and cuda_exec the flag
-          // stays on the device and the host does not wait (step() reads it, once).
-          detail::order_after_erased(comm, exec);
-          comm.all_reduce(flag, ReduceOp::max);
-          detail::hand_back_erased(comm, exec);
-        }) {
+        all_reduce_found_inf_(
+            [&comm](View<detail::amp::inf_flag, Space> flag, const detail::ErasedExecutor& exec) {
+              // The stream-ordering contract (comm/stream_order.hpp): after the check that wrote
+              // the flag, its result handed back to the executor; on NcclComm and cuda_exec the
+              // flag stays on the device and the host does not wait (step() reads it, once).
+              detail::order_after_erased(comm, exec);
+              comm.all_reduce(flag, ReduceOp::max);
+              detail::hand_back_erased(comm, exec);
+            }) {
     validate();
   }
 

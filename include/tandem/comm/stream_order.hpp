@@ -8,13 +8,18 @@
 // Needs: the standard library (no CUDA: the verbs dispatch at compile time on the types of the
 // executor and the communicator; no virtual call).
 //
-// What each verb does:
-//
-// | executor `exec`                 | communicator `comm`     | order_after(comm, exec) | hand_back(work, exec) | hand_back(comm, exec) |
-// |---------------------------------|-------------------------|-------------------------|-----------------------|-----------------------|
-// | no stream (host_exec)           | any                     | nothing                 | work.wait()           | nothing               |
-// | a stream (cuda_exec{s})         | orders on the device: comm.order_after(s), comm.wait_stream(s) (NcclComm) | comm.order_after(s): an event on s that comm's next operation waits for on the GPU | work.wait(s): s waits for the operation's end event on the GPU (a host wait for a Work that has none, e.g. one issued inside an NcclGroup) | comm.wait_stream(s) |
-// | a stream                        | a host communicator (LocalComm, GlooComm, MpiComm, ShmComm: device tensors staged through pinned memory) | exec.synchronize(): the host copies, so the host waits | work.wait() | nothing: a sync operation has finished when it returns |
+// What each verb does (the table in docs/gpu.md, "The stream-ordering contract"):
+// - an executor without a stream (host_exec): order_after and hand_back(comm, exec) do nothing,
+//   hand_back(work, exec) is work.wait();
+// - a stream executor (cuda_exec{s}) and a communicator that orders on the device (NcclComm):
+//   order_after is comm.order_after(s), an event on s that comm's next operation waits for on the
+//   GPU; hand_back(work, exec) is work.wait(s), s waiting on the GPU for the operation's end event
+//   (a host wait for a Work that has none, e.g. one issued inside an NcclGroup); hand_back(comm,
+//   exec) is comm.wait_stream(s);
+// - a stream executor and a host communicator (LocalComm, GlooComm, MpiComm, ShmComm, staging
+//   device tensors through pinned memory): order_after is exec.synchronize() (the host copies, so
+//   the host waits), hand_back(work, exec) is work.wait(), hand_back(comm, exec) nothing (a sync
+//   operation has finished when it returns).
 //
 // A stream executor is an Executor with a `stream` member (cuda_exec). A communicator orders on
 // the device when it has `order_after(s)` and `wait_stream(s)` for that stream's type; neither
@@ -43,7 +48,9 @@ namespace tandem {
 /// An executor that queues its work on a device stream, named by its `stream` member (cuda_exec):
 /// its calls return before the work has run.
 template <class E>
-concept StreamExecutor = Executor<E> && requires(const E& exec) { exec.stream; };
+concept StreamExecutor = Executor<E> && requires(const E& exec) {
+  exec.stream;
+};
 
 /// A communicator that orders its operations on the device after, and hands their results back
 /// to, a stream of Exec: it has `order_after(stream)` and `wait_stream(stream)` (NcclComm with
@@ -79,9 +86,11 @@ void hand_back(const Work& work, [[maybe_unused]] const Exec& exec) {
 
 /// `exec`'s later work sees the results of the sync operations issued on `comm` so far: on a
 /// communicator that orders on the device, the stream waits for them there; a host
-/// communicator's sync operations have finished when they return.
+/// communicator's sync operations have finished when they return. (A Work is handed back by
+/// the overload above, never by this one.)
 template <class Comm, Executor Exec>
-void hand_back([[maybe_unused]] Comm& comm, [[maybe_unused]] const Exec& exec) {
+requires(!std::is_convertible_v<Comm&, const Work&>) void hand_back(
+    [[maybe_unused]] Comm& comm, [[maybe_unused]] const Exec& exec) {
   if constexpr (OrdersOnStream<Comm, Exec>) comm.wait_stream(exec.stream);
 }
 
@@ -121,7 +130,8 @@ class ErasedExecutor {
  public:
   template <Executor Exec>
   explicit ErasedExecutor(const Exec& exec)
-      : exec_(&exec), synchronize_([](const void* e) { static_cast<const Exec*>(e)->synchronize(); }) {
+      : exec_(&exec),
+        synchronize_([](const void* e) { static_cast<const Exec*>(e)->synchronize(); }) {
     if constexpr (StreamExecutor<Exec>) {
       has_stream_ = true;
       if constexpr (std::is_pointer_v<std::remove_cvref_t<decltype(exec.stream)>>) {

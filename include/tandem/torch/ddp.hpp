@@ -41,13 +41,14 @@
 // the GPU, so buckets start during backward with no host wait and later work on that stream sees
 // the reduced gradients. The communicator itself is left as it is (its caller stream is not
 // changed for its other users). Train on that stream: a forward or backward under another current
-// stream is an Error (construct the wrapper under the same stream guard). Include <tandem/torch/cuda.hpp> (in a .cu file compiled by nvcc, with
-// <tandem/cuda.hpp> and the NCCL backend): it supplies this stream binding, which a CPU build
-// does not need. A CUDA module with a host communicator is an Error (copy the module to the CPU,
-// or use NcclComm). Use tandem's GradScaler, EMA and optimizers with ddp.executor().
-// Parameters added to the module (or replaced, or moved with .to()) after wrapping are an Error at
-// the next forward or backward. A second backward() after the one that reduced the gradients,
-// with no forward in between, is an Error naming a parameter, as PyTorch's DDP refuses it
+// stream is an Error (construct the wrapper under the same stream guard). Include
+// <tandem/torch/cuda.hpp> (in a .cu file compiled by nvcc, with <tandem/cuda.hpp> and the NCCL
+// backend): it supplies this stream binding, which a CPU build does not need. A CUDA module with a
+// host communicator is an Error (copy the module to the CPU, or use NcclComm). Use tandem's
+// GradScaler, EMA and optimizers with ddp.executor(). Parameters added to the module (or replaced,
+// or moved with .to()) after wrapping are an Error at the next forward or backward. A second
+// backward() after the one that reduced the gradients, with no forward in between, is an Error
+// naming a parameter, as PyTorch's DDP refuses it
 // ("Expected to mark a variable ready only once"): accumulate micro-batches under no_sync(). A
 // forward in eval mode (module->eval()) runs no collective, so distributed evaluation may give
 // ranks different batch counts.
@@ -134,7 +135,8 @@ std::vector<T> all_gather_values(Comm& comm, std::vector<T> mine, const at::Devi
   const auto count = static_cast<std::int64_t>(mine.size());
   const at::Tensor in = at::from_blob(mine.data(), {count}, options).to(device);
   at::Tensor all = at::empty({count * comm.size()}, options.device(device));
-  on_current_stream<Space>(comm, in, [&] { comm.all_gather(view<T, Space>(in), view<T, Space>(all)); });
+  on_current_stream<Space>(comm, in,
+                           [&] { comm.all_gather(view<T, Space>(in), view<T, Space>(all)); });
   all = all.cpu();  // after the collective: libtorch's stream order, or the host's
   const T* first = all.data_ptr<T>();
   return std::vector<T>(first, first + all.numel());

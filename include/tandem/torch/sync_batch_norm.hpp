@@ -181,9 +181,8 @@ class Group {
     using Space = typename Comm::memory_space;
     at::Tensor staged_values = staged(comm, values);
     torch::detail::on_current_stream<Space>(comm, staged_values, [&] {
-      comm.all_reduce(
-          View<double, Space>(staged_values.data_ptr<double>(), staged_values.numel()),
-          ReduceOp::sum);
+      comm.all_reduce(View<double, Space>(staged_values.data_ptr<double>(), staged_values.numel()),
+                      ReduceOp::sum);
     });
     if (!staged_values.is_same(values)) values.copy_(staged_values);
   }

@@ -42,8 +42,8 @@
 #include "tandem/comm/stream_order.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/tensor/dtype.hpp"
-#include "tandem/tensor/exec.hpp"
 #include "tandem/tensor/dynamic.hpp"
+#include "tandem/tensor/exec.hpp"
 #include "tandem/tensor/memory.hpp"
 #include "tandem/tensor/tensor.hpp"
 

@@ -8,9 +8,11 @@
 // Checked on 1 to 4 ranks: the DDP theorem and bitwise identical parameters across ranks, each
 // rank's result bitwise equal to DDP over a host arena; exact reductions with unused parameters,
 // float / half / bfloat16 / double, average and sum, bucket caps, compress<W> (bitwise equal to
-// the host arena's); errors; and nothing left in pinned memory. On a communicator ordered after
-// its caller stream (orders_after_caller_stream), DDP's executor waits on the host in no step
-// when the streams are one, and as before when they differ. defer_average_to: the average and
+// the host arena's); errors; and nothing left in pinned memory. Through the stream-ordering
+// contract (comm/stream_order.hpp): on a communicator that orders on the device, DDP's executor
+// waits on the host in no step, whichever stream it is on (order_after before each bucket and
+// broadcast, hand_back after the broadcasts); on a host communicator, once per bucket and
+// broadcast. defer_average_to: the average and
 // GradScaler's unscale are one pass, with the two-pass gradients.
 #include "support/fake_device_space.hpp"  // first: it specialises templates the headers use
 
@@ -345,29 +347,29 @@ std::size_t check_reductions_on_device(Runner& run, int n) {
 /// for fake_device_exec's stream ids), counting the calls the contract makes of it. Device-only
 /// like NcclComm (LocalComm stages its fake-device tensors). Everything runs at once on the host
 /// here, so the host waits DDP asks of its executor are what tells the orders apart.
-class StreamOrderedComm : public tandem::LocalComm {
+class DeviceOrderingComm : public tandem::LocalComm {
  public:
   using memory_space = fake_device;
 
-  explicit StreamOrderedComm(tandem::LocalComm&& comm) : tandem::LocalComm(std::move(comm)) {}
+  explicit DeviceOrderingComm(tandem::LocalComm&& comm) : tandem::LocalComm(std::move(comm)) {}
 
   void order_after(int /*stream*/) { ++orders_after; }
   void wait_stream(int /*stream*/) { ++stream_waits; }
 
-  [[nodiscard]] std::optional<StreamOrderedComm> split(int color, int key) {
+  [[nodiscard]] std::optional<DeviceOrderingComm> split(int color, int key) {
     auto group = tandem::LocalComm::split(color, key);
     if (!group) return std::nullopt;
-    return StreamOrderedComm(std::move(*group));
+    return DeviceOrderingComm(std::move(*group));
   }
 
   int orders_after = 0;  ///< order_after() calls
   int stream_waits = 0;  ///< wait_stream() calls
 };
 
-static_assert(tandem::Communicator<StreamOrderedComm>);
-static_assert(tandem::OrdersOnStream<StreamOrderedComm, fake_device_exec>);
+static_assert(tandem::Communicator<DeviceOrderingComm>);
+static_assert(tandem::OrdersOnStream<DeviceOrderingComm, fake_device_exec>);
 static_assert(!tandem::OrdersOnStream<tandem::LocalComm, fake_device_exec>);
-static_assert(!tandem::OrdersOnStream<StreamOrderedComm, tandem::host_exec>);
+static_assert(!tandem::OrdersOnStream<DeviceOrderingComm, tandem::host_exec>);
 
 enum class Order { none, same_stream, other_stream };
 
@@ -429,7 +431,7 @@ StreamRun run_in_order(LocalRunner& run, int n, Order order) {
       const int before = fake_device_exec::host_waits_here;
       int orders_before = 0;
       int stream_waits_before = 0;
-      if constexpr (std::same_as<Comm, StreamOrderedComm>) {
+      if constexpr (std::same_as<Comm, DeviceOrderingComm>) {
         orders_before = any_comm.orders_after;
         stream_waits_before = any_comm.stream_waits;
       }
@@ -446,7 +448,7 @@ StreamRun run_in_order(LocalRunner& run, int n, Order order) {
         ddp.finish_gradient_sync();
       }
       result.waits[slot] = fake_device_exec::host_waits_here - before;
-      if constexpr (std::same_as<Comm, StreamOrderedComm>) {
+      if constexpr (std::same_as<Comm, DeviceOrderingComm>) {
         result.orders_after[slot] = any_comm.orders_after - orders_before;
         result.stream_waits[slot] = any_comm.stream_waits - stream_waits_before;
       }
@@ -455,7 +457,7 @@ StreamRun run_in_order(LocalRunner& run, int n, Order order) {
       train(comm);
     } else {
       auto group = comm.split(0, me);
-      StreamOrderedComm ordered(std::move(*group));
+      DeviceOrderingComm ordered(std::move(*group));
       train(ordered);
     }
     to_host(host_twin.grads(), arena.grads());

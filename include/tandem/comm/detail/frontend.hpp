@@ -300,19 +300,17 @@ class CollectiveFrontend : public FlightHooks<CollectiveFrontend<Derived, Space>
   template <class In, class Out>
   requires DynamicPair<In, Out>
   void all_reduce(In&& in, Out&& out, ReduceOp op = ReduceOp::sum) {
-    pair_ordered(in, out, "all_reduce",
-                           [&](auto i, auto o) { all_reduce(i, o, op); });
+    pair_ordered(in, out, "all_reduce", [&](auto i, auto o) { all_reduce(i, o, op); });
   }
   template <DynamicTensor T>
   Work all_reduce_async(T&& t, ReduceOp op = ReduceOp::sum) {
-    return visit_ordered(t, "all_reduce_async",
-                                [&](auto v) { return all_reduce_async(v, v, op); });
+    return visit_ordered(t, "all_reduce_async", [&](auto v) { return all_reduce_async(v, v, op); });
   }
   template <class In, class Out>
   requires DynamicPair<In, Out> Work all_reduce_async(In&& in, Out&& out,
                                                       ReduceOp op = ReduceOp::sum) {
     return pair_ordered(in, out, "all_reduce_async",
-                                  [&](auto i, auto o) { return all_reduce_async(i, o, op); });
+                        [&](auto i, auto o) { return all_reduce_async(i, o, op); });
   }
   template <DynamicTensor T>
   void reduce(T&& t, int root, ReduceOp op = ReduceOp::sum) {
@@ -320,8 +318,7 @@ class CollectiveFrontend : public FlightHooks<CollectiveFrontend<Derived, Space>
   }
   template <DynamicTensor T>
   Work reduce_async(T&& t, int root, ReduceOp op = ReduceOp::sum) {
-    return visit_ordered(t, "reduce_async",
-                                [&](auto v) { return reduce_async(v, root, op); });
+    return visit_ordered(t, "reduce_async", [&](auto v) { return reduce_async(v, root, op); });
   }
   template <DynamicTensor T>
   void broadcast(T&& t, int root) {
@@ -329,19 +326,17 @@ class CollectiveFrontend : public FlightHooks<CollectiveFrontend<Derived, Space>
   }
   template <DynamicTensor T>
   Work broadcast_async(T&& t, int root) {
-    return visit_ordered(t, "broadcast_async",
-                                [&](auto v) { return broadcast_async(v, root); });
+    return visit_ordered(t, "broadcast_async", [&](auto v) { return broadcast_async(v, root); });
   }
   template <class In, class Out>
   requires DynamicPair<In, Out>
   void all_gather(In&& in, Out&& out) {
-    pair_ordered(in, out, "all_gather",
-                           [&](auto i, auto o) { all_gather(i, o); });
+    pair_ordered(in, out, "all_gather", [&](auto i, auto o) { all_gather(i, o); });
   }
   template <class In, class Out>
   requires DynamicPair<In, Out> Work all_gather_async(In&& in, Out&& out) {
     return pair_ordered(in, out, "all_gather_async",
-                                  [&](auto i, auto o) { return all_gather_async(i, o); });
+                        [&](auto i, auto o) { return all_gather_async(i, o); });
   }
   template <class In, class Out>
   requires DynamicPair<In, Out>
@@ -351,41 +346,38 @@ class CollectiveFrontend : public FlightHooks<CollectiveFrontend<Derived, Space>
   template <class In, class Out>
   requires DynamicPair<In, Out> Work gather_async(In&& in, Out&& out, int root) {
     return pair_ordered(in, out, "gather_async",
-                                  [&](auto i, auto o) { return gather_async(i, o, root); });
+                        [&](auto i, auto o) { return gather_async(i, o, root); });
   }
   template <class In, class Out>
   requires DynamicPair<In, Out>
   void scatter(In&& in, Out&& out, int root) {
-    pair_ordered(in, out, "scatter",
-                           [&](auto i, auto o) { scatter(i, o, root); });
+    pair_ordered(in, out, "scatter", [&](auto i, auto o) { scatter(i, o, root); });
   }
   template <class In, class Out>
   requires DynamicPair<In, Out> Work scatter_async(In&& in, Out&& out, int root) {
     return pair_ordered(in, out, "scatter_async",
-                                  [&](auto i, auto o) { return scatter_async(i, o, root); });
+                        [&](auto i, auto o) { return scatter_async(i, o, root); });
   }
   template <class In, class Out>
   requires DynamicPair<In, Out>
   void reduce_scatter(In&& in, Out&& out, ReduceOp op = ReduceOp::sum) {
-    pair_ordered(in, out, "reduce_scatter",
-                           [&](auto i, auto o) { reduce_scatter(i, o, op); });
+    pair_ordered(in, out, "reduce_scatter", [&](auto i, auto o) { reduce_scatter(i, o, op); });
   }
   template <class In, class Out>
   requires DynamicPair<In, Out> Work reduce_scatter_async(In&& in, Out&& out,
                                                           ReduceOp op = ReduceOp::sum) {
     return pair_ordered(in, out, "reduce_scatter_async",
-                                  [&](auto i, auto o) { return reduce_scatter_async(i, o, op); });
+                        [&](auto i, auto o) { return reduce_scatter_async(i, o, op); });
   }
   template <class In, class Out>
   requires DynamicPair<In, Out>
   void all_to_all(In&& in, Out&& out) {
-    pair_ordered(in, out, "all_to_all",
-                           [&](auto i, auto o) { all_to_all(i, o); });
+    pair_ordered(in, out, "all_to_all", [&](auto i, auto o) { all_to_all(i, o); });
   }
   template <class In, class Out>
   requires DynamicPair<In, Out> Work all_to_all_async(In&& in, Out&& out) {
     return pair_ordered(in, out, "all_to_all_async",
-                                  [&](auto i, auto o) { return all_to_all_async(i, o); });
+                        [&](auto i, auto o) { return all_to_all_async(i, o); });
   }
   template <DynamicTensor T>
   void send(T&& t, int peer, int tag = 0) {
@@ -393,8 +385,7 @@ class CollectiveFrontend : public FlightHooks<CollectiveFrontend<Derived, Space>
   }
   template <DynamicTensor T>
   Work send_async(T&& t, int peer, int tag = 0) {
-    return visit_ordered(t, "send_async",
-                                [&](auto v) { return send_async(v, peer, tag); });
+    return visit_ordered(t, "send_async", [&](auto v) { return send_async(v, peer, tag); });
   }
   template <DynamicTensor T>
   void recv(T&& t, int peer, int tag = 0) {
@@ -402,8 +393,7 @@ class CollectiveFrontend : public FlightHooks<CollectiveFrontend<Derived, Space>
   }
   template <DynamicTensor T>
   Work recv_async(T&& t, int peer, int tag = 0) {
-    return visit_ordered(t, "recv_async",
-                                [&](auto v) { return recv_async(v, peer, tag); });
+    return visit_ordered(t, "recv_async", [&](auto v) { return recv_async(v, peer, tag); });
   }
 
   // --- barrier and split --------------------------------------------------------------------
@@ -446,9 +436,8 @@ class CollectiveFrontend : public FlightHooks<CollectiveFrontend<Derived, Space>
   /// f(typed view of t), in t's stream order.
   template <class T, class F>
   decltype(auto) visit_ordered(const T& t, const char* operation, F&& f) {
-    return dynamic_ordered(t, [&]() -> decltype(auto) {
-      return visit_dynamic<Space>(t, operation, rank(), f);
-    });
+    return dynamic_ordered(
+        t, [&]() -> decltype(auto) { return visit_dynamic<Space>(t, operation, rank(), f); });
   }
   /// f(typed in, typed out), in the stream order of the pair's (first) dynamic tensor.
   template <class In, class Out, class F>
