@@ -8,6 +8,8 @@
 //   stream is held (the host waits for nothing of it), and the averaged gradients read on that
 //   stream afterwards are exact: each bucket's all_reduce waited on the GPU for the gradients
 //   written behind the gate (order_after) and the read waited for the all_reduce (hand_back).
+//   GradScaler given the communicator likewise: its inf flag's all_reduce follows the check of
+//   gradients written behind the gate, without a host wait, and both ranks skip the step.
 // - Built with TANDEM_TEST_DROP_ORDER_AFTER (ddp_stream_order_dropped_sim): DDP leaves out its
 //   order_after before each bucket (include/tandem/ddp/ddp.hpp, order_bucket), so the all_reduce
 //   reads and overwrites the bucket while the executor's stream writes it. ThreadSanitizer reports
@@ -17,27 +19,31 @@
 // without stalling a device; its own main prints its verdict.
 #include <cuda_runtime.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <mutex>
+#include <limits>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
+#include "tandem/amp/grad_scaler.hpp"
 #include "tandem/comm/nccl/nccl.hpp"
 #include "tandem/cuda.hpp"
 #include "tandem/ddp/ddp.hpp"
+#include "tandem/optim/sgd.hpp"
 
 namespace {
 
-std::mutex failures_mutex;
-std::vector<std::string> failures;
+constexpr int ranks = 2;
 
-void expect(bool ok, const std::string& what) {
-  if (ok) return;
-  std::lock_guard lock(failures_mutex);
-  failures.push_back(what);
+/// What failed on each rank (each rank's thread writes its own; main reads them after the join).
+std::array<std::vector<std::string>, ranks> failures;
+
+void expect(int rank, bool ok, std::string what) {
+  if (!ok) failures[static_cast<std::size_t>(rank)].push_back(std::move(what));
 }
 
 /// Holds a stream until the host opens it (or a minute has passed: then the host was waiting for
@@ -68,7 +74,6 @@ struct fill_gradients {
   }
 };
 
-constexpr int ranks = 2;
 constexpr int steps = 3;
 constexpr std::int64_t elements = 1000;  // 4 buckets of 256 floats (bucket_cap<1024>)
 
@@ -98,19 +103,58 @@ void train(tandem::NcclComm& comm) {
                                         cudaMemcpyDeviceToHost, exec.stream),
                         "cudaMemcpyAsync");
     tandem::cuda::check(cudaStreamSynchronize(exec.stream), "cudaStreamSynchronize");
-    expect(!gate.timed_out.load(),
+    expect(me, !gate.timed_out.load(),
            where + "finish_gradient_sync() waited on the host for the executor's stream");
     for (std::size_t i = 0; i < got.size(); ++i) {
       // The mean of base over the ranks: 2 * (ranks + 1) / 2 + step.
       const float want = static_cast<float>(ranks + 1) + static_cast<float>(step) +
                          2.0f * static_cast<float>(i % 7);
       if (got[i] != want) {
-        expect(false, where + "averaged gradient " + std::to_string(i) + " = " +
-                          std::to_string(got[i]) + ", expected " + std::to_string(want));
+        expect(me, false,
+               where + "averaged gradient " + std::to_string(i) + " = " + std::to_string(got[i]) +
+                   ", expected " + std::to_string(want));
         break;
       }
     }
   }
+}
+
+/// data[at] = infinity (one element, on the stream).
+struct put_infinity {
+  float* data;
+  std::size_t at;
+  TANDEM_HD void operator()(std::size_t) const {
+    data[at] = std::numeric_limits<float>::infinity();
+  }
+};
+
+/// GradScaler given the communicator: rank 1's gradients hold an infinity written behind the
+/// gate; unscale_() returns while the stream is held (the inf flag's all_reduce is ordered after
+/// the check on the GPU, GradScaler's order_after, and handed back to the stream), and step()
+/// then skips on both ranks: rank 0 saw no infinity of its own.
+void scale(tandem::NcclComm& comm) {
+  const int me = comm.rank();
+  const std::string where = "GradScaler, rank " + std::to_string(me) + ": ";
+  const tandem::cuda::Stream stream;
+  const tandem::cuda_exec exec{stream.get()};
+  tandem::Parameters<float, tandem::device> params;
+  auto& a = params.add("a", {elements});
+  params.finalize(exec);
+  tandem::for_each_index(exec, params.numel(), fill_gradients{params.values().data(), 1.0f});
+  tandem::optim::SGD opt(params, {.lr = 0.125f}, exec);
+  tandem::GradScaler<tandem::device> scaler(comm, tandem::GradScalerOptions{.init_scale = 2.0});
+  (void)scaler.scale(1.0f);
+  Gate gate;
+  tandem::cuda::check(cudaLaunchHostFunc(exec.stream, hold, &gate), "cudaLaunchHostFunc");
+  tandem::for_each_index(exec, a.size(), fill_gradients{a.grad().data(), 2.0f});
+  if (me == 1) tandem::for_each_index(exec, 1, put_infinity{a.grad().data(), 617});
+  scaler.unscale_(opt);
+  gate.open.store(true, std::memory_order_release);
+  const bool stepped = scaler.step(opt);
+  tandem::cuda::check(cudaStreamSynchronize(exec.stream), "cudaStreamSynchronize");
+  expect(me, !gate.timed_out.load(),
+         where + "unscale_() waited on the host for the executor's stream");
+  expect(me, !stepped, where + "stepped although rank 1 had an infinite gradient");
 }
 
 }  // namespace
@@ -130,13 +174,19 @@ int main(int argc, char** argv) {
 #endif
   try {
     tandem::run_local_nccl(ranks, train);
+    tandem::run_local_nccl(ranks, scale);
   } catch (const std::exception& e) {
     std::printf("FAILED: %s\n", e.what());
     return 1;
   }
-  for (const auto& failure : failures) std::printf("FAILED: %s\n", failure.c_str());
-  if (!failures.empty()) return 1;
-  std::printf("passed: DDP over NcclComm, %d ranks, %d steps, executor on its own stream\n", ranks,
-              steps);
+  bool failed = false;
+  for (const auto& of_rank : failures) {
+    for (const auto& failure : of_rank) std::printf("FAILED: %s\n", failure.c_str());
+    failed = failed || !of_rank.empty();
+  }
+  if (failed) return 1;
+  std::printf(
+      "passed: DDP (%d steps) and GradScaler over NcclComm, %d ranks, executor on its own stream\n",
+      steps, ranks);
   return 0;
 }
