@@ -602,6 +602,12 @@ int check_run(const Settings& settings, const RunSummary& run, double min_accura
 template <tandem::Communicator Comm>
 RunSummary train(Comm& comm, const Settings& settings, std::size_t eval_samples,
                  cudaStream_t stream) {
+  // The same run on every rank, or an Error on every rank naming the flag and who has what.
+  examples::agree_on_flags(comm, settings,
+                           {{"--wide", settings.wide},
+                            {"--plain", settings.plain},
+                            {"--precision", std::string_view(settings.precision)},
+                            {"--resident", settings.resident}});
   const tandem::FashionMNIST train_set(tandem::split::train, settings.data);
   const tandem::FashionMNIST test_set(tandem::split::test, settings.data);
   const tandem::cuda_exec exec{stream};
