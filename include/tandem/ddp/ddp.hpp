@@ -75,6 +75,7 @@
 #include "tandem/core/config.hpp"
 #include "tandem/core/detail/disagreement.hpp"
 #include "tandem/core/error.hpp"
+#include "tandem/core/hash.hpp"
 #include "tandem/ddp/buckets.hpp"
 #include "tandem/ddp/policies.hpp"
 #include "tandem/ddp/shards.hpp"
@@ -132,15 +133,6 @@ struct load_value {
   const T* data;
   TANDEM_HD T operator()(std::size_t) const { return *data; }
 };
-
-/// FNV-1a, 64 bits: the same text gives the same hash on every rank and platform.
-inline std::uint64_t fnv1a(std::string_view text, std::uint64_t hash = 14695981039346656037ull) {
-  for (unsigned char c : text) {
-    hash ^= c;
-    hash *= 1099511628211ull;
-  }
-  return hash;
-}
 
 /// Small arrays of control data (registration hashes and texts) in the communicator's memory
 /// space, written and read one element at a time through the executor on devices.
@@ -889,7 +881,7 @@ class DistributedDataParallel {
                                     std::vector<std::size_t>& counts) {
     const auto n = static_cast<std::size_t>(comm_->size());
     std::uint64_t whole = 0;
-    for (const auto& text : descriptions) whole = detail::ddp::fnv1a(text + "\n", whole);
+    for (const auto& text : descriptions) whole = tandem::fnv1a(text + "\n", whole);
     ControlArrayOf<std::int64_t, ControlExec> mine(exec, 2);
     ControlArrayOf<std::int64_t, ControlExec> all(exec, 2 * n);
     mine.set(0, static_cast<std::int64_t>(whole));
@@ -914,7 +906,7 @@ class DistributedDataParallel {
     ControlArrayOf<std::int64_t, ControlExec> entry_hashes(exec, common);
     ControlArrayOf<std::int64_t, ControlExec> all_entry_hashes(exec, common * n);
     for (std::size_t i = 0; i < common; ++i) {
-      entry_hashes.set(i, static_cast<std::int64_t>(detail::ddp::fnv1a(descriptions[i])));
+      entry_hashes.set(i, static_cast<std::int64_t>(tandem::fnv1a(descriptions[i])));
     }
     control_all_gather(exec, entry_hashes.view(), all_entry_hashes.view());
     for (std::size_t i = 0; i < common; ++i) {
