@@ -124,9 +124,15 @@ class GradScaler {
   explicit GradScaler(C& comm, GradScalerOptions options = {})
       : options_(options),
         rank_(comm.rank()),
-        all_reduce_found_inf_([&comm](View<detail::amp::inf_flag, Space> flag) {
-          comm.all_reduce(flag, ReduceOp::max);
-        }) {
+        all_reduce_found_inf_(
+            [&comm](View<detail::amp::inf_flag, Space> flag, const detail::ErasedExecutor& exec) {
+              // The stream-ordering contract (comm/stream_order.hpp): after the check that wrote
+              // the flag, its result handed back to the executor; on NcclComm and cuda_exec the
+              // flag stays on the device and the host does not wait (step() reads it, once).
+              detail::order_after_erased(comm, exec);
+              comm.all_reduce(flag, ReduceOp::max);
+              detail::hand_back_erased(comm, exec);
+            }) {
     validate();
   }
 
@@ -440,8 +446,7 @@ class GradScaler {
     inf_flag* flag = state.found_inf.data();
     check(flag);
     if (all_reduce_found_inf_) {
-      exec.synchronize();  // the communicator may work on another stream or thread
-      all_reduce_found_inf_(View<inf_flag, Space>(flag, 1));
+      all_reduce_found_inf_(View<inf_flag, Space>(flag, 1), detail::ErasedExecutor(exec));
     }
     state.read_found_inf = [exec, flag] {
       return transform_reduce(exec, 1, inf_flag{0}, detail::amp::load_flag{flag},
@@ -484,7 +489,8 @@ class GradScaler {
 
   GradScalerOptions options_;
   int rank_ = unknown_rank;
-  std::function<void(View<detail::amp::inf_flag, Space>)> all_reduce_found_inf_;
+  std::function<void(View<detail::amp::inf_flag, Space>, const detail::ErasedExecutor&)>
+      all_reduce_found_inf_;
   float scale_ = static_cast<float>(options_.init_scale);
   std::int32_t growth_tracker_ = 0;
   bool started_ = false;

@@ -1,5 +1,6 @@
 // tandem/comm/communicator.hpp - the Communicator concept every backend models (LocalComm,
-// GlooComm, MpiComm, NcclComm), ReduceOp, new_group; tandem::Work (comm/work.hpp) comes with it.
+// GlooComm, MpiComm, NcclComm), ReduceOp, new_group; tandem::Work (comm/work.hpp) and the
+// stream-ordering contract, order_after and hand_back (comm/stream_order.hpp), come with it.
 //   template <tandem::Communicator C> void average(C& comm, std::vector<float>& grads) {
 //     comm.all_reduce(grads, tandem::ReduceOp::avg); }
 // Needs: the standard library.
@@ -19,6 +20,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "tandem/comm/stream_order.hpp"
 #include "tandem/comm/work.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/core/timeout.hpp"
@@ -120,14 +122,6 @@ inline constexpr bool supports_element = element_type<T>;
 /// off, such a program is undefined - it may hang or corrupt memory - as in MPI and NCCL.
 template <class Comm>
 inline constexpr bool detects_mismatched_collectives = false;
-
-/// Capability trait: whether every operation of Comm, `_async` ones included, is ordered on the
-/// device after the work already queued on its caller's stream, `comm.caller_stream()` (which a
-/// communicator that sets it true must have): a producer on that stream needs no host wait before
-/// handing its tensors over. False (the default) promises no stream order: the caller's work must
-/// have finished, on the host's clock, when an operation is issued. True for NcclComm.
-template <class Comm>
-inline constexpr bool orders_after_caller_stream = false;
 
 /// The subgroup of `ranks` (in that order: ranks[i] becomes rank i of the group). Collective:
 /// every rank of `comm` calls it with the same list; ranks not in it get nullopt.

@@ -26,20 +26,19 @@
 // communicator through pinned host memory (several processes sharing one GPU). A host arena on a
 // device-only communicator (NcclComm) does not compile.
 // Device arenas: the numeric passes (pre-division, 16-bit casts, zeroing) run on the executor
-// (cuda_exec), and what it wrote must be written before the communicator reads it:
-// - a communicator that orders its operations after its caller's stream on the GPU
-//   (orders_after_caller_stream in comm/communicator.hpp; NcclComm), when its caller_stream() is
-//   the executor's stream, gets each bucket and the buffers with no host wait: the backward goes
-//   on being queued while the buckets are reduced. finish_gradient_sync() then waits on the host
-//   for the reductions only; a compress<W> arena's write-back is left queued on that stream, in
-//   the stream order the communicator's own results have (later work on the stream sees it; a
-//   host read through another stream needs exec.synchronize() first). Make the two streams one:
-//   NcclCommOptions::stream = s with cuda_exec{s}, or the defaults of both (the calling thread's
-//   default stream);
-// - any other communicator (the Communicator concept promises no stream order, and the host
-//   communicators stage device tensors with copies on the legacy default stream), or an
-//   executor on another stream, gets them after a host wait for the executor: each launch waits
-//   for the backward queued before it.
+// (cuda_exec), and DDP orders them with the communicator through the stream-ordering contract
+// (comm/stream_order.hpp), the one way tandem orders GPU work: before each bucket (and the
+// buffers' broadcast) order_after(comm, exec), after the reductions hand_back(work, exec).
+// - On a communicator that orders on the device (NcclComm) neither waits on the host, whichever
+//   streams the executor and the communicator's caller use: the backward goes on being queued
+//   while the buckets are reduced, and finish_gradient_sync() returns once every reduction is
+//   queued, its result handed back to the executor's stream (later work on that stream, the
+//   optimizer's step included, sees the averaged gradients; a host read needs exec.synchronize()
+//   first). A reduction that fails later surfaces through the communicator's watchdog and its
+//   next call.
+// - A host communicator (the Communicator concept promises no stream order, and the host
+//   communicators stage device tensors with copies on the legacy default stream) gets each
+//   bucket after a host wait for the executor (the host copies it) and is waited for on the host.
 //
 // Mixed precision: `ddp.defer_average_to(scaler, optimizer)` makes the average and GradScaler's
 // unscale one multiplier pass over the gradients: float buckets travel undivided (their sum) and
@@ -76,6 +75,7 @@
 #include "tandem/core/config.hpp"
 #include "tandem/core/detail/disagreement.hpp"
 #include "tandem/core/error.hpp"
+#include "tandem/core/hash.hpp"
 #include "tandem/ddp/buckets.hpp"
 #include "tandem/ddp/policies.hpp"
 #include "tandem/ddp/shards.hpp"
@@ -134,15 +134,6 @@ struct load_value {
   TANDEM_HD T operator()(std::size_t) const { return *data; }
 };
 
-/// FNV-1a, 64 bits: the same text gives the same hash on every rank and platform.
-inline std::uint64_t fnv1a(std::string_view text, std::uint64_t hash = 14695981039346656037ull) {
-  for (unsigned char c : text) {
-    hash ^= c;
-    hash *= 1099511628211ull;
-  }
-  return hash;
-}
-
 /// Small arrays of control data (registration hashes and texts) in the communicator's memory
 /// space, written and read one element at a time through the executor on devices.
 template <class T, class Space, class Exec>
@@ -179,23 +170,6 @@ class ControlArray {
 /// Stands in for the wire buffer when no compress<W> policy is given.
 struct no_wire {};
 
-/// Whether `comm` orders its operations after the work already queued on `exec`'s stream: it
-/// says so (orders_after_caller_stream) and its caller stream is the executor's. Executors
-/// without a stream (host_exec) finish their work before returning and need no such order.
-template <class Comm, class Exec>
-[[nodiscard]] bool ordered_after(const Comm& comm, const Exec& exec) {
-  if constexpr (orders_after_caller_stream<Comm>) {
-    static_assert(
-        requires(const Comm& c) { c.caller_stream(); },
-        "tandem: a communicator with orders_after_caller_stream must say which stream "
-        "it orders after: caller_stream()");
-    if constexpr (requires(const Comm& c, const Exec& e) { e.stream == c.caller_stream(); }) {
-      return exec.stream == comm.caller_stream();
-    }
-  }
-  return false;
-}
-
 /// What DistributedDataParallel does to the arena's memory in a step. Behind this interface the
 /// arena's element type, memory space and executor are chosen by the constructor, not by the
 /// class's type; it is called once per bucket (and once per unused parameter), never per element.
@@ -209,11 +183,14 @@ class ArenaAccess {
 
   /// Writes zeros over `count` gradients from `offset`, on the executor.
   virtual void zero_grads(std::size_t offset, std::size_t count) = 0;
-  /// Divides bucket `k` by `divisor` (1: leaves it) or compresses it, hands it to the
-  /// communicator once the executor's writes are ordered before it, and starts its all_reduce
-  /// (under shard<2>: its reduce_scatter and its tail's all_reduce), adding the Works to `works`.
+  /// Divides bucket `k` by `divisor` (1: leaves it) or compresses it, orders the communicator
+  /// after the executor's writes (order_after) and starts its all_reduce (under shard<2>: its
+  /// reduce_scatter and its tail's all_reduce), adding the Works to `works`.
   virtual void launch(Comm& comm, const Bucket& bucket, std::size_t k, double divisor,
                       std::vector<Work>& works) = 0;
+  /// Hands every Work back to the executor (hand_back; after a `failure` of their launch, waits
+  /// for them on the host). Returns the first failure: `failure`, then the Works' in order.
+  virtual std::exception_ptr hand_back(std::vector<Work>& works, std::exception_ptr failure) = 0;
   /// shard<2>: copies each bucket's reduce-scattered part into the rank's own gradients.
   virtual void settle_shards() = 0;
   /// ZeRO: all-gathers the parameter values from every rank's own parts. Collective.
@@ -222,8 +199,6 @@ class ArenaAccess {
   virtual void expand(const std::vector<Bucket>& buckets) = 0;
   /// Broadcasts the buffers from `root`, and the trained values too when `values_too`.
   virtual void broadcast(Comm& comm, bool values_too, int root) = 0;
-  /// Ends a synchronisation whose Works have been waited for (see finish_gradient_sync()).
-  virtual void finish(const Comm& comm) = 0;
 };
 
 /// ArenaAccess for an arena of T in Space, processed on Exec, under the policies of Config.
@@ -248,14 +223,14 @@ class ArenaAccessFor final : public ArenaAccess<Comm> {
       wire_type* wire = wire_.data() + bucket.offset;
       const auto by = static_cast<float>(divisor);
       for_each_index(exec_, bucket.count, compress_into<T, wire_type>{g, wire, by});
-      hand_over(comm);
+      order_bucket(comm);
       works.push_back(
           comm.all_reduce_async(View<wire_type, Space>(wire, bucket.count), ReduceOp::sum));
     } else {
       if (divisor != 1.0) {
         for_each_index(exec_, bucket.count, divide<T>{g, static_cast<opmath_t<T>>(divisor)});
       }
-      hand_over(comm);
+      order_bucket(comm);
       if constexpr (Config::shard_stage == 2) {
         // The equal parts straight from the arena into this rank's staging; the tail (fewer
         // elements than ranks) all-reduced in place, which also leaves its owner its element.
@@ -273,6 +248,12 @@ class ArenaAccessFor final : public ArenaAccess<Comm> {
         works.push_back(comm.all_reduce_async(View<T, Space>(g, bucket.count), ReduceOp::sum));
       }
     }
+  }
+
+  std::exception_ptr hand_back(std::vector<Work>& works, std::exception_ptr failure) override {
+    return launch_and_hand_back(works, exec_, [&] {
+      if (failure) std::rethrow_exception(failure);
+    });
   }
 
   void settle_shards() override {
@@ -307,17 +288,10 @@ class ArenaAccessFor final : public ArenaAccess<Comm> {
   }
 
   void broadcast(Comm& comm, bool values_too, int root) override {
-    hand_over(comm);  // what the forward (or the caller) queued is written first
+    tandem::order_after(comm, exec_);  // what the forward (or the caller) queued is written first
     if (values_too) comm.broadcast(params_->values(), root);
     if (params_->buffer_numel() > 0) comm.broadcast(params_->buffer_values(), root);
-  }
-
-  /// The reductions have finished (their Works were waited for); what remains queued on the
-  /// executor is expand()'s pass. On a communicator ordered after the executor's stream the
-  /// gradients are left final in that stream's order, as the communicator leaves its own
-  /// results; otherwise the host waits, so that they are final for any reader.
-  void finish(const Comm& comm) override {
-    if (!ordered_after(comm, exec_)) exec_.synchronize();
+    tandem::hand_back(comm, exec_);
   }
 
  private:
@@ -326,13 +300,16 @@ class ArenaAccessFor final : public ArenaAccess<Comm> {
 
   [[nodiscard]] T* grads() const { return params_->grads().data(); }
 
-  /// Before the communicator reads what the executor wrote. Where the communicator orders its
-  /// work after the executor's stream, the GPU keeps that order and the host goes on queueing
-  /// the backward. Where the streams differ, the host waits: making the communicator's stream
-  /// wait on an event of the executor's would need CUDA events in this CPU header (and
-  /// use_stream() would change the communicator for its other callers).
-  void hand_over(const Comm& comm) {
-    if (!ordered_after(comm, exec_)) exec_.synchronize();
+  /// order_after(comm, exec_) before a bucket's collectives: the communicator reads the bucket
+  /// after what the executor wrote into it (the backward, the division). The one place a test
+  /// build (TANDEM_TEST_DROP_ORDER_AFTER, tests only: tests/unit/ddp/stream_order_test.cu) drops
+  /// the contract's call, to show that the simulated GPU catches the race it leaves.
+  void order_bucket(Comm& comm) {
+#if defined(TANDEM_TEST_DROP_ORDER_AFTER)
+    (void)comm;
+#else
+    tandem::order_after(comm, exec_);
+#endif
   }
 
   Parameters<T, Space>* params_;
@@ -510,12 +487,16 @@ class DistributedDataParallel {
       reset_step();
       return;
     }
-    std::exception_ptr failure = detail::ddp::launch_and_wait(works_, [&] {
+    std::exception_ptr failure;
+    try {
       for (; next_launch_ < plan_.buckets.size(); ++next_launch_) {
         zero_unused(plan_.buckets[next_launch_]);
         launch(next_launch_);
       }
-    });
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    failure = arena_->hand_back(works_, failure);
     if constexpr (config::compressed) {
       if (!failure) arena_->expand(plan_.buckets);
     }
@@ -530,7 +511,6 @@ class DistributedDataParallel {
         failure = std::current_exception();
       }
     }
-    arena_->finish(*comm_);
     touched_.assign(touched_.size(), 0);
     reset_step();
     if (failure) std::rethrow_exception(failure);
@@ -620,7 +600,8 @@ class DistributedDataParallel {
       }
       auto gather = [this, exec = opt.executor()](View<S, Space> full, std::size_t begin,
                                                   std::size_t end) {
-        Buffer<S, Space> staging(layout_.staging());
+        // In the executor's stream order: freed there, after the collectives handed back to it.
+        Buffer<S, Space> staging(layout_.staging(), exec);
         detail::ddp::all_gather_parts<S, Space>(*comm_, exec, layout_, full.data(), staging.data(),
                                                 begin, end);
       };
@@ -880,6 +861,15 @@ class DistributedDataParallel {
     throw Error(comm_->rank(), "DistributedDataParallel", cause + ")");
   }
 
+  /// all_gather of control arrays written through `exec`, ordered after their writes and handed
+  /// back to `exec` for the reads (on the host: nothing to order).
+  template <class ControlExec, class In, class Out>
+  void control_all_gather(const ControlExec& exec, In mine, Out all) {
+    tandem::order_after(*comm_, exec);
+    comm_->all_gather(mine, all);
+    tandem::hand_back(*comm_, exec);
+  }
+
   template <class T, class ControlExec>
   using ControlArrayOf = detail::ddp::ControlArray<T, typename Comm::memory_space, ControlExec>;
 
@@ -891,12 +881,12 @@ class DistributedDataParallel {
                                     std::vector<std::size_t>& counts) {
     const auto n = static_cast<std::size_t>(comm_->size());
     std::uint64_t whole = 0;
-    for (const auto& text : descriptions) whole = detail::ddp::fnv1a(text + "\n", whole);
+    for (const auto& text : descriptions) whole = tandem::fnv1a(text + "\n", whole);
     ControlArrayOf<std::int64_t, ControlExec> mine(exec, 2);
     ControlArrayOf<std::int64_t, ControlExec> all(exec, 2 * n);
     mine.set(0, static_cast<std::int64_t>(whole));
     mine.set(1, static_cast<std::int64_t>(descriptions.size()));
-    comm_->all_gather(mine.view(), all.view());
+    control_all_gather(exec, mine.view(), all.view());
     bool same = true;
     counts.assign(n, 0);
     for (std::size_t r = 0; r < n; ++r) {
@@ -916,9 +906,9 @@ class DistributedDataParallel {
     ControlArrayOf<std::int64_t, ControlExec> entry_hashes(exec, common);
     ControlArrayOf<std::int64_t, ControlExec> all_entry_hashes(exec, common * n);
     for (std::size_t i = 0; i < common; ++i) {
-      entry_hashes.set(i, static_cast<std::int64_t>(detail::ddp::fnv1a(descriptions[i])));
+      entry_hashes.set(i, static_cast<std::int64_t>(tandem::fnv1a(descriptions[i])));
     }
-    comm_->all_gather(entry_hashes.view(), all_entry_hashes.view());
+    control_all_gather(exec, entry_hashes.view(), all_entry_hashes.view());
     for (std::size_t i = 0; i < common; ++i) {
       for (std::size_t r = 1; r < n; ++r) {
         if (all_entry_hashes.get(r * common + i) != all_entry_hashes.get(i)) return i;
@@ -937,7 +927,7 @@ class DistributedDataParallel {
     for (std::size_t i = 0; i < text_bytes; ++i) {
       text.set(i, i < own.size() ? static_cast<std::uint8_t>(own[i]) : std::uint8_t{0});
     }
-    comm_->all_gather(text.view(), texts.view());
+    control_all_gather(exec, text.view(), texts.view());
     std::vector<std::string> seen(n);
     for (std::size_t r = 0; r < n; ++r) {
       for (std::size_t i = 0; i < text_bytes; ++i) {

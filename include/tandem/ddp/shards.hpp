@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "tandem/comm/communicator.hpp"
+#include "tandem/comm/stream_order.hpp"
 #include "tandem/core/config.hpp"
 #include "tandem/ddp/buckets.hpp"
 #include "tandem/tensor/exec.hpp"
@@ -114,32 +115,16 @@ struct copy_or_zero {
   TANDEM_HD void operator()(std::size_t) const { to[0] = have ? from[0] : T{}; }
 };
 
-/// Runs `launch` (which starts collectives, adding their Works to `works`), then waits for every
-/// Work in `works` even after a failure, so that none is left writing memory the caller may
-/// free. Returns the first failure (launch's, then the Works' in order), or null.
-template <class Launch>
-std::exception_ptr launch_and_wait(std::vector<Work>& works, Launch&& launch) {
-  std::exception_ptr failure;
-  try {
-    launch();
-  } catch (...) {
-    failure = std::current_exception();
-  }
-  for (auto& work : works) {
-    try {
-      work.wait();
-    } catch (...) {
-      if (!failure) failure = std::current_exception();
-    }
-  }
-  return failure;
-}
-
 /// Makes data[begin, end) (arena coordinates) whole on every rank from each rank's own parts:
 /// one all_gather per bucket overlapping [begin, end) for its equal parts (straight into the
 /// arena) and one of world-size padded elements for its tail. Collective: every rank calls it
 /// with the same range. `staging` holds layout.staging() elements of S in Space. The equal parts
-/// go asynchronously, all in flight together; the host waits for them before returning.
+/// go asynchronously, all in flight together. Ordered through the stream-ordering contract
+/// (comm/stream_order.hpp): the collectives after exec's copies, their results handed back to
+/// exec; on a communicator that orders on the device the host waits for none of it (exec's later
+/// work sees the parameters; a host read needs exec.synchronize()), on a host one it waits as
+/// the contract says. `staging` must stay alive until exec's queued work has run (a Buffer made
+/// with exec is freed in its stream order).
 template <class S, class Space, class Comm, class Exec>
 void all_gather_parts(Comm& comm, const Exec& exec, const ShardLayout& layout, S* data, S* staging,
                       std::size_t begin, std::size_t end) {
@@ -159,9 +144,9 @@ void all_gather_parts(Comm& comm, const Exec& exec, const ShardLayout& layout, S
       for_each_index(exec, 1, copy_or_zero<S>{data + tail_at + r, own + b->part, r < b->tail});
     }
   }
-  exec.synchronize();  // the copies are written before the communicator reads them
+  tandem::order_after(comm, exec);  // the copies are written before the communicator reads them
   std::vector<Work> works;
-  const std::exception_ptr failure = launch_and_wait(works, [&] {
+  const std::exception_ptr failure = launch_and_hand_back(works, exec, [&] {
     for (const auto* b : chosen) {
       S* own = staging + b->staging_offset;
       if (b->part > 0) {
@@ -180,7 +165,6 @@ void all_gather_parts(Comm& comm, const Exec& exec, const ShardLayout& layout, S
     const S* received = staging + b->staging_offset + b->part + 1;
     for_each_index(exec, b->tail, copy_range<S>{received, data + b->offset + n * b->part});
   }
-  exec.synchronize();
 }
 
 }  // namespace detail::ddp

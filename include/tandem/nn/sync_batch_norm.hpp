@@ -45,9 +45,11 @@
 // - num_batches_tracked() reads back one value;
 // - before handing device tensors to a host communicator the stream is synchronised (its staging
 //   copies run on the legacy default stream).
-// With NcclComm the collectives are ordered on the executor's stream (the communicator's caller
-// stream is switched to it for the call and restored). Results on the device are ready once the
-// executor's stream has passed them (synchronise it before reading them on another stream).
+// Every collective goes through the stream-ordering contract (comm/stream_order.hpp):
+// order_after(comm, exec) before it, hand_back(comm, exec) after it. With NcclComm that is an
+// event each way on the GPU, whatever stream the executor and the communicator's caller use (the
+// caller stream is not changed). Results on the device are ready once the executor's stream has
+// passed them (synchronise it before reading them on another stream).
 #pragma once
 
 #include <algorithm>
@@ -419,31 +421,6 @@ struct backward_coefficients {
     projection[c] = batch_statistics ? global[channels + c] / total * invstd[c] * invstd[c] : Acc{};
     scale[c] = invstd[c] * (weight != nullptr ? static_cast<Acc>(weight[c]) : Acc{1});
   }
-};
-
-/// Whether Comm orders its collectives after a caller stream that can be set to Exec's stream
-/// (NcclComm with cuda_exec). A named concept: nvcc 13 mishandles some requires-expressions
-/// written inline in templates.
-template <class Comm, class Exec>
-concept has_caller_stream = requires(Comm& comm, const Exec& exec) {
-  comm.use_stream(exec.stream);
-  comm.caller_stream();
-};
-
-/// Points a communicator's caller stream at `stream` for a scope and restores the previous one.
-template <class Comm, class Stream>
-class CallerStream {
- public:
-  CallerStream(Comm& comm, Stream stream) : comm_(comm), previous_(comm.caller_stream()) {
-    comm_.use_stream(stream);
-  }
-  CallerStream(const CallerStream&) = delete;
-  CallerStream& operator=(const CallerStream&) = delete;
-  ~CallerStream() { comm_.use_stream(previous_); }
-
- private:
-  Comm& comm_;
-  Stream previous_;
 };
 
 /// The ranges [a, a + n) and [b, b + m) share an element (compares addresses only).
@@ -830,23 +807,16 @@ class SyncBatchNorm {
     return values;
   }
 
-  /// Runs one collective on Space tensors written by the executor. A host communicator stages
-  /// device tensors with synchronous copies on the legacy default stream, which see only
-  /// finished work: the executor's stream is synchronised first (what it writes back is in place
-  /// when it returns). A communicator with a caller stream (NcclComm) is ordered on the
-  /// executor's stream for the call.
+  /// Runs one collective on Space tensors written by the executor, through the stream-ordering
+  /// contract (comm/stream_order.hpp): the communicator after the executor's work, its results
+  /// handed back to the executor. NcclComm on cuda_exec: no host wait, whichever streams; a host
+  /// communicator staging device tensors: the executor's stream is synchronised first (the host
+  /// copies), and what it writes back is in place when it returns.
   template <class Operation>
   void collective(Operation&& operation) {
-    if constexpr (!host_accessible<Space> && host_accessible<typename Comm::memory_space>) {
-      exec_.synchronize();
-      operation();
-    } else if constexpr (detail::batch_norm::has_caller_stream<Comm, Exec>) {
-      const detail::batch_norm::CallerStream<Comm, decltype(exec_.stream)> on_executor(
-          *comm_, exec_.stream);
-      operation();
-    } else {
-      operation();
-    }
+    tandem::order_after(*comm_, exec_);
+    operation();
+    tandem::hand_back(*comm_, exec_);
   }
 
   detail::batch_norm::Layout check_input(const char* operation, const Shape& shape) const {

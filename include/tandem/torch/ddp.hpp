@@ -34,18 +34,21 @@
 //
 // CUDA. With a device communicator (NcclComm) the module must live on its GPU (module->to(...)
 // before wrapping) and the arena is device memory (Parameters<float, device>): the same views,
-// hooks and buckets. libtorch queues its kernels on its current stream; the bridge binds to the
-// current stream at construction: the arena's passes run there (cuda_exec), the communicator is
-// set to order its operations after it (comm.use_stream), so buckets start during backward with
-// no host wait and later work on that stream sees the reduced gradients. Train on that stream: a
-// forward or backward under another current stream is an Error (construct the wrapper under the
-// same stream guard). Include <tandem/torch/cuda.hpp> (in a .cu file compiled by nvcc, with
-// <tandem/cuda.hpp> and the NCCL backend): it supplies this stream binding, which a CPU build
-// does not need. A CUDA module with a host communicator is an Error (copy the module to the CPU,
-// or use NcclComm). Use tandem's GradScaler, EMA and optimizers with ddp.executor().
-// Parameters added to the module (or replaced, or moved with .to()) after wrapping are an Error at
-// the next forward or backward. A second backward() after the one that reduced the gradients,
-// with no forward in between, is an Error naming a parameter, as PyTorch's DDP refuses it
+// hooks and buckets. libtorch queues its kernels on its current stream; the bridge takes the
+// current stream at construction as the executor of the arena's passes (cuda_exec), and every
+// collective goes through tandem's stream-ordering contract (comm/stream_order.hpp) with it: the
+// communicator orders each bucket after that stream and hands the reduced gradients back to it on
+// the GPU, so buckets start during backward with no host wait and later work on that stream sees
+// the reduced gradients. The communicator itself is left as it is (its caller stream is not
+// changed for its other users). Train on that stream: a forward or backward under another current
+// stream is an Error (construct the wrapper under the same stream guard). Include
+// <tandem/torch/cuda.hpp> (in a .cu file compiled by nvcc, with <tandem/cuda.hpp> and the NCCL
+// backend): it supplies this stream binding, which a CPU build does not need. A CUDA module with a
+// host communicator is an Error (copy the module to the CPU, or use NcclComm). Use tandem's
+// GradScaler, EMA and optimizers with ddp.executor(). Parameters added to the module (or replaced,
+// or moved with .to()) after wrapping are an Error at the next forward or backward. A second
+// backward() after the one that reduced the gradients, with no forward in between, is an Error
+// naming a parameter, as PyTorch's DDP refuses it
 // ("Expected to mark a variable ready only once"): accumulate micro-batches under no_sync(). A
 // forward in eval mode (module->eval()) runs no collective, so distributed evaluation may give
 // ranks different batch counts.
@@ -132,7 +135,8 @@ std::vector<T> all_gather_values(Comm& comm, std::vector<T> mine, const at::Devi
   const auto count = static_cast<std::int64_t>(mine.size());
   const at::Tensor in = at::from_blob(mine.data(), {count}, options).to(device);
   at::Tensor all = at::empty({count * comm.size()}, options.device(device));
-  comm.all_gather(view<T, Space>(in), view<T, Space>(all));
+  on_current_stream<Space>(comm, in,
+                           [&] { comm.all_gather(view<T, Space>(in), view<T, Space>(all)); });
   all = all.cpu();  // after the collective: libtorch's stream order, or the host's
   const T* first = all.data_ptr<T>();
   return std::vector<T>(first, first + all.numel());
@@ -205,27 +209,6 @@ struct GradReadyHook final : ::torch::autograd::FunctionPostHook {
 
 }  // namespace detail
 
-/// How the bridge orders its work with libtorch's in the arena's memory space Space: the executor
-/// that runs the arena's passes, bound once at construction, and a check before each use. Host
-/// memory needs no order (libtorch's CPU kernels have finished when they return).
-/// tandem/torch/cuda.hpp specialises it for device memory (libtorch's current CUDA stream).
-template <memory_space Space>
-struct StreamOrder {
-  static_assert(host_accessible<Space>,
-                "tandem::torch::DistributedDataParallel: a CUDA module on a device communicator "
-                "needs #include <tandem/torch/cuda.hpp> (in a .cu file compiled by nvcc)");
-  /// What runs the arena's passes.
-  using executor = host_exec;
-  /// The executor for a module on `device`; a device specialisation also orders `comm` after it.
-  template <class Comm>
-  static executor bind(Comm& /*comm*/, const at::Device& /*device*/) {
-    return {};
-  }
-  /// An Error naming `where` when libtorch's work would no longer be ordered with `exec`'s.
-  static void check(const executor& /*exec*/, const at::Device& /*device*/, int /*rank*/,
-                    const char* /*where*/) {}
-};
-
 /// Data-parallel training of a libtorch module over `Comm` (see the top of this header).
 /// Policies are tandem::DistributedDataParallel's. The communicator and the module must outlive
 /// it; it neither copies nor moves. On destruction the module gets its own storage back (copies
@@ -240,7 +223,7 @@ class DistributedDataParallel {
   /// The arena: the module's float32 parameters, gradients and buffers.
   using arena_type = Parameters<float, arena_space>;
   /// What runs the arena's passes (host_exec; cuda_exec on libtorch's stream for CUDA modules).
-  using executor_type = typename StreamOrder<arena_space>::executor;
+  using executor_type = typename CurrentStream<arena_space>::executor;
   /// The tandem DDP that reduces the arena.
   using inner_type = tandem::DistributedDataParallel<Comm, Policies...>;
   /// The RAII guard of gradient accumulation (see no_sync()): the wrapped DDP's guard, and while
@@ -328,8 +311,7 @@ class DistributedDataParallel {
   /// zero) and, in training mode, broadcasts the buffers from rank 0 (policy broadcast_buffers,
   /// the default; collective).
   void before_forward() {
-    StreamOrder<arena_space>::check(exec_, device_, comm_->rank(),
-                                    "torch::DistributedDataParallel::forward");
+    check_stream("torch::DistributedDataParallel::forward");
     check_unchanged("torch::DistributedDataParallel::forward");
     reduced_since_forward_ = false;
     attach();
@@ -455,9 +437,9 @@ class DistributedDataParallel {
       entries.push_back("buffer '" + item.key() + "' " + detail::sizes_text(t.sizes()) + " " +
                         dtype_name(t.scalar_type()) + " on " + t.device().str());
     }
-    // Where the module must be, and libtorch's stream bound before the first collective.
+    // Where the module must be, and libtorch's stream, which every collective is ordered with.
     device_ = expected_device(params);
-    exec_ = StreamOrder<arena_space>::bind(*comm_, device_);
+    exec_ = CurrentStream<arena_space>::of(device_);
     detail::require_same_entries<arena_space>(*comm_, entries, operation, device_);
 
     // Same everywhere, so every rank raises the same Errors below.
@@ -576,6 +558,22 @@ class DistributedDataParallel {
     }
   }
 
+  /// An Error naming `where` unless libtorch's current stream is still the one the arena's passes
+  /// and the communicator's operations are ordered with.
+  void check_stream(const char* where) const {
+    if constexpr (StreamExecutor<executor_type>) {
+      if (CurrentStream<arena_space>::of(device_).stream == exec_.stream) return;
+      throw Error(comm_->rank(), where,
+                  "libtorch's current CUDA stream on " + device_.str() +
+                      " is not the one DistributedDataParallel was constructed under; the "
+                      "arena's passes and the communicator's operations are ordered with that "
+                      "stream only: construct the wrapper under the same "
+                      "c10::cuda::CUDAStreamGuard as the training loop (or none for both)");
+    } else {
+      (void)where;
+    }
+  }
+
   /// An Error unless `t` (parameter or buffer `name`) lives where the communicator moves tensors.
   void require_on_device(const std::string& name, const char* kind, const at::Tensor& t) const {
     if (t.device() == device_) return;
@@ -613,8 +611,7 @@ class DistributedDataParallel {
 
   /// From the hook: parameter i's gradient is complete for this backward.
   void on_grad_ready(std::size_t i) {
-    StreamOrder<arena_space>::check(exec_, device_, comm_->rank(),
-                                    "torch::DistributedDataParallel (backward)");
+    check_stream("torch::DistributedDataParallel (backward)");
     if (reduced_since_forward_ && no_sync_depth_ == 0) {
       throw Error(comm_->rank(), "torch::DistributedDataParallel (backward)",
                   "parameter '" + trained_[i].name +
@@ -678,13 +675,15 @@ class DistributedDataParallel {
   void broadcast_other_buffers() {
     if (other_buffers_.empty() || comm_->size() == 1) return;
     if constexpr (!host_accessible<arena_space>) {
-      // In libtorch's stream order (the communicator's caller stream), one broadcast each: a few
-      // counters, and packing them would take as many copies.
+      // In libtorch's stream order (the contract, with the arena's executor), one broadcast each:
+      // a few counters, and packing them would take as many copies.
+      tandem::order_after(*comm_, exec_);
       for (const auto& [name, t] : other_buffers_) {
         visit_dtype(t, operation, comm_->rank(), [&](auto tag) {
           comm_->broadcast(view<decltype(tag), arena_space>(t, operation, comm_->rank()), 0);
         });
       }
+      tandem::hand_back(*comm_, exec_);
     } else {
       std::size_t total = 0;
       for (const auto& [name, t] : other_buffers_) total += t.nbytes();

@@ -61,9 +61,11 @@
 //
 // Memory. With a host communicator (LocalComm, GlooComm, MpiComm) the few statistics (2C + 1
 // doubles) go through the CPU: CUDA inputs copy them there and back. With a device communicator
-// (NcclComm) they stay on the GPU and the collectives are queued on the communicator's caller
-// stream: make it libtorch's current stream (comm.use_stream(...)), as for DDP. The communicator
-// is held by reference: it must outlive the module and every backward through it.
+// (NcclComm) they stay on the GPU and each collective goes through tandem's stream-ordering
+// contract (comm/stream_order.hpp) with libtorch's current stream: ordered after its kernels and
+// handed back to it on the GPU, no host wait (include <tandem/torch/cuda.hpp>, which finds that
+// stream). The communicator is held by reference: it must outlive the module and every backward
+// through it.
 //
 // convert_sync_batchnorm(module, comm) walks the module tree and replaces every BatchNorm1d/2d/3d
 // whose parent libtorch lets us rewire: children of Sequential, ModuleList and ModuleDict, and
@@ -115,6 +117,7 @@
 #include "tandem/core/error.hpp"
 #include "tandem/tensor/memory.hpp"
 #include "tandem/tensor/tensor.hpp"
+#include "tandem/torch/tensor.hpp"
 
 namespace tandem::torch {
 
@@ -166,8 +169,10 @@ class Group {
     using Space = typename Comm::memory_space;
     const at::Tensor in = staged(comm, mine);
     at::Tensor out = staged(comm, all);
-    comm.all_gather(View<const double, Space>(in.data_ptr<double>(), in.numel()),
-                    View<double, Space>(out.data_ptr<double>(), out.numel()));
+    torch::detail::on_current_stream<Space>(comm, in, [&] {
+      comm.all_gather(View<const double, Space>(in.data_ptr<double>(), in.numel()),
+                      View<double, Space>(out.data_ptr<double>(), out.numel()));
+    });
     if (!out.is_same(all)) all.copy_(out);
   }
 
@@ -175,8 +180,10 @@ class Group {
   static void reduce_on(Comm& comm, const at::Tensor& values) {
     using Space = typename Comm::memory_space;
     at::Tensor staged_values = staged(comm, values);
-    comm.all_reduce(View<double, Space>(staged_values.data_ptr<double>(), staged_values.numel()),
-                    ReduceOp::sum);
+    torch::detail::on_current_stream<Space>(comm, staged_values, [&] {
+      comm.all_reduce(View<double, Space>(staged_values.data_ptr<double>(), staged_values.numel()),
+                      ReduceOp::sum);
+    });
     if (!staged_values.is_same(values)) values.copy_(staged_values);
   }
 

@@ -20,7 +20,12 @@
 // complex), a CUDA tensor on a host communicator or a CPU tensor on a device one - is a
 // tandem::Error that names the operation and the cause, never a silent copy.
 // CUDA tensors on a device communicator (NcclComm): libtorch's kernels run on its current stream,
-// which the communicator does not know, so the device is synchronised before the collective.
+// and each operation goes through tandem's stream-ordering contract (comm/stream_order.hpp) with
+// that stream, as PyTorch's ProcessGroupNCCL does: the communicator orders the operation after
+// the stream's queued work and a sync operation hands its result back to it, on the GPU, with no
+// host wait (an `_async` one returns a Work: work.wait(stream) hands it back, work.wait() waits
+// on the host). Finding libtorch's current CUDA stream needs libtorch's CUDA headers: include
+// <tandem/torch/cuda.hpp> (a .cu file, nvcc; CurrentStream<device> below says so otherwise).
 #pragma once
 
 #include <cstddef>
@@ -32,12 +37,13 @@
 #include <vector>
 
 #include <ATen/ATen.h>
-#include <torch/cuda.h>
 
 #include "tandem/comm/communicator.hpp"
+#include "tandem/comm/stream_order.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/tensor/dtype.hpp"
 #include "tandem/tensor/dynamic.hpp"
+#include "tandem/tensor/exec.hpp"
 #include "tandem/tensor/memory.hpp"
 #include "tandem/tensor/tensor.hpp"
 
@@ -63,6 +69,47 @@ static_assert(sizeof(half) == sizeof(c10::Half) && sizeof(bfloat16) == sizeof(c1
 inline std::string dtype_name(c10::ScalarType type) {
   return c10::toString(type);
 }
+
+/// libtorch's current stream as tandem's executor, for tensors in memory space Space: what the
+/// bridge orders its communicators' operations and its own passes with (the stream-ordering
+/// contract, comm/stream_order.hpp). Host memory: host_exec (libtorch's CPU kernels have finished
+/// when they return). Device memory: cuda_exec on libtorch's current CUDA stream of the device,
+/// which tandem/torch/cuda.hpp supplies.
+template <memory_space Space>
+struct CurrentStream {
+  static_assert(host_accessible<Space>,
+                "tandem: CUDA tensors on a device communicator (NcclComm) are ordered after "
+                "libtorch's current CUDA stream: #include <tandem/torch/cuda.hpp> (in a .cu file "
+                "compiled by nvcc, with a libtorch built with CUDA)");
+  /// What runs in libtorch's order: host_exec.
+  using executor = host_exec;
+  /// The executor of libtorch's current stream on `device`.
+  static executor of(const at::Device& /*device*/) { return {}; }
+};
+
+namespace detail {
+
+/// run() (operations of `comm` on `t`, seen through typed views) in libtorch's stream order: for
+/// a CUDA tensor on a device communicator, the communicator after libtorch's current stream and,
+/// when run() returns nothing (sync operations), their results handed back to that stream.
+template <class Space, class Comm, class Run>
+decltype(auto) on_current_stream(Comm& comm, const at::Tensor& t, Run&& run) {
+  if constexpr (host_accessible<Space>) {
+    return run();
+  } else {
+    if (!t.defined() || !t.is_cuda()) return run();  // run() raises the Error naming the cause
+    const auto exec = CurrentStream<Space>::of(t.device());
+    tandem::order_after(comm, exec);
+    if constexpr (std::is_void_v<decltype(run())>) {
+      run();
+      tandem::hand_back(comm, exec);
+    } else {
+      return run();  // a Work: handed back by its waiter (work.wait(stream) or work.wait())
+    }
+  }
+}
+
+}  // namespace detail
 
 /// Why `t` cannot be seen as a flat tensor (empty when it can): undefined, not strided (sparse,
 /// mkldnn), not contiguous, or on a device other than the CPU or a CUDA GPU.
@@ -168,8 +215,7 @@ requires requires(const Batch& batch) {
 namespace tandem {
 
 /// torch::Tensor (at::Tensor) is a DynamicTensor: tandem's communicators take it directly. A
-/// CUDA tensor on a device communicator is seen after the device's queued work has finished
-/// (libtorch's kernels run on its current stream, which the communicator does not know).
+/// CUDA tensor on a device communicator is ordered with libtorch's current stream (ordered()).
 template <>
 struct dynamic_tensor_traits<at::Tensor> {
   /// at::Tensor is a DynamicTensor.
@@ -189,9 +235,15 @@ struct dynamic_tensor_traits<at::Tensor> {
   /// `t` seen as E in Space; an Error naming `operation` when it cannot be.
   template <element_type E, memory_space Space>
   static View<E, Space> view(const at::Tensor& t, const char* operation, int rank) {
-    auto typed = torch::view<E, Space>(t, operation, rank);
-    if constexpr (!host_accessible<Space>) ::torch::cuda::synchronize(t.device().index());
-    return typed;
+    return torch::view<E, Space>(t, operation, rank);
+  }
+
+  /// Runs a communicator's operation on `t` (run()) in libtorch's stream order: a CUDA tensor on
+  /// a device communicator through the stream-ordering contract with libtorch's current stream
+  /// (needs tandem/torch/cuda.hpp), anything else as it is.
+  template <memory_space Space, class Comm, class Run>
+  static decltype(auto) ordered(Comm& comm, const at::Tensor& t, Run&& run) {
+    return torch::detail::on_current_stream<Space>(comm, t, std::forward<Run>(run));
   }
 };
 
@@ -201,12 +253,15 @@ namespace tandem::torch {
 
 namespace detail {
 
-/// f(view) with the typed view of `t` in Comm's memory space (after the device's queued work
-/// has finished, for CUDA tensors), for any Communicator.
+/// f(view) with the typed view of `t` in Comm's memory space, in libtorch's stream order (see
+/// on_current_stream), for any Communicator.
 template <Communicator Comm, class F>
 decltype(auto) with_view(Comm& comm, const at::Tensor& t, const char* operation, F&& f) {
-  return tandem::detail::visit_dynamic<typename Comm::memory_space>(t, operation, comm.rank(),
-                                                                    std::forward<F>(f));
+  using Space = typename Comm::memory_space;
+  return on_current_stream<tandem::detail::dynamic_view_space<Space>>(
+      comm, t, [&]() -> decltype(auto) {
+        return tandem::detail::visit_dynamic<Space>(t, operation, comm.rank(), f);
+      });
 }
 
 }  // namespace detail

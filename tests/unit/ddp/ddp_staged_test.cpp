@@ -8,9 +8,11 @@
 // Checked on 1 to 4 ranks: the DDP theorem and bitwise identical parameters across ranks, each
 // rank's result bitwise equal to DDP over a host arena; exact reductions with unused parameters,
 // float / half / bfloat16 / double, average and sum, bucket caps, compress<W> (bitwise equal to
-// the host arena's); errors; and nothing left in pinned memory. On a communicator ordered after
-// its caller stream (orders_after_caller_stream), DDP's executor waits on the host in no step
-// when the streams are one, and as before when they differ. defer_average_to: the average and
+// the host arena's); errors; and nothing left in pinned memory. Through the stream-ordering
+// contract (comm/stream_order.hpp): on a communicator that orders on the device, DDP's executor
+// waits on the host in no step, whichever stream it is on (order_after before each bucket and
+// broadcast, hand_back after the broadcasts); on a host communicator, once per bucket and
+// broadcast. defer_average_to: the average and
 // GradScaler's unscale are one pass, with the two-pass gradients.
 #include "support/fake_device_space.hpp"  // first: it specialises templates the headers use
 
@@ -341,54 +343,51 @@ std::size_t check_reductions_on_device(Runner& run, int n) {
 
 // --- stream-ordered communicators ---------------------------------------------------------------
 
-/// LocalComm declaring, as NcclComm does, that its operations wait for the work queued before
-/// them on its caller stream (a fake stream id, as fake_device_exec's). Device-only like NcclComm
-/// (LocalComm stages its fake-device tensors). Everything runs at once on the host here, so the
-/// host waits DDP asks of its executor are what tells the orders apart.
-class StreamOrderedComm : public tandem::LocalComm {
+/// LocalComm that orders on the device as NcclComm does (order_after(stream), wait_stream(stream)
+/// for fake_device_exec's stream ids), counting the calls the contract makes of it. Device-only
+/// like NcclComm (LocalComm stages its fake-device tensors). Everything runs at once on the host
+/// here, so the host waits DDP asks of its executor are what tells the orders apart.
+class DeviceOrderingComm : public tandem::LocalComm {
  public:
   using memory_space = fake_device;
 
-  StreamOrderedComm(tandem::LocalComm&& comm, int caller_stream)
-      : tandem::LocalComm(std::move(comm)), caller_stream_(caller_stream) {}
+  explicit DeviceOrderingComm(tandem::LocalComm&& comm) : tandem::LocalComm(std::move(comm)) {}
 
-  [[nodiscard]] int caller_stream() const noexcept { return caller_stream_; }
+  void order_after(int /*stream*/) { ++orders_after; }
+  void wait_stream(int /*stream*/) { ++stream_waits; }
 
-  [[nodiscard]] std::optional<StreamOrderedComm> split(int color, int key) {
+  [[nodiscard]] std::optional<DeviceOrderingComm> split(int color, int key) {
     auto group = tandem::LocalComm::split(color, key);
     if (!group) return std::nullopt;
-    return StreamOrderedComm(std::move(*group), caller_stream_);
+    return DeviceOrderingComm(std::move(*group));
   }
 
- private:
-  int caller_stream_;
+  int orders_after = 0;  ///< order_after() calls
+  int stream_waits = 0;  ///< wait_stream() calls
 };
 
-}  // namespace
-
-template <>
-inline constexpr bool tandem::orders_after_caller_stream<StreamOrderedComm> = true;
-
-namespace {
-
-static_assert(tandem::Communicator<StreamOrderedComm>);
-static_assert(!tandem::orders_after_caller_stream<tandem::LocalComm>);
+static_assert(tandem::Communicator<DeviceOrderingComm>);
+static_assert(tandem::OrdersOnStream<DeviceOrderingComm, fake_device_exec>);
+static_assert(!tandem::OrdersOnStream<tandem::LocalComm, fake_device_exec>);
+static_assert(!tandem::OrdersOnStream<DeviceOrderingComm, tandem::host_exec>);
 
 enum class Order { none, same_stream, other_stream };
 
 const char* order_name(Order order) {
   constexpr const char* names[] = {"LocalComm, no stream order",
-                                   "stream-ordered, the executor on its caller stream",
-                                   "stream-ordered, the executor on another stream"};
+                                   "stream-ordered, the executor on stream 0",
+                                   "stream-ordered, the executor on stream 1"};
   return names[static_cast<int>(order)];
 }
 
 /// What `steps` steps of DDP over a device arena (with a buffer) did on each rank.
 struct StreamRun {
-  PerRank grads;               ///< the reduced gradients after the last step
-  std::vector<int> waits;      ///< the executor's host waits in the steps
-  std::vector<int> unordered;  ///< what a communicator without stream order costs: one wait per
-                               ///< launched bucket, the buffer broadcast and the finish
+  PerRank grads;                  ///< the reduced gradients after the last step
+  std::vector<int> waits;         ///< the executor's host waits in the steps
+  std::vector<int> orders_after;  ///< order_after() calls the communicator saw in the steps
+  std::vector<int> stream_waits;  ///< wait_stream() calls the communicator saw in the steps
+  std::vector<int> unordered;     ///< where the contract orders: one per launched bucket and
+                                  ///< buffer broadcast
 };
 
 constexpr int stream_steps = 3;
@@ -416,7 +415,8 @@ template <class... Policies>
 StreamRun run_in_order(LocalRunner& run, int n, Order order) {
   const auto& sizes = sizes_of_p;
   const auto ranks = static_cast<std::size_t>(n);
-  StreamRun result{PerRank(ranks), std::vector<int>(ranks), std::vector<int>(ranks)};
+  StreamRun result{PerRank(ranks), std::vector<int>(ranks), std::vector<int>(ranks),
+                   std::vector<int>(ranks), std::vector<int>(ranks)};
   run(n, [&](tandem::LocalComm& comm) {
     const int me = comm.rank();
     const auto slot = static_cast<std::size_t>(me);
@@ -427,8 +427,14 @@ StreamRun run_in_order(LocalRunner& run, int n, Order order) {
     auto train = [&](auto& any_comm) {
       using Comm = std::remove_reference_t<decltype(any_comm)>;
       DistributedDataParallel<Comm, Policies...> ddp(any_comm, arena, exec);
-      result.unordered[slot] = stream_steps * (launched_buckets(ddp) + 1 + (n > 1 ? 1 : 0));
+      result.unordered[slot] = stream_steps * (launched_buckets(ddp) + (n > 1 ? 1 : 0));
       const int before = fake_device_exec::host_waits_here;
+      int orders_before = 0;
+      int stream_waits_before = 0;
+      if constexpr (std::same_as<Comm, DeviceOrderingComm>) {
+        orders_before = any_comm.orders_after;
+        stream_waits_before = any_comm.stream_waits;
+      }
       for (int k = 0; k < stream_steps; ++k) {
         for (std::size_t p = 0; p < sizes.size(); ++p) {
           auto g = host_twin["p" + std::to_string(p)].grad();
@@ -442,12 +448,16 @@ StreamRun run_in_order(LocalRunner& run, int n, Order order) {
         ddp.finish_gradient_sync();
       }
       result.waits[slot] = fake_device_exec::host_waits_here - before;
+      if constexpr (std::same_as<Comm, DeviceOrderingComm>) {
+        result.orders_after[slot] = any_comm.orders_after - orders_before;
+        result.stream_waits[slot] = any_comm.stream_waits - stream_waits_before;
+      }
     };
     if (order == Order::none) {
       train(comm);
     } else {
       auto group = comm.split(0, me);
-      StreamOrderedComm ordered(std::move(*group), 0);
+      DeviceOrderingComm ordered(std::move(*group));
       train(ordered);
     }
     to_host(host_twin.grads(), arena.grads());
@@ -456,8 +466,10 @@ StreamRun run_in_order(LocalRunner& run, int n, Order order) {
   return result;
 }
 
-/// No host wait in any step where the communicator orders its work after the executor's stream;
-/// the same waits as without stream order where the streams differ; the same gradients.
+/// Through the contract: no host wait in any step where the communicator orders on the device,
+/// whichever stream the executor uses (order_after instead of each wait, wait_stream after each
+/// buffer broadcast); one wait per bucket and broadcast on a host communicator; the same
+/// gradients.
 template <class... Policies>
 std::size_t check_stream_order(LocalRunner& run, int n) {
   Failures failures;
@@ -465,14 +477,26 @@ std::size_t check_stream_order(LocalRunner& run, int n) {
   for (auto order : {Order::none, Order::same_stream, Order::other_stream}) {
     const auto got = order == Order::none ? unordered : run_in_order<Policies...>(run, n, order);
     for (std::size_t r = 0; r < static_cast<std::size_t>(n); ++r) {
-      const int want = order == Order::same_stream ? 0 : unordered.unordered[r];
+      const bool ordered = order != Order::none;
+      const int want = ordered ? 0 : unordered.unordered[r];
+      const auto context = [&] {
+        return std::string(" (") + order_name(order) + ", " + suite::policy_name<Policies...>() +
+               ")";
+      };
       failures.expect(got.waits[r] == want,
                       suite::where(static_cast<int>(r), n, "the executor's host waits"), ": ",
-                      got.waits[r], " in ", stream_steps, " steps, expected ", want, " (",
-                      order_name(order), ", ", suite::policy_name<Policies...>(), ")");
+                      got.waits[r], " in ", stream_steps, " steps, expected ", want, context());
+      const int want_orders = ordered ? unordered.unordered[r] : 0;
+      failures.expect(got.orders_after[r] == want_orders,
+                      suite::where(static_cast<int>(r), n, "order_after calls"), ": ",
+                      got.orders_after[r], ", expected ", want_orders, context());
+      const int want_stream_waits = ordered && n > 1 ? stream_steps : 0;
+      failures.expect(got.stream_waits[r] == want_stream_waits,
+                      suite::where(static_cast<int>(r), n, "wait_stream calls"), ": ",
+                      got.stream_waits[r], ", expected ", want_stream_waits, context());
       failures.expect(got.grads[r] == unordered.grads[r],
                       suite::where(static_cast<int>(r), n, "gradients differ from LocalComm's"),
-                      " (", order_name(order), ", ", suite::policy_name<Policies...>(), ")");
+                      context());
     }
   }
   failures.expect(unordered.unordered[0] > 0, "nothing to compare: no waits without stream order");
@@ -758,7 +782,7 @@ TEST_CASE("DDP over a device arena on LocalComm: staged, bitwise equal to a host
   CHECK(check_all_on_device<tandem::LocalComm>(run, 4) == 0);
 }
 
-TEST_CASE("DDP on a stream-ordered communicator waits on the host only across streams") {
+TEST_CASE("DDP on a communicator that orders on the device never waits on the host") {
   LocalRunner run;
   for (int n = 1; n <= 3; ++n) {
     CAPTURE(n);

@@ -289,119 +289,111 @@ class CollectiveFrontend : public FlightHooks<CollectiveFrontend<Derived, Space>
   // A dynamic argument is seen with its own element type, or that of the other argument of an
   // (in, out) pair; an Error names the operation and the cause when it cannot be (a dtype tandem
   // does not move or that differs from the other argument's, not dense and contiguous, not in
-  // this communicator's memory).
+  // this communicator's memory). Where the tensor's library keeps a stream order of its own
+  // (dynamic_tensor_traits<T>::ordered: a CUDA torch::Tensor, libtorch's current stream), the
+  // operation runs in it (visit_ordered, pair_ordered below).
 
   template <DynamicTensor T>
   void all_reduce(T&& t, ReduceOp op = ReduceOp::sum) {
-    visit_dynamic<Space>(t, "all_reduce", rank(), [&](auto v) { all_reduce(v, v, op); });
+    visit_ordered(t, "all_reduce", [&](auto v) { all_reduce(v, v, op); });
   }
   template <class In, class Out>
   requires DynamicPair<In, Out>
   void all_reduce(In&& in, Out&& out, ReduceOp op = ReduceOp::sum) {
-    with_typed_pair<Space>(in, out, "all_reduce", rank(),
-                           [&](auto i, auto o) { all_reduce(i, o, op); });
+    pair_ordered(in, out, "all_reduce", [&](auto i, auto o) { all_reduce(i, o, op); });
   }
   template <DynamicTensor T>
   Work all_reduce_async(T&& t, ReduceOp op = ReduceOp::sum) {
-    return visit_dynamic<Space>(t, "all_reduce_async", rank(),
-                                [&](auto v) { return all_reduce_async(v, v, op); });
+    return visit_ordered(t, "all_reduce_async", [&](auto v) { return all_reduce_async(v, v, op); });
   }
   template <class In, class Out>
   requires DynamicPair<In, Out> Work all_reduce_async(In&& in, Out&& out,
                                                       ReduceOp op = ReduceOp::sum) {
-    return with_typed_pair<Space>(in, out, "all_reduce_async", rank(),
-                                  [&](auto i, auto o) { return all_reduce_async(i, o, op); });
+    return pair_ordered(in, out, "all_reduce_async",
+                        [&](auto i, auto o) { return all_reduce_async(i, o, op); });
   }
   template <DynamicTensor T>
   void reduce(T&& t, int root, ReduceOp op = ReduceOp::sum) {
-    visit_dynamic<Space>(t, "reduce", rank(), [&](auto v) { reduce(v, root, op); });
+    visit_ordered(t, "reduce", [&](auto v) { reduce(v, root, op); });
   }
   template <DynamicTensor T>
   Work reduce_async(T&& t, int root, ReduceOp op = ReduceOp::sum) {
-    return visit_dynamic<Space>(t, "reduce_async", rank(),
-                                [&](auto v) { return reduce_async(v, root, op); });
+    return visit_ordered(t, "reduce_async", [&](auto v) { return reduce_async(v, root, op); });
   }
   template <DynamicTensor T>
   void broadcast(T&& t, int root) {
-    visit_dynamic<Space>(t, "broadcast", rank(), [&](auto v) { broadcast(v, root); });
+    visit_ordered(t, "broadcast", [&](auto v) { broadcast(v, root); });
   }
   template <DynamicTensor T>
   Work broadcast_async(T&& t, int root) {
-    return visit_dynamic<Space>(t, "broadcast_async", rank(),
-                                [&](auto v) { return broadcast_async(v, root); });
+    return visit_ordered(t, "broadcast_async", [&](auto v) { return broadcast_async(v, root); });
   }
   template <class In, class Out>
   requires DynamicPair<In, Out>
   void all_gather(In&& in, Out&& out) {
-    with_typed_pair<Space>(in, out, "all_gather", rank(),
-                           [&](auto i, auto o) { all_gather(i, o); });
+    pair_ordered(in, out, "all_gather", [&](auto i, auto o) { all_gather(i, o); });
   }
   template <class In, class Out>
   requires DynamicPair<In, Out> Work all_gather_async(In&& in, Out&& out) {
-    return with_typed_pair<Space>(in, out, "all_gather_async", rank(),
-                                  [&](auto i, auto o) { return all_gather_async(i, o); });
+    return pair_ordered(in, out, "all_gather_async",
+                        [&](auto i, auto o) { return all_gather_async(i, o); });
   }
   template <class In, class Out>
   requires DynamicPair<In, Out>
   void gather(In&& in, Out&& out, int root) {
-    with_typed_pair<Space>(in, out, "gather", rank(), [&](auto i, auto o) { gather(i, o, root); });
+    pair_ordered(in, out, "gather", [&](auto i, auto o) { gather(i, o, root); });
   }
   template <class In, class Out>
   requires DynamicPair<In, Out> Work gather_async(In&& in, Out&& out, int root) {
-    return with_typed_pair<Space>(in, out, "gather_async", rank(),
-                                  [&](auto i, auto o) { return gather_async(i, o, root); });
+    return pair_ordered(in, out, "gather_async",
+                        [&](auto i, auto o) { return gather_async(i, o, root); });
   }
   template <class In, class Out>
   requires DynamicPair<In, Out>
   void scatter(In&& in, Out&& out, int root) {
-    with_typed_pair<Space>(in, out, "scatter", rank(),
-                           [&](auto i, auto o) { scatter(i, o, root); });
+    pair_ordered(in, out, "scatter", [&](auto i, auto o) { scatter(i, o, root); });
   }
   template <class In, class Out>
   requires DynamicPair<In, Out> Work scatter_async(In&& in, Out&& out, int root) {
-    return with_typed_pair<Space>(in, out, "scatter_async", rank(),
-                                  [&](auto i, auto o) { return scatter_async(i, o, root); });
+    return pair_ordered(in, out, "scatter_async",
+                        [&](auto i, auto o) { return scatter_async(i, o, root); });
   }
   template <class In, class Out>
   requires DynamicPair<In, Out>
   void reduce_scatter(In&& in, Out&& out, ReduceOp op = ReduceOp::sum) {
-    with_typed_pair<Space>(in, out, "reduce_scatter", rank(),
-                           [&](auto i, auto o) { reduce_scatter(i, o, op); });
+    pair_ordered(in, out, "reduce_scatter", [&](auto i, auto o) { reduce_scatter(i, o, op); });
   }
   template <class In, class Out>
   requires DynamicPair<In, Out> Work reduce_scatter_async(In&& in, Out&& out,
                                                           ReduceOp op = ReduceOp::sum) {
-    return with_typed_pair<Space>(in, out, "reduce_scatter_async", rank(),
-                                  [&](auto i, auto o) { return reduce_scatter_async(i, o, op); });
+    return pair_ordered(in, out, "reduce_scatter_async",
+                        [&](auto i, auto o) { return reduce_scatter_async(i, o, op); });
   }
   template <class In, class Out>
   requires DynamicPair<In, Out>
   void all_to_all(In&& in, Out&& out) {
-    with_typed_pair<Space>(in, out, "all_to_all", rank(),
-                           [&](auto i, auto o) { all_to_all(i, o); });
+    pair_ordered(in, out, "all_to_all", [&](auto i, auto o) { all_to_all(i, o); });
   }
   template <class In, class Out>
   requires DynamicPair<In, Out> Work all_to_all_async(In&& in, Out&& out) {
-    return with_typed_pair<Space>(in, out, "all_to_all_async", rank(),
-                                  [&](auto i, auto o) { return all_to_all_async(i, o); });
+    return pair_ordered(in, out, "all_to_all_async",
+                        [&](auto i, auto o) { return all_to_all_async(i, o); });
   }
   template <DynamicTensor T>
   void send(T&& t, int peer, int tag = 0) {
-    visit_dynamic<Space>(t, "send", rank(), [&](auto v) { send(v, peer, tag); });
+    visit_ordered(t, "send", [&](auto v) { send(v, peer, tag); });
   }
   template <DynamicTensor T>
   Work send_async(T&& t, int peer, int tag = 0) {
-    return visit_dynamic<Space>(t, "send_async", rank(),
-                                [&](auto v) { return send_async(v, peer, tag); });
+    return visit_ordered(t, "send_async", [&](auto v) { return send_async(v, peer, tag); });
   }
   template <DynamicTensor T>
   void recv(T&& t, int peer, int tag = 0) {
-    visit_dynamic<Space>(t, "recv", rank(), [&](auto v) { recv(v, peer, tag); });
+    visit_ordered(t, "recv", [&](auto v) { recv(v, peer, tag); });
   }
   template <DynamicTensor T>
   Work recv_async(T&& t, int peer, int tag = 0) {
-    return visit_dynamic<Space>(t, "recv_async", rank(),
-                                [&](auto v) { return recv_async(v, peer, tag); });
+    return visit_ordered(t, "recv_async", [&](auto v) { return recv_async(v, peer, tag); });
   }
 
   // --- barrier and split --------------------------------------------------------------------
@@ -430,6 +422,36 @@ class CollectiveFrontend : public FlightHooks<CollectiveFrontend<Derived, Space>
   CollectiveFrontend() = default;
 
  private:
+  /// run() in the stream order of dynamic tensor `t`'s library, where its traits have one
+  /// (dynamic_tensor_traits<T>::ordered<Space>(comm, t, run)); otherwise run() as it is.
+  template <class T, class Run>
+  decltype(auto) dynamic_ordered(const T& t, Run&& run) {
+    using traits = dynamic_tensor_traits<std::remove_cvref_t<T>>;
+    if constexpr (requires { traits::template ordered<Space>(derived(), t, run); }) {
+      return traits::template ordered<Space>(derived(), t, run);
+    } else {
+      return run();
+    }
+  }
+  /// f(typed view of t), in t's stream order.
+  template <class T, class F>
+  decltype(auto) visit_ordered(const T& t, const char* operation, F&& f) {
+    return dynamic_ordered(
+        t, [&]() -> decltype(auto) { return visit_dynamic<Space>(t, operation, rank(), f); });
+  }
+  /// f(typed in, typed out), in the stream order of the pair's (first) dynamic tensor.
+  template <class In, class Out, class F>
+  decltype(auto) pair_ordered(In& in, Out& out, const char* operation, F&& f) {
+    auto run = [&]() -> decltype(auto) {
+      return with_typed_pair<Space>(in, out, operation, rank(), f);
+    };
+    if constexpr (DynamicTensor<In>) {
+      return dynamic_ordered(in, run);
+    } else {
+      return dynamic_ordered(out, run);
+    }
+  }
+
   friend class FlightHooks<CollectiveFrontend>;
 
   decltype(auto) engine() const { return static_cast<const Derived&>(*this).self(); }

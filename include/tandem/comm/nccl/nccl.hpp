@@ -11,8 +11,9 @@
 // end, detail::CollectiveFrontend).
 //
 // Streams. Each operation is ordered after the work queued so far on the caller's stream
-// (options.stream, the calling thread's default stream unless set; use_stream changes it), and
-// after every operation issued before it, and:
+// (options.stream, the calling thread's default stream unless set; use_stream changes it), after
+// every operation issued before it, and after the streams order_after(s) marked since the
+// previous operation, and:
 // - a sync operation returns once it is queued: work queued later on the caller's stream sees
 //   its result (stream order, as in PyTorch). It runs on the caller's stream itself, so no event
 //   crosses between streams (options.sync_on_caller_stream = false runs it on the
@@ -22,6 +23,11 @@
 //   caller's later work), leaves the caller's stream alone and returns a tandem::Work that the
 //   host can wait on (work.wait()) or a stream (work.wait(stream), on the GPU); wait_stream(s)
 //   makes a stream wait for every operation issued so far.
+// order_after(s) and wait_stream(s) are what tandem's stream-ordering contract
+// (comm/stream_order.hpp: tandem::order_after(comm, exec), tandem::hand_back) is built on: code
+// whose work runs on another stream than the caller's (DDP, SyncBatchNorm, GradScaler on
+// cuda_exec{s}) orders the communicator after it and hands results back to it on the GPU,
+// without a host wait and without changing the caller stream for the communicator's other users.
 // The tensors of an operation must stay alive and untouched until it has finished on the GPU.
 //
 // Point to point: NCCL has no tags. Messages between two ranks match in the order they were
@@ -157,8 +163,13 @@ class NcclComm : public detail::CollectiveFrontend<NcclComm, device> {
   /// Orders later operations with `stream` instead (for the thread that issues them).
   void use_stream(cudaStream_t stream) { self().use_stream(stream); }
   /// Work queued on `stream` from now on waits for every operation issued so far; the host
-  /// does not wait.
+  /// does not wait (tandem::hand_back(comm, cuda_exec{stream}) calls it).
   void wait_stream(cudaStream_t stream) { self().wait_stream(stream); }
+  /// The next operation, and so every later one, waits on the GPU for the work queued on
+  /// `stream` so far (an event recorded there now); the host does not wait, and the caller
+  /// stream is unchanged (tandem::order_after(comm, cuda_exec{stream}) calls it). Nothing to do
+  /// for caller_stream() itself, which every operation follows anyway.
+  void order_after(cudaStream_t stream) { self().order_after(stream); }
   /// Blocks the host until every operation issued so far has finished (within the timeout).
   void synchronize() { self().synchronize(); }
   /// Aborts the communicator now, from any thread: operations in flight fail, later calls raise
@@ -223,10 +234,6 @@ static_assert(Communicator<NcclComm>);
 /// NcclCommOptions::check_agreement and NcclComm::checks_collectives()).
 template <>
 inline constexpr bool detects_mismatched_collectives<NcclComm> = true;
-
-/// Each NcclComm operation waits on the GPU for the work queued on caller_stream() before it.
-template <>
-inline constexpr bool orders_after_caller_stream<NcclComm> = true;
 
 /// Several operations on one or more communicators issued as one NCCL group (ncclGroupStart at
 /// construction, ncclGroupEnd at end() or destruction): they are launched together and finish

@@ -73,6 +73,46 @@ class Engine : public WatchedComm, public FingerprintCheck<Engine> {
   [[nodiscard]] cudaStream_t stream() const noexcept { return stream_->get(); }
   [[nodiscard]] cudaStream_t caller_stream() const noexcept { return caller_; }
   void use_stream(cudaStream_t stream) noexcept { caller_ = stream; }
+
+  /// Work queued on `stream` from now on waits for every operation issued so far; the host does
+  /// not wait. Nothing to do where the newest operation went to `stream` itself (a sync one on
+  /// the caller stream): stream order covers it, and issue order the operations before it.
+  void wait_stream(cudaStream_t stream) {
+    {
+      std::lock_guard lock(mutex_);
+      if (!failure_ && !pending_.empty() && newest_stream_ == stream) return;
+    }
+    WatchedComm::wait_stream(stream);
+  }
+
+  /// The next operation (and so every later one: they run in issue order) waits on the GPU for
+  /// the work queued on `stream` so far: an event recorded there now, which the stream of that
+  /// operation waits for when it is issued. The host does not wait and the caller stream stays
+  /// as it is. Nothing to do for the caller stream itself: every operation follows it.
+  void order_after(cudaStream_t stream) {
+    if (stream == caller_) return;
+    DeviceGuard guard(device_);
+    {
+      std::lock_guard lock(mutex_);
+      throw_if_failed("order_after");
+    }
+    for (std::size_t i = 0; i < prerequisites_pending_; ++i) {
+      if (prerequisites_[i].first == stream) {  // a newer mark of the same stream covers the old
+        cuda::check(cudaEventRecord(prerequisites_[i].second, stream), "cudaEventRecord", rank_);
+        return;
+      }
+    }
+    if (prerequisites_pending_ == prerequisites_.size()) {
+      cudaEvent_t event = nullptr;
+      cuda::check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
+                  "cudaEventCreateWithFlags", rank_);
+      prerequisites_.emplace_back(nullptr, event);
+    }
+    auto& mark = prerequisites_[prerequisites_pending_];
+    cuda::check(cudaEventRecord(mark.second, stream), "cudaEventRecord", rank_);
+    mark.first = stream;
+    ++prerequisites_pending_;
+  }
   [[nodiscard]] ncclComm_t native() const noexcept { return comm_; }
 
   // --- what CollectiveFrontend calls ----------------------------------------------------------
@@ -398,6 +438,7 @@ class Engine : public WatchedComm, public FingerprintCheck<Engine> {
       cuda::check(cudaEventRecord(start_->get(), caller_), "cudaEventRecord", rank_);
       cuda::check(cudaStreamWaitEvent(stream, start_->get(), 0), "cudaStreamWaitEvent", rank_);
     }
+    if (after_caller) follow_prerequisites(stream);
     follow_newest(stream);
     ncclResult_t state = enqueue(comm_, stream);
     if (group_depth_ > 0) {
@@ -429,6 +470,16 @@ class Engine : public WatchedComm, public FingerprintCheck<Engine> {
     const bool caller_waits = work == nullptr && !direct && after_caller;
     if (work) works.push_back(std::move(work));
     return finish_issue(operation, {}, sequence, std::move(works), caller_waits, stream);
+  }
+
+  /// The streams order_after() marked since the last operation: `stream` waits for their marks.
+  /// (A wait uses the record made before it, so the events are recorded again for later marks.)
+  void follow_prerequisites(cudaStream_t stream) {
+    for (std::size_t i = 0; i < prerequisites_pending_; ++i) {
+      cuda::check(cudaStreamWaitEvent(stream, prerequisites_[i].second, 0), "cudaStreamWaitEvent",
+                  rank_);
+    }
+    prerequisites_pending_ = 0;
   }
 
   /// NCCL runs a communicator's operations in issue order: one about to be queued on `stream`
@@ -526,6 +577,8 @@ class Engine : public WatchedComm, public FingerprintCheck<Engine> {
       if (stream_) (void)cudaStreamSynchronize(stream_->get());
       for (cudaEvent_t event : free_events_) (void)cudaEventDestroy(event);
       free_events_.clear();
+      for (auto& mark : prerequisites_) (void)cudaEventDestroy(mark.second);
+      prerequisites_.clear();
       if (scratch_) (void)cudaFree(scratch_);
       scratch_ = nullptr;
       free_check_buffers();
@@ -542,6 +595,9 @@ class Engine : public WatchedComm, public FingerprintCheck<Engine> {
   void* scratch_ = nullptr;               ///< barrier's integer
 
   std::shared_ptr<WorkState> next_work_;  ///< set by later() for the operation it issues
+  /// order_after()'s marks: (stream, event); the first prerequisites_pending_ await an operation.
+  std::vector<std::pair<cudaStream_t, cudaEvent_t>> prerequisites_;
+  std::size_t prerequisites_pending_ = 0;
   std::vector<void*> staging_;
 
   // Groups (the issuing thread only; their depth is WatchedComm's group_depth_).
