@@ -838,25 +838,31 @@ class DistributedDataParallel {
     in_step_ = false;
   }
 
-  /// Every rank's registration hash, compared; on a difference, the first differing entry and
-  /// which ranks have what, in an Error raised on every rank.
+  /// Every rank's registration, compared (core/detail/disagreement.hpp); on a difference, the
+  /// first differing entry and which ranks have what, in an Error raised on every rank.
   template <class ControlExec>
   void verify_registration(const ControlExec& exec, const std::vector<std::string>& descriptions) {
-    std::vector<std::size_t> counts;
-    if (same_registration_everywhere(exec, descriptions, counts)) return;
-    const std::size_t common = std::min(descriptions.size(), std::ranges::min(counts));
-    const std::size_t first = first_differing_entry(exec, descriptions, common);
-    const auto seen =
-        every_ranks_text(exec, first < descriptions.size() ? descriptions[first] : "nothing");
+    const auto n = static_cast<std::size_t>(comm_->size());
+    const auto gather = [&]<class V>(std::vector<V> mine) {
+      ControlArrayOf<V, ControlExec> in(exec, mine.size());
+      ControlArrayOf<V, ControlExec> all(exec, mine.size() * n);
+      for (std::size_t i = 0; i < mine.size(); ++i) in.set(i, mine[i]);
+      control_all_gather(exec, in.view(), all.view());
+      std::vector<V> out(mine.size() * n);
+      for (std::size_t i = 0; i < out.size(); ++i) out[i] = all.get(i);
+      return out;
+    };
+    const auto difference = detail::find_entries_difference(descriptions, n, gather);
+    if (!difference) return;
     std::string cause =
         "ranks registered different parameters; first difference at entry " +
-        std::to_string(first) + " (entry 0 is the element type): " +
+        std::to_string(difference->first) + " (entry 0 is the element type): " +
         detail::describe_groups(
-            seen, [](const std::string& entry) { return entry; }, " has ", " have ");
+            difference->seen, [](const std::string& entry) { return entry; }, " has ", " have ");
     cause += " (entries registered:";
-    for (std::size_t r = 0; r < counts.size(); ++r) {
+    for (std::size_t r = 0; r < difference->counts.size(); ++r) {
       cause += std::string(r ? "," : "") + " rank " + std::to_string(r) + " " +
-               std::to_string(counts[r]);
+               std::to_string(difference->counts[r]);
     }
     throw Error(comm_->rank(), "DistributedDataParallel", cause + ")");
   }
@@ -872,72 +878,6 @@ class DistributedDataParallel {
 
   template <class T, class ControlExec>
   using ControlArrayOf = detail::ddp::ControlArray<T, typename Comm::memory_space, ControlExec>;
-
-  /// One all_gather of (hash of every entry, entry count): whether all hashes agree; `counts`
-  /// gets each rank's entry count.
-  template <class ControlExec>
-  bool same_registration_everywhere(const ControlExec& exec,
-                                    const std::vector<std::string>& descriptions,
-                                    std::vector<std::size_t>& counts) {
-    const auto n = static_cast<std::size_t>(comm_->size());
-    std::uint64_t whole = 0;
-    for (const auto& text : descriptions) whole = tandem::fnv1a(text + "\n", whole);
-    ControlArrayOf<std::int64_t, ControlExec> mine(exec, 2);
-    ControlArrayOf<std::int64_t, ControlExec> all(exec, 2 * n);
-    mine.set(0, static_cast<std::int64_t>(whole));
-    mine.set(1, static_cast<std::int64_t>(descriptions.size()));
-    control_all_gather(exec, mine.view(), all.view());
-    bool same = true;
-    counts.assign(n, 0);
-    for (std::size_t r = 0; r < n; ++r) {
-      same = same && all.get(2 * r) == all.get(0);
-      counts[r] = static_cast<std::size_t>(all.get(2 * r + 1));
-    }
-    return same;
-  }
-
-  /// The first of the `common` entries (those every rank has) in which some ranks differ, or
-  /// `common` when those agree (then the first difference is an entry some ranks lack).
-  template <class ControlExec>
-  std::size_t first_differing_entry(const ControlExec& exec,
-                                    const std::vector<std::string>& descriptions,
-                                    std::size_t common) {
-    const auto n = static_cast<std::size_t>(comm_->size());
-    ControlArrayOf<std::int64_t, ControlExec> entry_hashes(exec, common);
-    ControlArrayOf<std::int64_t, ControlExec> all_entry_hashes(exec, common * n);
-    for (std::size_t i = 0; i < common; ++i) {
-      entry_hashes.set(i, static_cast<std::int64_t>(tandem::fnv1a(descriptions[i])));
-    }
-    control_all_gather(exec, entry_hashes.view(), all_entry_hashes.view());
-    for (std::size_t i = 0; i < common; ++i) {
-      for (std::size_t r = 1; r < n; ++r) {
-        if (all_entry_hashes.get(r * common + i) != all_entry_hashes.get(i)) return i;
-      }
-    }
-    return common;
-  }
-
-  /// Every rank's `own` text (its first 200 bytes), gathered in rank order.
-  template <class ControlExec>
-  std::vector<std::string> every_ranks_text(const ControlExec& exec, const std::string& own) {
-    const auto n = static_cast<std::size_t>(comm_->size());
-    constexpr std::size_t text_bytes = 200;
-    ControlArrayOf<std::uint8_t, ControlExec> text(exec, text_bytes);
-    ControlArrayOf<std::uint8_t, ControlExec> texts(exec, text_bytes * n);
-    for (std::size_t i = 0; i < text_bytes; ++i) {
-      text.set(i, i < own.size() ? static_cast<std::uint8_t>(own[i]) : std::uint8_t{0});
-    }
-    control_all_gather(exec, text.view(), texts.view());
-    std::vector<std::string> seen(n);
-    for (std::size_t r = 0; r < n; ++r) {
-      for (std::size_t i = 0; i < text_bytes; ++i) {
-        const auto c = static_cast<char>(texts.get(r * text_bytes + i));
-        if (c == '\0') break;
-        seen[r].push_back(c);
-      }
-    }
-    return seen;
-  }
 
   Comm* comm_;
   ShardLayout layout_;  // before arena_, which holds it by address

@@ -59,6 +59,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
@@ -76,6 +77,7 @@
 
 #include "tandem/arena/parameters.hpp"
 #include "tandem/comm/communicator.hpp"
+#include "tandem/comm/detail/host_values.hpp"
 #include "tandem/core/detail/disagreement.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/ddp/ddp.hpp"
@@ -127,69 +129,26 @@ inline std::string sizes_text(at::IntArrayRef sizes) {
   return text + "]";
 }
 
-/// Collective: every rank's `mine`, rank r's at r * mine.size(). The values travel as libtorch
-/// tensors on `device` (the CPU, or the GPU of a device communicator: in Space).
-template <class Space, element_type T, Communicator Comm>
-std::vector<T> all_gather_values(Comm& comm, std::vector<T> mine, const at::Device& device) {
-  const auto options = at::TensorOptions().dtype(scalar_type_of<T>());
-  const auto count = static_cast<std::int64_t>(mine.size());
-  const at::Tensor in = at::from_blob(mine.data(), {count}, options).to(device);
-  at::Tensor all = at::empty({count * comm.size()}, options.device(device));
-  on_current_stream<Space>(comm, in,
-                           [&] { comm.all_gather(view<T, Space>(in), view<T, Space>(all)); });
-  all = all.cpu();  // after the collective: libtorch's stream order, or the host's
-  const T* first = all.data_ptr<T>();
-  return std::vector<T>(first, first + all.numel());
-}
-
 /// Collective: an Error on every rank unless all ranks hold the same `entries`; it names the
-/// first entry in which they differ and which ranks have what. The hashes and texts travel on
-/// `device` (in Space).
-template <class Space, Communicator Comm>
+/// first entry in which they differ and which ranks have what (the comparison DDP's registration
+/// check makes too: core/detail/disagreement.hpp). The values travel through the communicator's
+/// memory (host values: comm/detail/host_values.hpp).
+template <Communicator Comm>
 void require_same_entries(Comm& comm, const std::vector<std::string>& entries,
-                          const char* operation, const at::Device& device) {
+                          const char* operation) {
   const auto n = static_cast<std::size_t>(comm.size());
-  std::uint64_t whole = 0;
-  for (const auto& entry : entries) whole = tandem::detail::fnv1a(entry + "\n", whole);
-  const auto all =
-      all_gather_values<Space>(comm,
-                               std::vector<std::int64_t>{static_cast<std::int64_t>(whole),
-                                                         static_cast<std::int64_t>(entries.size())},
-                               device);
-  std::size_t common = entries.size();
-  bool same = true;
-  for (std::size_t r = 0; r < n; ++r) {
-    same = same && all[2 * r] == all[0] && all[2 * r + 1] == all[1];
-    common = std::min(common, static_cast<std::size_t>(all[2 * r + 1]));
-  }
-  if (same) return;
-
-  std::vector<std::int64_t> hashes(common);
-  for (std::size_t i = 0; i < common; ++i) {
-    hashes[i] = static_cast<std::int64_t>(tandem::detail::fnv1a(entries[i]));
-  }
-  std::vector<std::int64_t> all_hashes;
-  if (common > 0) all_hashes = all_gather_values<Space>(comm, std::move(hashes), device);
-  std::size_t first = common;
-  for (std::size_t i = 0; i < common && first == common; ++i) {
-    for (std::size_t r = 1; r < n; ++r) {
-      if (all_hashes[r * common + i] != all_hashes[i]) first = i;
-    }
-  }
-  constexpr std::size_t text_bytes = 240;
-  const std::string own = first < entries.size() ? entries[first] : "nothing (fewer entries)";
-  std::vector<std::uint8_t> text(text_bytes, 0);
-  std::memcpy(text.data(), own.data(), std::min(own.size(), text_bytes - 1));
-  const auto texts = all_gather_values<Space>(comm, std::move(text), device);
-
-  std::vector<std::string> seen(n);
-  for (std::size_t r = 0; r < n; ++r) {
-    seen[r] = reinterpret_cast<const char*>(texts.data() + r * text_bytes);
-  }
+  const auto gather = [&comm, n]<class V>(std::vector<V> mine) {
+    std::vector<V> all(mine.size() * n);
+    tandem::detail::host_all_gather(comm, std::span<const V>(mine), std::span<V>(all));
+    return all;
+  };
+  const auto difference = tandem::detail::find_entries_difference(entries, n, gather);
+  if (!difference) return;
   const std::string cause =
-      "the ranks' modules differ; first difference at entry " + std::to_string(first) + ": " +
+      "the ranks' modules differ; first difference at entry " + std::to_string(difference->first) +
+      ": " +
       tandem::detail::describe_groups(
-          seen, [](const std::string& entry) { return entry; }, " has ", " have ");
+          difference->seen, [](const std::string& entry) { return entry; }, " has ", " have ");
   throw Error(comm.rank(), operation, cause);
 }
 
@@ -440,7 +399,7 @@ class DistributedDataParallel {
     // Where the module must be, and libtorch's stream, which every collective is ordered with.
     device_ = expected_device(params);
     exec_ = CurrentStream<arena_space>::of(device_);
-    detail::require_same_entries<arena_space>(*comm_, entries, operation, device_);
+    detail::require_same_entries(*comm_, entries, operation);
 
     // Same everywhere, so every rank raises the same Errors below.
     std::unordered_map<const void*, std::string> seen;  // a tensor's first name
