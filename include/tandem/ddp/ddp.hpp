@@ -88,6 +88,11 @@ namespace tandem {
 
 namespace detail::ddp {
 
+/// Whether DistributedDataParallel's constructor compares the ranks' registration.
+enum class Registration : std::uint8_t { compare, compared_by_caller };
+inline constexpr Registration compare_registration = Registration::compare;
+inline constexpr Registration registration_compared_by_caller = Registration::compared_by_caller;
+
 /// g[i] /= divisor, computed in opmath_t<T> (how pre-division keeps 16-bit sums in range).
 template <class T>
 struct divide {
@@ -366,7 +371,16 @@ class DistributedDataParallel {
   /// memory), in device memory; `exec` runs the numeric passes where the arena lives (by
   /// default host_exec for host arenas, cuda_exec{} (its default stream) for device ones).
   template <element_type T, memory_space Space, Executor Exec = default_executor_t<Space>>
-  DistributedDataParallel(Comm& comm, Parameters<T, Space>& params, Exec exec = {}) : comm_(&comm) {
+  DistributedDataParallel(Comm& comm, Parameters<T, Space>& params, Exec exec = {})
+      : DistributedDataParallel(detail::ddp::compare_registration, comm, params, std::move(exec)) {}
+
+  /// The same for a face that has compared its ranks' registration itself (the libtorch bridge
+  /// compares the module's parameters and buffers, of which the arena is made): no second
+  /// comparison. With detail::ddp::compare_registration, the constructor above.
+  template <element_type T, memory_space Space, Executor Exec>
+  DistributedDataParallel(detail::ddp::Registration registration, Comm& comm,
+                          Parameters<T, Space>& params, Exec exec)
+      : comm_(&comm) {
     using comm_space = typename Comm::memory_space;
     static_assert(std::same_as<Space, comm_space> || host_accessible<comm_space>,
                   "tandem: DistributedDataParallel: this communicator moves only tensors of its "
@@ -402,10 +416,12 @@ class DistributedDataParallel {
     }
     // The check's few integers travel in the communicator's own space: host memory on host
     // communicators (nothing to stage), the arena's device memory on device-only ones.
-    if constexpr (host_accessible<comm_space>) {
-      verify_registration(on_host, descriptions);
-    } else {
-      verify_registration(exec, descriptions);
+    if (registration == detail::ddp::compare_registration) {
+      if constexpr (host_accessible<comm_space>) {
+        verify_registration(on_host, descriptions);
+      } else {
+        verify_registration(exec, descriptions);
+      }
     }
 
     plan_ =

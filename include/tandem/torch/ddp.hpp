@@ -495,7 +495,9 @@ class DistributedDataParallel {
           std::make_unique<detail::GradReadyHook<DistributedDataParallel>>(this, i));
     }
     // tandem's DDP checks its arena once more (cheap) and broadcasts rank 0's values and buffers.
-    inner_ = std::make_unique<inner_type>(*comm_, arena_, exec_);
+    // The module's entries were compared above, so the inner DDP does not compare its arena's.
+    inner_ = std::make_unique<inner_type>(tandem::detail::ddp::registration_compared_by_caller,
+                                          *comm_, arena_, exec_);
     broadcast_other_buffers();
   }
 
