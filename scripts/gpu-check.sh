@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # scripts/gpu-check.sh - everything tandem can check on a GPU machine, in one command, with a
 # dated record: a Release build with CUDA and NCCL (Gloo and MPI where found), every
-# `cuda`-labelled test, compute-sanitizer memcheck over the device tests, NcclComm's suite again
+# `cuda`-labelled test, the same tests' `cuda-sim` builds (the simulated CUDA runtime and NCCL: a
+# check that the simulator's tests pass on this machine's compiler and NCCL headers too, where
+# a GPU says whether the simulator told the truth), compute-sanitizer memcheck over the device
+# tests, NcclComm's suite again
 # with the host code under AddressSanitizer, bench/nccl and bench/step with their PyTorch peers,
 # and bench/fashion_mnist's GPU run (fashion_mnist_cuda beside PyTorch on one GPU); where
 # python3 has PyTorch, the libtorch bridge through scripts/check-libtorch2.sh against its libtorch
@@ -88,7 +91,7 @@ if [[ -z "$configured" ]]; then
   tail -n 30 "$logs/configure.log"
   exit 1
 fi
-if ! grep -q "tandem: NCCL parts TRUE" "$logs/configure.log"; then
+if ! grep -q "tandem: nccl ON" "$logs/configure.log"; then
   note "FAILED: NCCL was not found (set NCCL_ROOT or CMAKE_PREFIX_PATH); see $logs/configure.log"
   exit 1
 fi
@@ -101,13 +104,23 @@ fi
 build_seconds=$((SECONDS - build_start))
 
 # --- tests ---------------------------------------------------------------------------------------
-note "ctest -L cuda"
-(cd "$build" && ctest -L cuda -V --timeout 900) >"$logs/ctest-cuda.log" 2>&1 ||
-  failures+=("ctest -L cuda")
+# -L takes a regular expression: '^cuda$' leaves out the cuda-sim tests (run on their own below).
+note "ctest -L '^cuda\$'"
+(cd "$build" && ctest -L '^cuda$' -V --timeout 900) >"$logs/ctest-cuda.log" 2>&1 ||
+  failures+=("ctest -L '^cuda\$'")
 cuda_summary=$(grep -E "tests passed|tests failed" "$logs/ctest-cuda.log" | tail -n 1)
 # Cases a test reports as skipped inside a run (doctest's own count, in -V output), e.g.
 # nccl_comm's two-GPU case on a one-GPU machine.
 skipped_cases=$(grep -hE "^\[doctest\] test cases:.*[1-9][0-9]* skipped" "$logs/ctest-cuda.log" | wc -l)
+
+# --- the same tests on the simulated CUDA runtime and NCCL (label cuda-sim; a minute or two) ------
+sim_summary="not built (no CUDA or NCCL headers found for the simulator; see configure.log)"
+if grep -q "tandem: cuda-sim ON" "$logs/configure.log"; then
+  note "ctest -L cuda-sim"
+  (cd "$build" && ctest -L '^cuda-sim$' -j "$jobs" --output-on-failure --timeout 900) \
+    >"$logs/ctest-cuda-sim.log" 2>&1 || failures+=("ctest -L cuda-sim")
+  sim_summary=$(grep -E "tests passed|tests failed" "$logs/ctest-cuda-sim.log" | tail -n 1)
+fi
 
 # --- compute-sanitizer memcheck over the device tests -------------------------------------------
 # Memory errors only: several tests make failing CUDA calls on purpose (an invalid event, an
@@ -119,7 +132,7 @@ if [[ $memcheck -eq 1 ]]; then
     # The flagship's GPU program too, for 30 steps: with the Loader's copies (fp16) and resident
     # (bf16, two ranks sharing the GPU through LocalComm).
     for test in optim_device amp_ema_cuda cuda_exec cuda_dtype nccl_comm ddp_device \
-      nn_sync_batch_norm_cuda fashion_mnist_cuda fashion_mnist_cuda_resident; do
+      nn_sync_batch_norm_cuda data_loader_cuda fashion_mnist_cuda fashion_mnist_cuda_resident; do
       args=()
       case $test in
         fashion_mnist_cuda*)
@@ -224,7 +237,8 @@ fi
 commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
 git -C "$root" diff --quiet HEAD 2>/dev/null || commit="$commit (with uncommitted changes)"
 nvcc_version=$(nvcc --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p')
-nccl_version=$(grep -h "NCCL header" "$logs/ctest-cuda.log" 2>/dev/null | head -n 1 | sed 's/.*MESSAGE: //')
+nccl_version=$(sed -n 's/.*Found NCCL: .*found \(suitable \)\?version "\([0-9.]*\)".*/\2/p' \
+  "$logs/configure.log" | head -n 1)
 torch_version=$(python3 -c "import torch; print(torch.__version__, 'CUDA', torch.version.cuda)" 2>/dev/null || echo "not found")
 {
   echo "# tandem on a GPU: $date_utc, $gpu_name"
@@ -252,6 +266,9 @@ torch_version=$(python3 -c "import torch; print(torch.__version__, 'CUDA', torch
   echo '```'
   grep -E "Test +#[0-9]+:" "$logs/ctest-cuda.log" | sed 's/^ *//'
   echo '```'
+  echo
+  echo "\`ctest -L cuda-sim\` (the same sources on the simulated CUDA runtime and NCCL, this"
+  echo "machine's compiler and headers): ${sim_summary:-no summary (see the log)}."
   echo
   if [[ $memcheck -eq 1 ]]; then
     echo "## compute-sanitizer memcheck (memory errors only)"

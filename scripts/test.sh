@@ -36,7 +36,9 @@ fi
 # ThreadSanitizer the rooms whose code runs threads and processes against each other, ASan+UBSan
 # the rooms that parse, index and compute over buffers, dev the rest (CUDA, libtorch, consumers,
 # packaging, interop, docs, examples) and every room a later change adds. The CUDA tests of every
-# room build in dev, the one preset with nvcc. Presets named on the command line build every room.
+# room build in dev, the one preset with nvcc. The GPU tests on the simulated CUDA runtime and NCCL
+# (label cuda-sim, tests/cuda_sim) build in dev and tsan, whatever their room (ASan+UBSan leaves
+# them out, for CI's time). Presets named on the command line build every room.
 tsan_rooms="unit/local;unit/ddp;unit/gloo;unit/mpi;unit/shm;unit/hierarchical;unit/init;unit/launch;unit/data;unit/rendezvous;fault"
 asan_rooms="unit/core;unit/tensor;unit/arena;unit/amp;unit/optim;unit/ema;unit/nn;unit/io;fuzz"
 room_flags() {
@@ -51,10 +53,18 @@ room_flags() {
   esac
 }
 
+sim_flags() {
+  if [ "${split_rooms}" = 1 ] && [ "$1" = asan ]; then
+    echo "-DTANDEM_CUDA_SIM=OFF"
+  else
+    echo "-DTANDEM_CUDA_SIM=AUTO"
+  fi
+}
+
 for preset in "${presets[@]}"; do
   echo "=== tandem: preset ${preset}"
   # shellcheck disable=SC2046  # the flags are words without spaces
-  cmake --preset "${preset}" "${debug_flags[@]}" $(room_flags "${preset}")
+  cmake --preset "${preset}" "${debug_flags[@]}" $(room_flags "${preset}") $(sim_flags "${preset}")
   cmake --build --preset "${preset}" -j "${jobs}"
   ctest --preset "${preset}" -j "${jobs}"
 done

@@ -19,9 +19,11 @@
 //   build/dev/examples/fashion_mnist/fashion_mnist_cuda
 //   build/dev/examples/fashion_mnist/fashion_mnist_cuda --backend local --ranks 2   2 threads, 1
 //   GPU
-// Flags: those of fashion_mnist, plus --precision fp16|bf16|fp32 (default fp16), --resident and
-// --min-accuracy PCT (the test: exit 1 unless the run trained; see check_run). Without a GPU it
-// prints why and exits 77. Checkpoints (--checkpoint-dir, --resume) work on every backend.
+// Flags: those of fashion_mnist, plus --precision fp16|bf16|fp32 (default fp16), --resident,
+// --min-accuracy PCT (the test: exit 1 unless the run trained; see check_run) and --eval-samples N
+// (evaluate on the first N test samples only: the simulated GPU's test under ThreadSanitizer).
+// Without a GPU it prints why and exits 77. Checkpoints (--checkpoint-dir, --resume) work on every
+// backend.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <signal.h>
@@ -120,20 +122,14 @@ class Blas {
   cublasHandle_t handle_ = nullptr;
 };
 
-// --- kernels: one thread per output element (or per sample / per column), nothing clever -------
-
-constexpr unsigned block = 256;
-unsigned blocks_for(std::size_t n) {
-  return static_cast<unsigned>((n + block - 1) / block);
-}
-void check_launch(const char* kernel) {
-  tandem::cuda::check(cudaGetLastError(), kernel);
-}
+// --- kernels: cuda_exec functors, one index per output element (or per sample / per column),
+// nothing clever. As functors (TANDEM_HD operator()) they run as kernels on a GPU and as host
+// functions on tandem's simulated CUDA runtime (the cuda-sim tests), in the same stream order.
 
 /// Images already normalised in device memory (a Loader batch), row r at x + r * width.
 struct FloatRows {
   const float* x;
-  __device__ float operator()(std::size_t row, std::size_t column, std::size_t width) const {
+  TANDEM_HD float operator()(std::size_t row, std::size_t column, std::size_t width) const {
     return x[row * width + column];
   }
 };
@@ -143,7 +139,7 @@ struct FloatRows {
 struct ByteRows {
   const std::uint8_t* bytes;
   const float* table;
-  __device__ float operator()(std::size_t row, std::size_t column, std::size_t width) const {
+  TANDEM_HD float operator()(std::size_t row, std::size_t column, std::size_t width) const {
     return table[bytes[row * width + column]];
   }
 };
@@ -153,83 +149,112 @@ struct Labels {
   const std::int64_t* batch;
   const std::uint8_t* all;
   const std::int64_t* index;
-  __device__ int operator()(std::size_t s) const {
+  TANDEM_HD int operator()(std::size_t s) const {
     return batch ? static_cast<int>(batch[s]) : static_cast<int>(all[index[s]]);
   }
 };
 
-/// out[s][p] = C(rows(index ? index[s] : s, p)): the batch's images in the compute type.
+/// out[s][p] = C(rows(index ? index[s] : s, p)): the batch's images in the compute type; one
+/// index per pixel.
 template <class Rows, class C>
-__global__ void gather_images(Rows rows, const std::int64_t* index, std::size_t count,
-                              std::size_t width, C* out) {
-  const std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= count * width) return;
-  const std::size_t s = i / width;
-  const std::size_t row = index ? static_cast<std::size_t>(index[s]) : s;
-  out[i] = C(rows(row, i % width, width));
-}
+struct GatherImages {
+  Rows rows;
+  const std::int64_t* index;
+  std::size_t width;
+  C* out;
+  TANDEM_HD void operator()(std::size_t i) const {
+    const std::size_t s = i / width;
+    const std::size_t row = index ? static_cast<std::size_t>(index[s]) : s;
+    out[i] = C(rows(row, i % width, width));
+  }
+};
 
-/// y[s][j] += bias[j].
-__global__ void add_bias(float* y, const float* bias, std::size_t count, std::size_t width) {
-  const std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < count * width) y[i] += bias[i % width];
-}
+/// y[s][j] += bias[j]; one index per element of y.
+struct AddBias {
+  float* y;
+  const float* bias;
+  std::size_t width;
+  TANDEM_HD void operator()(std::size_t i) const { y[i] += bias[i % width]; }
+};
 
 /// out = C(max(x, 0)).
 template <class C>
-__global__ void relu_to_compute(const float* x, C* out, std::size_t n) {
-  const std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = C(x[i] > 0.0f ? x[i] : 0.0f);
-}
+struct ReluToCompute {
+  const float* x;
+  C* out;
+  TANDEM_HD void operator()(std::size_t i) const { out[i] = C(x[i] > 0.0f ? x[i] : 0.0f); }
+};
 
 /// grad = 0 where ReLU's input was not positive.
-__global__ void relu_backward(float* grad, const float* input, std::size_t n) {
-  const std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n && !(input[i] > 0.0f)) grad[i] = 0.0f;
-}
-
-/// One thread per sample: softmax cross-entropy of logits[s] (bias included) against its label.
-/// loss[s] = the sample's loss; the gradient of scale * mean loss, (p - onehot) * scale / count,
-/// into grad32 (fp32) and grad (compute type); hits[s] = whether the first largest logit is the
-/// label, and *hit_total counts them when given.
-template <class C>
-__global__ void cross_entropy(const float* logits, Labels labels, std::size_t count, int width,
-                              float scale, float* grad32, C* grad, float* loss, int* hit_total) {
-  const std::size_t s = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (s >= count) return;
-  const float* z = logits + s * static_cast<std::size_t>(width);
-  int best = 0;
-  for (int k = 1; k < width; ++k) best = z[k] > z[best] ? k : best;
-  const float top = z[best];
-  double sum = 0;
-  for (int k = 0; k < width; ++k) sum += exp(static_cast<double>(z[k] - top));
-  const int label = labels(s);
-  loss[s] = static_cast<float>(log(sum) - static_cast<double>(z[label] - top));
-  if (hit_total && best == label) atomicAdd(hit_total, 1);
-  for (int k = 0; k < width; ++k) {
-    const double p = exp(static_cast<double>(z[k] - top)) / sum;
-    const auto g = static_cast<float>((p - (k == label ? 1.0 : 0.0)) * static_cast<double>(scale) /
-                                      static_cast<double>(count));
-    grad32[s * static_cast<std::size_t>(width) + static_cast<std::size_t>(k)] = g;
-    grad[s * static_cast<std::size_t>(width) + static_cast<std::size_t>(k)] = C(g);
+struct ReluBackward {
+  float* grad;
+  const float* input;
+  TANDEM_HD void operator()(std::size_t i) const {
+    if (!(input[i] > 0.0f)) grad[i] = 0.0f;
   }
-}
+};
 
-/// One thread per column j: sums[j] += sum over s of grad[s][j] (a bias gradient) and, when `out`
+/// One index per sample: softmax cross-entropy of logits[s] (bias included) against its label.
+/// loss[s] = the sample's loss; the gradient of scale * mean loss, (p - onehot) * scale / count,
+/// into grad32 (fp32) and grad (compute type); the first largest logit being the label counts
+/// into *hit_total when given (atomically: samples run in parallel).
+template <class C>
+struct CrossEntropy {
+  const float* logits;
+  Labels labels;
+  std::size_t count;
+  int width;
+  float scale;
+  float* grad32;
+  C* grad;
+  float* loss;
+  int* hit_total;
+
+  TANDEM_HD void operator()(std::size_t s) const {
+    const float* z = logits + s * static_cast<std::size_t>(width);
+    int best = 0;
+    for (int k = 1; k < width; ++k) best = z[k] > z[best] ? k : best;
+    const float top = z[best];
+    double sum = 0;
+    for (int k = 0; k < width; ++k) sum += exp(static_cast<double>(z[k] - top));
+    const int label = labels(s);
+    loss[s] = static_cast<float>(log(sum) - static_cast<double>(z[label] - top));
+    if (hit_total && best == label) {
+#if defined(__CUDA_ARCH__)
+      atomicAdd(hit_total, 1);
+#else
+      __atomic_fetch_add(hit_total, 1, __ATOMIC_RELAXED);
+#endif
+    }
+    for (int k = 0; k < width; ++k) {
+      const double p = exp(static_cast<double>(z[k] - top)) / sum;
+      const auto g = static_cast<float>((p - (k == label ? 1.0 : 0.0)) *
+                                        static_cast<double>(scale) / static_cast<double>(count));
+      grad32[s * static_cast<std::size_t>(width) + static_cast<std::size_t>(k)] = g;
+      grad[s * static_cast<std::size_t>(width) + static_cast<std::size_t>(k)] = C(g);
+    }
+  }
+};
+
+/// One index per column j: sums[j] += sum over s of grad[s][j] (a bias gradient) and, when `out`
 /// is given, out[s][j] = C(grad[s][j]).
 template <class C>
-__global__ void column_sums(const float* grad, std::size_t count, std::size_t width, float* sums,
-                            C* out) {
-  const std::size_t j = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (j >= width) return;
-  float total = 0.0f;
-  for (std::size_t s = 0; s < count; ++s) {
-    const float g = grad[s * width + j];
-    total += g;
-    if (out) out[s * width + j] = C(g);
+struct ColumnSums {
+  const float* grad;
+  std::size_t count;
+  std::size_t width;
+  float* sums;
+  C* out;
+  TANDEM_HD void operator()(std::size_t j) const {
+    float total = 0.0f;
+    for (std::size_t s = 0; s < count; ++s) {
+      const float g = grad[s * width + j];
+      total += g;
+      if (out) out[s * width + j] = C(g);
+    }
+    sums[j] += total;
   }
-  sums[j] += total;
-}
+};
 
 /// A float-sized activation buffer holding compute-type (C) elements.
 template <class C>
@@ -345,29 +370,25 @@ class Mlp {
     const int n = static_cast<int>(count);
     const int h = static_cast<int>(hidden_);
     with_compute_type([&]<class C>(C*) {
-      gather_images<Rows, C><<<blocks_for(count * pixels), block, 0, exec_.stream>>>(
-          rows, index, count, pixels, as<C>(x_c_));
-      check_launch("gather_images");
+      tandem::for_each_index(exec_, count * pixels,
+                             GatherImages<Rows, C>{rows, index, pixels, as<C>(x_c_)});
     });
     // Row-major h1[n][H] = x[n][784] W1[H][784]^T; column-major that is h1^T = W1 x^T.
     gemm(CUBLAS_OP_T, CUBLAS_OP_N, h, n, int(pixels), weights(*fc1_w_), int(pixels), x_c_.data(),
          int(pixels), 0.0f, h1_.data(), h);
-    add_bias<<<blocks_for(count * hidden_), block, 0, exec_.stream>>>(
-        h1_.data(), fc1_b_->value().data(), count, hidden_);
-    check_launch("add_bias");
+    tandem::for_each_index(exec_, count * hidden_,
+                           AddBias{h1_.data(), fc1_b_->value().data(), hidden_});
     bn_->forward(tandem::View<const float, device>(h1_.data(), shape(count)),
                  tandem::View<float, device>(bn_out_.data(), shape(count)));
     with_compute_type([&]<class C>(C*) {
-      relu_to_compute<C><<<blocks_for(count * hidden_), block, 0, exec_.stream>>>(
-          bn_out_.data(), as<C>(act_c_), count * hidden_);
-      check_launch("relu_to_compute");
+      tandem::for_each_index(exec_, count * hidden_,
+                             ReluToCompute<C>{bn_out_.data(), as<C>(act_c_)});
     });
     // logits[n][10] = a[n][H] W2[10][H]^T.
     gemm(CUBLAS_OP_T, CUBLAS_OP_N, int(classes), n, h, weights(*fc2_w_), h, act_c_.data(), h, 0.0f,
          logits_.data(), int(classes));
-    add_bias<<<blocks_for(count * classes), block, 0, exec_.stream>>>(
-        logits_.data(), fc2_b_->value().data(), count, classes);
-    check_launch("add_bias");
+    tandem::for_each_index(exec_, count * classes,
+                           AddBias{logits_.data(), fc2_b_->value().data(), classes});
   }
 
   /// The cross-entropy of the last forward: per-sample losses into loss_ (and correct answers
@@ -375,10 +396,10 @@ class Mlp {
   /// d32_ and d_c_.
   void loss(Labels labels, std::size_t count, float scale, bool count_hits) {
     with_compute_type([&]<class C>(C*) {
-      cross_entropy<C><<<blocks_for(count), block, 0, exec_.stream>>>(
-          logits_.data(), labels, count, int(classes), scale, d32_.data(), as<C>(d_c_),
-          loss_.data(), count_hits ? hits_.data() : nullptr);
-      check_launch("cross_entropy");
+      tandem::for_each_index(
+          exec_, count,
+          CrossEntropy<C>{logits_.data(), labels, count, int(classes), scale, d32_.data(),
+                          as<C>(d_c_), loss_.data(), count_hits ? hits_.data() : nullptr});
     });
   }
 
@@ -391,26 +412,24 @@ class Mlp {
     // dW2[10][H] += d[n][10]^T a[n][H]; column-major dW2^T = a^T d.
     gemm(CUBLAS_OP_N, CUBLAS_OP_T, h, int(classes), n, act_c_.data(), h, d_c_.data(), int(classes),
          1.0f, fc2_w_->grad().data(), h);
-    column_sums<float><<<blocks_for(classes), block, 0, exec_.stream>>>(
-        d32_.data(), count, classes, fc2_b_->grad().data(), nullptr);
-    check_launch("column_sums");
+    tandem::for_each_index(
+        exec_, classes,
+        ColumnSums<float>{d32_.data(), count, classes, fc2_b_->grad().data(), nullptr});
     ready(*fc2_w_);
     ready(*fc2_b_);
     // drelu[n][H] = d[n][10] W2[10][H]; column-major drelu^T = W2^T d^T.
     gemm(CUBLAS_OP_N, CUBLAS_OP_N, h, n, int(classes), weights(*fc2_w_), h, d_c_.data(),
          int(classes), 0.0f, drelu_.data(), h);
-    relu_backward<<<blocks_for(count * hidden_), block, 0, exec_.stream>>>(
-        drelu_.data(), bn_out_.data(), count * hidden_);
-    check_launch("relu_backward");
+    tandem::for_each_index(exec_, count * hidden_, ReluBackward{drelu_.data(), bn_out_.data()});
     bn_->backward(tandem::View<const float, device>(h1_.data(), shape(count)),
                   tandem::View<const float, device>(drelu_.data(), shape(count)),
                   tandem::View<float, device>(dh1_.data(), shape(count)));
     ready(params_["bn1.weight"]);
     ready(params_["bn1.bias"]);
     with_compute_type([&]<class C>(C*) {
-      column_sums<C><<<blocks_for(hidden_), block, 0, exec_.stream>>>(
-          dh1_.data(), count, hidden_, fc1_b_->grad().data(), as<C>(dh1_c_));
-      check_launch("column_sums");
+      tandem::for_each_index(
+          exec_, hidden_,
+          ColumnSums<C>{dh1_.data(), count, hidden_, fc1_b_->grad().data(), as<C>(dh1_c_)});
     });
     // dW1[H][784] += dh1[n][H]^T x[n][784]; column-major dW1^T = x^T dh1.
     gemm(CUBLAS_OP_N, CUBLAS_OP_T, int(pixels), h, n, x_c_.data(), int(pixels), dh1_c_.data(), h,
@@ -581,7 +600,8 @@ int check_run(const Settings& settings, const RunSummary& run, double min_accura
 
 /// One rank's whole run on the current GPU, every kernel on `stream`.
 template <tandem::Communicator Comm>
-RunSummary train(Comm& comm, const Settings& settings, cudaStream_t stream) {
+RunSummary train(Comm& comm, const Settings& settings, std::size_t eval_samples,
+                 cudaStream_t stream) {
   const tandem::FashionMNIST train_set(tandem::split::train, settings.data);
   const tandem::FashionMNIST test_set(tandem::split::test, settings.data);
   const tandem::cuda_exec exec{stream};
@@ -607,7 +627,8 @@ RunSummary train(Comm& comm, const Settings& settings, cudaStream_t stream) {
   std::optional<ResidentData> resident;
   if (settings.resident) resident.emplace(train_set, stream);
   const ResidentData test(test_set, stream);
-  const auto eval_sampler = tandem::DistributedSampler::evaluation(test_set.size(), comm);
+  const auto eval_sampler = tandem::DistributedSampler::evaluation(
+      eval_samples > 0 ? std::min(eval_samples, test_set.size()) : test_set.size(), comm);
   const auto eval_indices =
       device_indices(std::vector<std::int64_t>(eval_sampler.begin(), eval_sampler.end()), stream);
 
@@ -648,7 +669,7 @@ RunSummary train(Comm& comm, const Settings& settings, cudaStream_t stream) {
     if (!settings.plain) ema.update();
     ++batches_done;
     ++step;
-    if (step % 50 == 0 || batches_done == batches.size()) {
+    if (step % 50 == 0 || batches_done == batches.size() || step == run.expected_steps) {
       mean_loss = tandem::reduce_mean(comm, model.mean_loss(count));
       board.add_scalar("train/loss", mean_loss, step);
     }
@@ -723,12 +744,16 @@ struct RankDevice {
 
 int main(int argc, char** argv) {
   using fashion_mnist::program;
-  // --min-accuracy is this program's own (the test's check); the rest are the recipe's flags.
+  // --min-accuracy and --eval-samples are this program's own (the tests'); the rest are the
+  // recipe's flags.
   std::optional<double> min_accuracy;
+  std::size_t eval_samples = 0;  // 0: the whole test set
   std::vector<char*> args;
   for (int i = 0; i < argc; ++i) {
     if (std::string_view(argv[i]) == "--min-accuracy" && i + 1 < argc) {
       min_accuracy = std::atof(argv[++i]);
+    } else if (std::string_view(argv[i]) == "--eval-samples" && i + 1 < argc) {
+      eval_samples = static_cast<std::size_t>(std::strtoull(argv[++i], nullptr, 10));
     } else {
       args.push_back(argv[i]);
     }
@@ -751,7 +776,7 @@ int main(int argc, char** argv) {
           [&](tandem::LocalComm& comm) {
             // Every thread on this process's GPU (local rank 0's): they share it.
             RankDevice gpu(tandem::World{});
-            const RunSummary r = train(comm, *settings, gpu.stream.get());
+            const RunSummary r = train(comm, *settings, eval_samples, gpu.stream.get());
             if (comm.rank() == 0) run = r;
           },
           tandem::LocalCommOptions{timeout});
@@ -761,7 +786,7 @@ int main(int argc, char** argv) {
       tandem::GlooCommOptions options;
       options.timeout = timeout;
       auto comm = tandem::init_process_group<tandem::GlooComm>("env://", options);
-      run = train(comm, *settings, gpu.stream.get());
+      run = train(comm, *settings, eval_samples, gpu.stream.get());
       comm.barrier();
 #endif
 #if TANDEM_EXAMPLE_WITH_NCCL
@@ -775,7 +800,7 @@ int main(int argc, char** argv) {
       auto comm = std::getenv("WORLD_SIZE")
                       ? tandem::init_process_group<tandem::NcclComm>(world, "env://", options)
                       : tandem::NcclComm::create(tandem::NcclComm::unique_id(), 0, 1, options);
-      run = train(comm, *settings, gpu.stream.get());
+      run = train(comm, *settings, eval_samples, gpu.stream.get());
       comm.synchronize();
 #endif
     } else {

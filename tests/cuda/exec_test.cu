@@ -104,12 +104,19 @@ struct Fill {
 };
 
 /// Adds one after a dependent busy loop, so that a consumer that does not wait would see old data.
-/// (The loop's result decides nothing in practice, but the compiler cannot know that.)
+/// (The loop's result decides nothing in practice, but the compiler cannot know that.) On the
+/// simulated runtime, where one host thread runs every index in turn, a hundredth of the loop
+/// already keeps the stream busy for a while.
 struct SlowIncrement {
   int* data;
   TANDEM_HD void operator()(std::size_t i) const {
+#if defined(__CUDA_ARCH__)
+    constexpr int rounds = 20000;
+#else
+    constexpr int rounds = 200;
+#endif
     unsigned spin = static_cast<unsigned>(i);
-    for (int k = 0; k < 20000; ++k) spin = spin * 1664525u + 1013904223u;
+    for (int k = 0; k < rounds; ++k) spin = spin * 1664525u + 1013904223u;
     data[i] += (spin == 12345u && data[i] == -1000000) ? 2 : 1;
   }
 };

@@ -4,7 +4,9 @@
 // caller's stream (keeping how they overlap, so in-place calls stay in place), runs the operation
 // on the device copies and copies the results back. Sync calls read the results back on the
 // caller's stream (for NcclComm this tests that the operation is ordered on it); `_async` calls
-// wait for their Work first.
+// wait for their Work first. A communicator with a host wait of its own (NcclComm::synchronize)
+// is then asked whether what was read back is a result: an NCCL operation ended by an abort or
+// a failed peer lets the stream go on, and only the communicator reports the failure.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -221,6 +223,12 @@ class StagedComm {
     }
   }
 
+  /// After a download: raises the communicator's failure, where it has a host wait to report it
+  /// (NcclComm). Its operations are finished already (the download was ordered after them).
+  void raise_failure() {
+    if constexpr (requires { comm_.synchronize(); }) comm_.synchronize();
+  }
+
   /// One tensor: upload, run, wait (Work or stream) and download.
   template <bool Async, class T, class Call>
   Work one(T& t, Call call) {
@@ -237,6 +245,7 @@ class StagedComm {
     } else {
       copies.download(nullptr, nullptr, 0);
     }
+    raise_failure();
     return Work();
   }
 
@@ -259,6 +268,7 @@ class StagedComm {
       copies.download(in.data(), copies.a(), in_size);
     }
     copies.download(out.data(), copies.b(), out_size);
+    raise_failure();
     return Work();
   }
 

@@ -7,10 +7,10 @@
 // and the driver sends the signal (SIGKILL or SIGSTOP) from outside:
 //   before  the victim announces and waits for the signal before entering the collective;
 //   after   the victim leaves the collective, announces and waits for the signal;
-//   inside  the victim announces and enters the collective; the survivors straggle (sleep
-//           --straggle-ms) before entering it, so the victim is blocked inside it while the
-//           driver signals it (after a random delay shorter than the straggle). The victim
-//           writes "passed" once the collective returns, so the driver knows where it landed.
+//   inside  the victim announces and enters the collective; the survivors enter it only once
+//           the driver has signalled the victim (DIR/signalled), so the victim is blocked inside
+//           it when the signal lands (after a random delay). The victim writes "passed" should
+//           the collective return, so the driver knows where it landed.
 // The collective is the step's gradient sync (--target grads: before = before the forward,
 // inside = in finish_gradient_sync with buckets on the wire, after = once it returned) or the
 // loss all_reduce (--target loss).
@@ -18,7 +18,12 @@
 // --fault exit makes it return from its rank function at the point (its LocalComm is destroyed:
 // the group sees it leave, the SIGKILL of a thread), --fault stop makes it block there until the
 // survivors have ended (a thread that stops participating and never returns, the SIGSTOP of a
-// thread). For inside it first starts the collective as `_async` (its part is in flight).
+// thread). For inside it first starts the collective as `_async` (its part is in flight); the
+// survivors enter it once the victim has announced.
+//
+// No step waits on the clock: a process rank starts its rendezvous once every rank's process has
+// started (DIR/rank<R>.pid), so that a slow start on a loaded machine does not count against the
+// short collective timeout the rendezvous shares, and the survivors wait for the events above.
 //
 // Every rank writes DIR/rank<R>.pid at start and DIR/rank<R>.end (exit code, CLOCK_MONOTONIC
 // nanoseconds, the error text) as it ends; a survivor prints the tandem::Error it caught to
@@ -67,7 +72,7 @@ namespace {
 
 struct Settings {
   std::string backend = "local";
-  int ranks = 2;  // local only; processes take the launcher's world
+  int ranks = 2;  // threads to run (local); processes: the job's size, for the start (see the top)
   int steps = 40;
   int timeout_ms = 2500;
   int fault_step = -1;
@@ -75,7 +80,6 @@ struct Settings {
   std::string target = "grads";  // grads | loss
   std::string fault = "exit";    // local: exit | stop
   int victim = 1;
-  int straggle_ms = 400;
   std::string dir = ".";
 };
 
@@ -106,6 +110,28 @@ void announce(const Settings& settings, int rank, const char* state, int step) {
               std::to_string(monotonic_ns()) + "\n");
 }
 
+/// Waits for DIR/name to exist (a file another process writes), polling; false when it has not
+/// after `limit` (a hang elsewhere: the caller goes on, and the trial fails where it should).
+bool await_file(const Settings& settings, const std::string& name, std::chrono::seconds limit) {
+  const std::string path = settings.dir + "/" + name;
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (::access(path.c_str(), F_OK) != 0) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
+}
+
+/// A process rank waits here until every rank's process has started (see the top).
+void await_every_rank(const Settings& settings) {
+  for (int r = 0; r < settings.ranks; ++r) {
+    if (!await_file(settings, "rank" + std::to_string(r) + ".pid", std::chrono::seconds(300))) {
+      std::fprintf(stderr, "fault_worker: rank %d never started\n", r);
+      return;
+    }
+  }
+}
+
 /// A process victim waits here for the driver's signal; one that never comes is a driver bug.
 [[noreturn]] void await_signal(int rank) {
   for (int i = 0; i < 6000; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -124,7 +150,7 @@ struct LocalStop {
 struct VictimExit {};
 
 /// What a victim does at its point (where = before | inside | after; inside: after it started
-/// the collective). Survivors straggle before an inside collective.
+/// the collective). Before an inside collective, survivors wait for the fault (see the top).
 class FaultPlan {
  public:
   FaultPlan(const Settings& settings, int rank, bool threads, LocalStop* stop)
@@ -140,7 +166,11 @@ class FaultPlan {
     if (step != settings_.fault_step || target != settings_.target) return;
     if (!victim()) {
       if (where == "before" && settings_.point == "inside") {
-        std::this_thread::sleep_for(std::chrono::milliseconds(settings_.straggle_ms));
+        // Threads: the victim has announced (it leaves right after); processes: the driver has
+        // signalled it, inside the collective the survivors have not entered.
+        (void)await_file(settings_,
+                         threads_ ? "rank" + std::to_string(settings_.victim) + ".at" : "signalled",
+                         std::chrono::seconds(300));
       }
       return;
     }
@@ -280,6 +310,7 @@ int run_local(const Settings& settings) {
 template <class MakeComm>
 int run_process(const Settings& settings, int rank, MakeComm&& make_comm) {
   publish(settings, "rank" + std::to_string(rank) + ".pid", std::to_string(::getpid()) + "\n");
+  await_every_rank(settings);
   try {
     auto comm = make_comm();
     FaultPlan plan(settings, comm.rank(), /*threads=*/false, nullptr);
@@ -314,7 +345,7 @@ int usage() {
       stderr,
       "usage: fault_worker --backend local|gloo|shm|hierarchical|mpi --dir DIR\n"
       "  [--ranks N] [--steps S] [--timeout-ms T] [--fault-step S --point before|inside|after\n"
-      "  --target grads|loss --victim V --fault exit|stop --straggle-ms D]\n");
+      "  --target grads|loss --victim V --fault exit|stop]\n");
   return 2;
 }
 
@@ -351,8 +382,6 @@ int main(int argc, char** argv) {
         settings.fault = value;
       else if (flag == "--victim")
         settings.victim = number();
-      else if (flag == "--straggle-ms")
-        settings.straggle_ms = number();
       else
         return usage();
     } catch (const std::invalid_argument&) {

@@ -24,11 +24,12 @@ results=$(mktemp /tmp/tandem-faults-XXXXXX.jsonl)
 log=${results%.jsonl}.log
 echo "run.sh: trials in $results, their log in $log"
 started=$(date -u +%s)
-row() {  # backend mode fault ranks seed [timeout-ms]
+row() {  # backend mode fault ranks seed [timeout-ms [driver flags...]]
   echo "run.sh: $1 $2 $3, $4 ranks, timeout ${6:-$timeout_ms} ms, $trials trials" | tee -a "$log"
   nice python3 "$root/tests/fault/fault_driver.py" --worker "$worker" --tandemrun "$tandemrun" \
     --mpirun "$mpirun" --backend "$1" --mode "$2" --signal "$3" --world "$4" --seed "$5" \
-    --trials "$trials" --timeout-ms "${6:-$timeout_ms}" --json "$results" >> "$log" 2>&1 || true
+    --trials "$trials" --timeout-ms "${6:-$timeout_ms}" --json "$results" "${@:7}" >> "$log" 2>&1 \
+    || true
 }
 row local threads exit 2 101
 row local threads stop 2 102
@@ -38,6 +39,10 @@ row gloo env kill 3 105
 row gloo env stop 3 106
 row gloo tandemrun kill 2 107
 row gloo tandemrun stop 2 108
+row shm env kill 2 112
+row shm env stop 2 113
+row hierarchical env kill 4 114 "$timeout_ms" --require-named
+row hierarchical env stop 4 115 "$timeout_ms" --require-named
 row mpi mpirun kill 2 109
 row mpi mpirun stop 2 110
 # A longer timeout: MpiComm's `_async` path takes two timeouts to end (see the findings).
@@ -62,18 +67,19 @@ dirty=$(git -C "$source" status --porcelain --untracked-files=no -- include tool
   echo "shared with other jobs; the whole campaign took $((elapsed / 60)) min $((elapsed % 60)) s."
   echo "Made by \`tests/fault/run.sh\` ($trials trials per row, seeds fixed per row; collective"
   echo "timeout $((timeout_ms / 1000)) s unless the table says otherwise, so the limit for every survivor is"
-  echo "that timeout + 5 s after the fault)."
+  echo "that timeout + 10 s after the fault)."
   echo
   echo "Each trial: \`fault_worker\` trains a 3-layer perceptron with DistributedDataParallel"
   echo "(overlapped bucket all_reduces, a broadcast of buffers each step) and an all_reduce of the loss,"
   echo "30 steps. A victim rank, a step (2-27), a collective (the gradient sync or the loss all_reduce)"
   echo "and a point (before it, inside it, after it) are drawn; \`fault_driver.py\` sends the victim"
   echo "SIGKILL or SIGSTOP from outside once it announces the point (inside: 20-300 ms after it"
-  echo "entered the collective, while the survivors straggle 400 ms, so it is blocked inside it)."
+  echo "entered the collective, which the survivors enter only once the signal is sent, so it is"
+  echo "blocked inside it). The ranks start their rendezvous once every process has started."
   echo "LocalComm's ranks are threads: *exit* makes the victim thread leave its rank function at the"
   echo "point (its LocalComm is destroyed), *stop* makes it block there for good."
   echo
-  echo "A trial passes when every survivor ended non-zero within timeout + 5 s of the fault with a"
+  echo "A trial passes when every survivor ended non-zero within timeout + 10 s of the fault with a"
   echo "\`tandem::Error\` naming the operation (under tandemrun or mpirun: or was ended by the launcher,"
   echo "which named the lost rank), the launcher (if any) exited non-zero within that time too, and"
   echo "no Error blamed a rank that had not failed. A hang is a survivor or launcher still alive at"

@@ -24,11 +24,10 @@ inline std::string self_path() {
   return length > 0 ? std::string(path, static_cast<std::size_t>(length)) : std::string();
 }
 
-/// Runs argv (argv[0] a path) with `env` added; its exit code (128 + signal when killed), or -1
-/// once `limit` has passed.
-inline int run_process(const std::vector<std::string>& argv,
-                       const std::vector<std::pair<std::string, std::string>>& env,
-                       std::chrono::seconds limit) {
+/// Starts argv (argv[0] a path) with `env` added, in a process group of its own, and returns its
+/// pid without waiting (for a test that signals it; run_process waits).
+inline pid_t start_process(const std::vector<std::string>& argv,
+                           const std::vector<std::pair<std::string, std::string>>& env) {
   const pid_t child = ::fork();
   if (child == 0) {
     ::setpgid(0, 0);
@@ -39,6 +38,15 @@ inline int run_process(const std::vector<std::string>& argv,
     ::execv(args[0], args.data());
     std::_Exit(127);
   }
+  return child;
+}
+
+/// Runs argv (argv[0] a path) with `env` added; its exit code (128 + signal when killed), or -1
+/// once `limit` has passed.
+inline int run_process(const std::vector<std::string>& argv,
+                       const std::vector<std::pair<std::string, std::string>>& env,
+                       std::chrono::seconds limit) {
+  const pid_t child = start_process(argv, env);
   const auto deadline = std::chrono::steady_clock::now() + limit;
   for (;;) {
     int status = 0;

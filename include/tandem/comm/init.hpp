@@ -1,7 +1,7 @@
 // tandem/comm/init.hpp - init_process_group: ranks meet through a store (rank 0 hosts a TcpStore
 // for env:// and tcp://, a shared file for file://; under torchrun, torchrun's own c10d store),
 // check they agree, then start a backend. A rank that waits for the others says so on stderr
-// every 30 s (TANDEM_WAIT_NOTICE_S sets the interval in seconds, 0 silences it). The URLs and the
+// every 10 s (TANDEM_WAIT_NOTICE_S sets the interval in seconds, 0 silences it). The URLs and the
 // joining live in tandem/rendezvous/ (init_method.hpp, join.hpp); this header adds the backend.
 //   auto comm = tandem::init_process_group<tandem::LocalComm>(world, "tcp://127.0.0.1:29500");
 //   auto comm = tandem::init_process_group<Backend>();   // env:// with torchrun's variables

@@ -68,6 +68,8 @@ struct World {
     std::string_view rank = "rank", world_size = "world_size", local_rank = "local_rank",
                      local_world_size = "local_world_size", node_rank = "node_rank",
                      nnodes = "nnodes";
+    /// Said after an error of a rank outside its world (a process too many): what to check.
+    std::string_view hint = "";
   };
 
   void validate_with(const field_names& names) const {
@@ -78,7 +80,8 @@ struct World {
     if (world_size < 1) fail(show(names.world_size, world_size) + " must be at least 1");
     if (rank < 0) fail(show(names.rank, rank) + " must not be negative");
     if (rank >= world_size) {
-      fail(show(names.rank, rank) + " must be less than " + show(names.world_size, world_size));
+      fail(show(names.rank, rank) + " must be less than " + show(names.world_size, world_size) +
+           std::string(names.hint));
     }
     if (local_world_size < 1) {
       fail(show(names.local_world_size, local_world_size) + " must be at least 1");
@@ -90,7 +93,7 @@ struct World {
     if (local_rank < 0) fail(show(names.local_rank, local_rank) + " must not be negative");
     if (local_rank >= local_world_size) {
       fail(show(names.local_rank, local_rank) + " must be less than " +
-           show(names.local_world_size, local_world_size));
+           show(names.local_world_size, local_world_size) + std::string(names.hint));
     }
     if (local_rank > rank) {
       fail(show(names.local_rank, local_rank) + " must not exceed " + show(names.rank, rank));
@@ -101,7 +104,8 @@ struct World {
     }
     if (node_rank < 0) fail(show(names.node_rank, node_rank) + " must not be negative");
     if (node_rank >= nnodes) {
-      fail(show(names.node_rank, node_rank) + " must be less than " + show(names.nnodes, nnodes));
+      fail(show(names.node_rank, node_rank) + " must be less than " + show(names.nnodes, nnodes) +
+           std::string(names.hint));
     }
   }
 
@@ -111,6 +115,12 @@ struct World {
 namespace detail {
 
 struct world_env {
+  /// What a process outside the launcher's world should check (see World::field_names::hint).
+  static constexpr std::string_view outside_hint =
+      " (more processes than the job holds? check the launch command's counts - torchrun and "
+      "tandemrun: --nnodes, --nproc-per-node, --node-rank - or these variables where set by "
+      "hand)";
+
   struct launcher {
     std::string_view rank, world_size, local_rank, local_world_size, node_rank, nnodes;
   };
@@ -185,7 +195,8 @@ struct world_env {
     };
     world.validate_with({names.rank, names.world_size, shown(names.local_rank, "local_rank"),
                          shown(names.local_world_size, "local_world_size"),
-                         shown(names.node_rank, "node_rank"), shown(names.nnodes, "nnodes")});
+                         shown(names.node_rank, "node_rank"), shown(names.nnodes, "nnodes"),
+                         outside_hint});
     return world;
   }
 
@@ -214,7 +225,7 @@ struct world_env {
       world.local_world_size = world.nnodes > 0 ? world.world_size / world.nnodes : 0;
     }
     world.validate_with({"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", local_size_name,
-                         "SLURM_NODEID", "SLURM_NNODES"});
+                         "SLURM_NODEID", "SLURM_NNODES", outside_hint});
     return world;
   }
 };

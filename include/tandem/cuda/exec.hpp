@@ -2,19 +2,25 @@
 // CUDA stream (a grid-stride kernel for each index, CUB for reductions).
 //   tandem::for_each_index(tandem::cuda_exec{stream}, n, Scale{device_data, 0.5f});
 // Needs: the CUDA runtime and CUB (CUDA toolkit); include from .cu translation units (nvcc).
+// On tandem's simulated CUDA runtime (tests only: TANDEM_CUDA_SIM, built by the host compiler)
+// the same functors run as host functions queued on the stream (cudaLaunchHostFunc), in stream
+// order on the stream's worker; reductions there combine left to right, as host_exec does.
 #pragma once
 
 #include "tandem/cuda/detail/nvcc_only.hpp"  // first: stops a non-nvcc build here
 
 #include <algorithm>
 #include <cstddef>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <utility>
 
 #include <cuda_runtime.h>
+#if defined(__CUDACC__)
 #include <thrust/iterator/counting_iterator.h>
 #include <cub/device/device_reduce.cuh>
+#endif
 
 #include "tandem/core/config.hpp"
 #include "tandem/core/error.hpp"
@@ -26,6 +32,7 @@ namespace tandem {
 
 namespace cuda::detail {
 
+#if defined(__CUDACC__)
 inline constexpr unsigned threads_per_block = 256;
 
 /// Each thread takes every (grid size)-th index, so one grid of any size covers any n.
@@ -63,6 +70,44 @@ inline unsigned grid_size(std::size_t n) {
   const std::size_t needed = n / threads_per_block + (n % threads_per_block != 0 ? 1 : 0);
   return static_cast<unsigned>(std::min(needed, resident));
 }
+#else
+/// The simulator's kernel: f(i) for each i in [0, n), run by a host function on the stream's
+/// worker. It owns its copy of the functor and deletes itself once run.
+template <class F>
+struct HostKernel {
+  std::size_t n;
+  F f;
+
+  static void run(void* self) {
+    const std::unique_ptr<HostKernel> kernel(static_cast<HostKernel*>(self));
+    for (std::size_t i = 0; i < kernel->n; ++i) kernel->f(i);
+  }
+};
+
+/// Queues f(0 .. n-1) on `stream` as a host function, as a kernel launch would queue it.
+template <class F>
+void launch_on_host(cudaStream_t stream, std::size_t n, F f, const char* operation) {
+  auto kernel = std::make_unique<HostKernel<F>>(HostKernel<F>{n, std::move(f)});
+  check(cudaLaunchHostFunc(stream, &HostKernel<F>::run, kernel.get()), operation);
+  (void)kernel.release();  // the host function owns it now
+}
+
+/// The simulator's reduction: *out = combine(...combine(init, map(0))..., map(n-1)), left to
+/// right as host_exec combines, on the stream's worker.
+template <class T, class Map, class Combine>
+struct HostReduction {
+  T* out;
+  std::size_t n;
+  T init;
+  Map map;
+  Combine combine;
+  TANDEM_HD void operator()(std::size_t) const {
+    T value = init;
+    for (std::size_t i = 0; i < n; ++i) value = combine(value, map(i));
+    *out = value;
+  }
+};
+#endif
 
 /// Device memory for one operation, allocated and freed in the order of `stream`: the free is
 /// queued behind the work that uses it, so nothing waits for it.
@@ -135,10 +180,15 @@ struct cuda_exec {
                   "tandem: a functor for cuda_exec is copied into the kernel's arguments, so it "
                   "must be trivially copyable (plain pointers and values)");
     if (n == 0) return;
+#if defined(__CUDACC__)
     const unsigned blocks = cuda::detail::grid_size(n);
     cuda::detail::for_each_index_kernel<Functor>
         <<<blocks, cuda::detail::threads_per_block, 0, stream>>>(n, Functor(std::forward<F>(f)));
     cuda::check(cudaGetLastError(), "cuda_exec::for_each_index (kernel launch)");
+#else
+    cuda::detail::launch_on_host(stream, n, Functor(std::forward<F>(f)),
+                                 "cuda_exec::for_each_index (cudaLaunchHostFunc)");
+#endif
   }
 
   /// Reduces map(0..n-1) with combine from init (CUB), copies the result to the host and waits
@@ -180,8 +230,13 @@ struct cuda_exec {
                   "tandem: a reduction's value lives in device memory, so its type must be "
                   "trivially copyable");
     if (n == 0) {
+#if defined(__CUDACC__)
       cuda::detail::store_kernel<T><<<1, 1, 0, stream>>>(out, init);
       cuda::check(cudaGetLastError(), "cuda_exec::transform_reduce_into (kernel launch)");
+#else
+      launch_reduction(out, 0, init, cuda::detail::MapAs<T, std::decay_t<Map>>{map},
+                       cuda::detail::CombineAs<T, std::decay_t<Combine>>{combine});
+#endif
       return;
     }
     const auto mapped = cuda::detail::MapAs<T, std::decay_t<Map>>{std::forward<Map>(map)};
@@ -195,9 +250,12 @@ struct cuda_exec {
   }
 
   /// Blocks the host until the stream's queued work has run; errors from it are thrown.
-  void synchronize() const { cuda::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize"); }
+  void synchronize() const {
+    cuda::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  }
 
  private:
+#if defined(__CUDACC__)
   template <class T, class Map, class Combine>
   std::size_t reduce_storage_bytes(std::size_t n, const T& init, const Map& map,
                                    const Combine& combine) const {
@@ -217,6 +275,27 @@ struct cuda_exec {
                                                    n, combine, map, init, stream),
                 "cub::DeviceReduce::TransformReduce");
   }
+#else
+  // The simulator's reductions need no temporary storage: one host function combines in order.
+  template <class T, class Map, class Combine>
+  std::size_t reduce_storage_bytes(std::size_t, const T&, const Map&, const Combine&) const {
+    return 0;
+  }
+
+  template <class T, class Map, class Combine>
+  void reduce(void*, std::size_t, T* out, std::size_t n, const T& init, const Map& map,
+              const Combine& combine) const {
+    launch_reduction(out, n, init, map, combine);
+  }
+
+  template <class T, class Map, class Combine>
+  void launch_reduction(T* out, std::size_t n, const T& init, const Map& map,
+                        const Combine& combine) const {
+    cuda::detail::launch_on_host(
+        stream, 1, cuda::detail::HostReduction<T, Map, Combine>{out, n, init, map, combine},
+        "cuda_exec reduction (cudaLaunchHostFunc)");
+  }
+#endif
 };
 
 /// Opts cuda_exec in to the Executor concept.

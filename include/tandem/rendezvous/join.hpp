@@ -12,8 +12,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <climits>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -35,10 +37,10 @@ namespace tandem {
 namespace detail {
 
 /// How often a waiting rank (or a client connecting to the TcpStore) says so: TANDEM_WAIT_NOTICE_S
-/// seconds (default 30; 0: never).
+/// seconds (default 10, as for a collective; 0: never).
 inline Timeout wait_notice_interval(const EnvLookup& env = process_env) {
   const auto seconds = env_int_in(env, "TANDEM_WAIT_NOTICE_S", 0, 24 * 3600);
-  if (!seconds) return std::chrono::seconds(30);
+  if (!seconds) return std::chrono::seconds(10);
   if (*seconds == 0) return Timeout::max();
   return std::chrono::seconds(*seconds);
 }
@@ -99,18 +101,85 @@ inline AnyStore open_store(const InitMethod& method, const World& world, Timeout
   options.is_server = world.rank == 0;
   options.timeout = timeout;
   options.notice_interval = detail::wait_notice_interval(env);
+  options.server_hint =
+      "rank 0 hosts it: not started yet, or started with another MASTER_ADDR or "
+      "MASTER_PORT?";
   return AnyStore(TcpStore(options));
 }
 
 namespace detail {
 
-/// host:pid#n, unique to one join: two threads of one process claiming one rank must differ.
-inline std::string join_token() {
-  static std::atomic<std::uint64_t> joins{0};
-  char host[256] = {};
-  if (::gethostname(host, sizeof host - 1) != 0) host[0] = '?';
-  return std::string(host) + ":" + std::to_string(::getpid()) + "#" + std::to_string(joins++);
-}
+/// Where a joining rank announces itself: `join_prefix + rank` holds its JoinRecord.
+inline constexpr std::string_view join_prefix = "tandem/init/rank/";
+/// Set by a rank that finds the job misconfigured (two processes with one RANK, world sizes that
+/// differ): the ranks still waiting raise its text at once instead of waiting out the timeout.
+inline constexpr std::string_view conflict_key = "tandem/init/conflict";
+/// How often a waiting rank looks for a conflict (and, at its notice interval, says what it waits
+/// for).
+inline constexpr Timeout conflict_poll = std::chrono::seconds(1);
+
+/// What a rank says about itself when it joins: "host:pid#n node local", unique to one join (two
+/// threads of one process claiming one rank must differ).
+struct JoinRecord {
+  std::string token;    ///< host:pid#n
+  std::string host;     ///< the host it runs on
+  std::string pid;      ///< its process id
+  int node_rank = -1;   ///< its node (World::node_rank); -1: not said
+  int local_rank = -1;  ///< its rank on the node; -1: not said
+
+  /// A fresh record for this process, rank `world`.
+  static JoinRecord mine(const World& world) {
+    static std::atomic<std::uint64_t> joins{0};
+    char name[256] = {};
+    if (::gethostname(name, sizeof name - 1) != 0) name[0] = '?';
+    JoinRecord record;
+    record.host = name;
+    record.pid = std::to_string(::getpid());
+    record.token = record.host + ":" + record.pid + "#" + std::to_string(joins++);
+    record.node_rank = world.node_rank;
+    record.local_rank = world.local_rank;
+    return record;
+  }
+
+  /// Reads what text() wrote (anything else gives what it can: the token, no place).
+  static JoinRecord parse(std::string_view text) {
+    JoinRecord record;
+    const auto space = text.find(' ');
+    record.token = std::string(text.substr(0, space));
+    const auto colon = record.token.rfind(':');
+    const auto hash = record.token.rfind('#');
+    record.host = record.token.substr(0, colon);
+    if (colon != std::string::npos && hash != std::string::npos && hash > colon) {
+      record.pid = record.token.substr(colon + 1, hash - colon - 1);
+    }
+    if (space != std::string_view::npos) {
+      const std::string_view rest = text.substr(space + 1);
+      const auto second = rest.find(' ');
+      const auto node = parse_int(rest.substr(0, second));
+      const auto local =
+          second == std::string_view::npos ? std::nullopt : parse_int(rest.substr(second + 1));
+      if (node && local && *node >= 0 && *local >= 0 && *node <= INT32_MAX && *local <= INT32_MAX) {
+        record.node_rank = static_cast<int>(*node);
+        record.local_rank = static_cast<int>(*local);
+      }
+    }
+    return record;
+  }
+
+  [[nodiscard]] std::string text() const {
+    return token + " " + std::to_string(node_rank) + " " + std::to_string(local_rank);
+  }
+
+  /// "pid 1234 on host vm (node 0, local rank 1)".
+  [[nodiscard]] std::string describe() const {
+    std::string said = (pid.empty() ? token : "pid " + pid + " on host " + host);
+    if (node_rank >= 0) {
+      said += " (node " + std::to_string(node_rank) + ", local rank " + std::to_string(local_rank) +
+              ")";
+    }
+    return said;
+  }
+};
 
 inline std::string join_ranks(const std::vector<int>& ranks) {
   std::string text;
@@ -121,34 +190,123 @@ inline std::string join_ranks(const std::vector<int>& ranks) {
   return text;
 }
 
-/// "tandem: rank 0 waiting for 1 of 2 ranks (30 s of 1800 s)": what a rank waiting at the
-/// rendezvous prints on stderr.
-inline std::string waiting_notice(int rank, std::size_t missing, int world_size, Timeout waited,
-                                  Timeout timeout, std::string_view what) {
+/// "rank 2" or "ranks 2, 5".
+inline std::string rank_or_ranks(const std::vector<int>& ranks) {
+  return (ranks.size() == 1 ? "rank " : "ranks ") + join_ranks(ranks);
+}
+
+/// The JoinRecord rank `r` left in `store`, if it has joined.
+inline std::optional<JoinRecord> joined_record(AnyStore& store, int r) {
+  const std::vector<std::string> key{std::string(join_prefix) + std::to_string(r)};
+  if (!store.check(key)) return std::nullopt;
+  return JoinRecord::parse(store.get(key.front()));
+}
+
+/// Where ranks that have not joined were expected, as far as the World and the ranks that did
+/// join tell: launchers place ranks in blocks of local_world_size per node, so a missing rank's
+/// node is found by its block, and the node's host by a rank of that block that joined.
+/// "expected on host vm as local rank 2", "expected on node 1 as local ranks 0, 1, where no rank
+/// has joined yet (is that node's launcher running?)"; several nodes are joined by "; ".
+inline std::string expected_places(AnyStore& store, const World& world,
+                                   const std::vector<int>& missing) {
+  const int per_node = std::max(world.local_world_size, 1);
+  std::string text;
+  std::size_t i = 0;
+  for (int nodes_shown = 0; i < missing.size() && nodes_shown < 4; ++nodes_shown) {
+    const int node = missing[i] / per_node;
+    std::vector<int> ranks;
+    std::vector<int> locals;
+    for (; i < missing.size() && missing[i] / per_node == node; ++i) {
+      ranks.push_back(missing[i]);
+      locals.push_back(missing[i] % per_node);
+    }
+    std::string host;
+    const int end = std::min((node + 1) * per_node, world.world_size);
+    for (int r = node * per_node; r < end && host.empty(); ++r) {
+      if (std::find(ranks.begin(), ranks.end(), r) != ranks.end()) continue;
+      if (const auto record = joined_record(store, r); record && record->node_rank == node) {
+        host = record->host;
+      }
+    }
+    if (!text.empty()) text += "; " + rank_or_ranks(ranks) + " ";
+    const std::string local =
+        (locals.size() == 1 ? "local rank " : "local ranks ") + join_ranks(locals);
+    if (!host.empty()) {
+      text += "expected on host " + host +
+              (world.nnodes > 1 ? " (node " + std::to_string(node) + ")" : std::string()) + " as " +
+              local;
+    } else {
+      text += "expected on node " + std::to_string(node) + " as " + local +
+              ", where no rank has joined yet" +
+              (world.nnodes > 1 ? " (is that node's launcher running?)" : "");
+    }
+  }
+  if (i < missing.size()) text += "; and ranks of further nodes";
+  return text;
+}
+
+/// Where ranks that joined but have not yet reached `prefix` are: "rank 1 is pid 1234 on host
+/// vm (node 0, local rank 1)"; at most four.
+inline std::string joined_places(AnyStore& store, const std::vector<int>& missing) {
+  std::string text;
+  for (std::size_t i = 0; i < missing.size() && i < 4; ++i) {
+    if (const auto record = joined_record(store, missing[i])) {
+      text += (text.empty() ? "" : "; ") + std::string("rank ") + std::to_string(missing[i]) +
+              " is " + record->describe();
+    }
+  }
+  return text;
+}
+
+/// "tandem: rank 0 waiting for rank 2 of 3 to join (expected on host vm as local rank 2: not
+/// started, or started with another MASTER_ADDR, MASTER_PORT or run id?) (30 s of 1800 s)":
+/// what a rank waiting at the rendezvous prints on stderr. `where`: what is known of the
+/// missing ranks (empty: nothing).
+inline std::string waiting_notice(int rank, const std::vector<int>& missing, int world_size,
+                                  std::string_view what, std::string_view where, Timeout waited,
+                                  Timeout timeout) {
   const auto seconds = [](Timeout t) {
     return std::to_string(std::chrono::duration_cast<std::chrono::seconds>(t).count()) + " s";
   };
   std::string text = "tandem: rank " + std::to_string(rank) + " waiting for " +
-                     std::to_string(missing) + " of " + std::to_string(world_size) + " ranks";
+                     rank_or_ranks(missing) + " of " + std::to_string(world_size);
   if (!what.empty()) text += " to " + std::string(what);
+  if (!where.empty()) text += " (" + std::string(where) + ")";
   text += " (" + seconds(waited) + " of " +
           (timeout == Timeout::max() ? std::string("no limit") : seconds(timeout)) + ")";
   return text;
 }
 
-/// Waits until every rank has set `prefix + r`; the Error lists the ranks that did not. Every
-/// `notice` of waiting it prints waiting_notice() on stderr.
+/// What to check when ranks never join: said by the notices and the timeout's Error.
+inline constexpr std::string_view not_joined_hint =
+    "not started, or started with another MASTER_ADDR, MASTER_PORT or run id?";
+
+/// What a waiting rank knows of the ranks in `missing`: where they were expected (joining), or
+/// where they are (ranks that joined and have not reached `prefix` yet).
+inline std::string missing_places(AnyStore& store, const World& world, const std::string& prefix,
+                                  const std::vector<int>& missing) {
+  if (prefix == join_prefix) {
+    return expected_places(store, world, missing) + ": " + std::string(not_joined_hint);
+  }
+  return joined_places(store, missing);
+}
+
+/// Waits until every rank has set `prefix + r`; the Error lists the ranks that did not, and
+/// where they were expected. Every `notice` of waiting it prints waiting_notice() on stderr. A
+/// conflict another rank recorded (conflict_key) ends the wait at once with its text.
 inline void wait_for_ranks(AnyStore& store, const World& world, const std::string& prefix,
                            Timeout timeout, const std::string& url, std::string_view what,
-                           Timeout notice = std::chrono::seconds(30),
+                           Timeout notice = std::chrono::seconds(10),
                            std::string_view notice_what = {}) {
   std::vector<std::string> keys;
   for (int r = 0; r < world.world_size; ++r) keys.push_back(prefix + std::to_string(r));
+  const std::vector<std::string> conflict{std::string(conflict_key)};
   const Deadline deadline(timeout);
-  const auto started = Deadline::clock::now();
+  const Deadline::clock::time_point started = Deadline::clock::now();
+  Deadline next_notice(notice);
   std::vector<int> missing;
   for (;;) {
-    const Timeout slice = std::min(notice, deadline.remaining());
+    const Timeout slice = std::min({conflict_poll, deadline.remaining(), next_notice.remaining()});
     const auto slice_started = Deadline::clock::now();
     try {
       store.wait(keys, slice);
@@ -156,69 +314,121 @@ inline void wait_for_ranks(AnyStore& store, const World& world, const std::strin
     } catch (const Error&) {
       // Timed out, or the store is gone: the checks below tell which.
     }
+    // The store itself gone: on env:// and tcp:// its host, rank 0, has failed or given up.
+    const auto lost = [&](const Error& checking) {
+      return Error(world.rank, "init_process_group",
+                   "lost the store at " + url +
+                       " while waiting for the other ranks (on env:// and tcp:// rank 0 hosts "
+                       "it, under torchrun its agent; it has probably failed or timed out): " +
+                       checking.cause());
+    };
+    // Every slice looks for a conflict; who is missing, only when it is to be said (one look
+    // per rank: with thousands of ranks every second, the store's host would do nothing else).
+    const bool say = deadline.expired() || next_notice.expired();
+    std::optional<std::string> conflicting;
     missing.clear();
     try {
-      for (int r = 0; r < world.world_size; ++r) {
+      if (store.check(conflict)) conflicting = store.get(conflict.front());
+      for (int r = 0; r < world.world_size && say && !conflicting; ++r) {
         if (!store.check(std::span(&keys[static_cast<std::size_t>(r)], 1))) missing.push_back(r);
       }
     } catch (const Error& checking) {
-      // The store itself is gone: on env:// and tcp:// its host, rank 0, has failed or given up.
-      throw Error(world.rank, "init_process_group",
-                  "lost the store at " + url +
-                      " while waiting for the other ranks (on env:// and tcp:// rank 0 hosts "
-                      "it, under torchrun its agent; it has probably failed or timed out): " +
-                      checking.cause());
+      throw lost(checking);
     }
-    if (missing.empty()) return;
-    if (deadline.expired()) break;
+    if (conflicting) throw Error(world.rank, "init_process_group", *conflicting);
+    if (say && missing.empty()) return;
+    const auto places = [&] {
+      try {
+        return missing_places(store, world, prefix, missing);
+      } catch (const Error& checking) {
+        throw lost(checking);
+      }
+    };
+    if (say && deadline.expired()) {
+      const std::string where = places();
+      throw Error(world.rank, "init_process_group",
+                  "rank(s) " + join_ranks(missing) + " did not " + std::string(what) + " " + url +
+                      " within " + describe(timeout) + (where.empty() ? "" : " (" + where + ")") +
+                      "; check that WORLD_SIZE=" + std::to_string(world.world_size) +
+                      " is the number of processes started (the launch command's --nnodes "
+                      "times --nproc-per-node) and that every process has the same MASTER_ADDR "
+                      "and MASTER_PORT");
+    }
+    if (say) {
+      const auto waited = std::chrono::duration_cast<Timeout>(Deadline::clock::now() - started);
+      std::fprintf(stderr, "%s\n",
+                   waiting_notice(world.rank, missing, world.world_size, notice_what, places(),
+                                  waited, timeout)
+                       .c_str());
+      std::fflush(stderr);
+      next_notice = Deadline(notice);
+      continue;
+    }
     // A wait that failed early (not a timeout) must not turn this loop into a busy one.
     const auto spent = Deadline::clock::now() - slice_started;
     if (spent < slice) {
-      std::this_thread::sleep_for(std::min<Timeout>(
-          std::chrono::duration_cast<Timeout>(slice - spent), deadline.remaining()));
-      if (deadline.expired()) break;
-      continue;
+      std::this_thread::sleep_for(
+          std::min<Timeout>(std::chrono::duration_cast<Timeout>(slice - spent),
+                            std::min(deadline.remaining(), next_notice.remaining())));
     }
-    if (slice < notice) continue;  // cut short by the deadline: no notice, the error comes next
-    const auto waited = std::chrono::duration_cast<Timeout>(Deadline::clock::now() - started);
-    std::fprintf(
-        stderr, "%s\n",
-        waiting_notice(world.rank, missing.size(), world.world_size, waited, timeout, notice_what)
-            .c_str());
-    std::fflush(stderr);
   }
-  throw Error(world.rank, "init_process_group",
-              "rank(s) " + join_ranks(missing) + " did not " + std::string(what) + " " + url +
-                  " within " + describe(timeout));
 }
+
+/// Records a misconfiguration every waiting rank must raise (see conflict_key); best effort.
+inline void record_conflict(AnyStore& store, const std::string& text) {
+  try {
+    (void)store.compare_set(std::string(conflict_key), "", text);
+  } catch (const Error&) {  // the rank that found it raises it anyway
+  }
+}
+
+/// What to check when processes disagree on the job's layout.
+inline constexpr std::string_view layout_hint =
+    "check the launch command (--nnodes, and --nproc-per-node and --node-rank on every node) "
+    "and any RANK or WORLD_SIZE set by hand";
 
 }  // namespace detail
 
 /// Every rank announces itself under "tandem/init/" and waits for the others. Two processes
 /// claiming one rank, or ranks that disagree on the world size, are Errors on the rank that
-/// notices; a rank missing at the timeout is named in the Error of every rank that waited.
+/// notices and on every rank still waiting; a rank missing at the timeout is named in the Error
+/// of every rank that waited, with where it was expected. Every `notice` a waiting rank says on
+/// stderr which ranks it waits for.
 inline void join_store(AnyStore& store, const World& world, Timeout timeout, const std::string& url,
-                       Timeout notice = std::chrono::seconds(30)) {
+                       Timeout notice = std::chrono::seconds(10)) {
+  const detail::JoinRecord me = detail::JoinRecord::mine(world);
   const std::string size = std::to_string(world.world_size);
   const std::string agreed = store.compare_set("tandem/init/world_size", "", size);
   if (agreed != size) {
+    detail::record_conflict(
+        store, "processes disagree on the world size: rank " + std::to_string(world.rank) + " (" +
+                   me.describe() + ") has WORLD_SIZE=" + size + ", the ranks that joined " + url +
+                   " first have WORLD_SIZE=" + agreed + "; " + std::string(detail::layout_hint));
     throw Error(world.rank, "init_process_group",
                 "this rank has world_size=" + size + " but ranks that joined " + url +
-                    " earlier have world_size=" + agreed);
+                    " earlier have world_size=" + agreed +
+                    "; every process of a job needs the same WORLD_SIZE: " +
+                    std::string(detail::layout_hint));
   }
-  const std::string token = detail::join_token();
-  const std::string key = "tandem/init/rank/" + std::to_string(world.rank);
-  const std::string holder = store.compare_set(key, "", token);
-  if (holder != token) {
-    throw Error(world.rank, "init_process_group",
-                "rank " + std::to_string(world.rank) + " joined " + url +
-                    " twice: it is already held by " + holder +
-                    " (two processes with one RANK, or a file:// store reused by a live job)");
+  const std::string key = std::string(detail::join_prefix) + std::to_string(world.rank);
+  const std::string holder = store.compare_set(key, "", me.text());
+  if (holder != me.text()) {
+    const std::string other = detail::JoinRecord::parse(holder).describe();
+    detail::record_conflict(
+        store, "rank " + std::to_string(world.rank) + " was claimed by two processes at " + url +
+                   " (" + other + ", then " + me.describe() + "): more processes than WORLD_SIZE=" +
+                   size + ", or two with one RANK; " + std::string(detail::layout_hint));
+    throw Error(
+        world.rank, "init_process_group",
+        "rank " + std::to_string(world.rank) + " joined " + url + " twice: it is already held by " +
+            other + " (two processes with one RANK - more processes than WORLD_SIZE=" + size +
+            "? - or a file:// store reused by a live job); " + std::string(detail::layout_hint));
   }
   // PyTorch's classic TCPStore server (1.13, and 2.x without libuv) does not wake waiters on
   // a key that compare_set created; a set of the same value does. The key is this rank's now.
-  store.set(key, token);
-  detail::wait_for_ranks(store, world, "tandem/init/rank/", timeout, url, "join", notice);
+  store.set(key, me.text());
+  detail::wait_for_ranks(store, world, key.substr(0, detail::join_prefix.size()), timeout, url,
+                         "join", notice, "join");
 }
 
 }  // namespace tandem

@@ -42,7 +42,7 @@ inline constexpr Timeout hello_timeout = std::chrono::seconds(30);
 /// Longest job token.
 inline constexpr std::size_t max_token_bytes = 1024;
 /// How often a client still trying to reach the server says so on stderr.
-inline constexpr Timeout notice_interval = std::chrono::seconds(30);
+inline constexpr Timeout notice_interval = std::chrono::seconds(10);
 }  // namespace tcp_store_defaults
 
 /// What the TcpStore server accepts; a request beyond a limit gets an error reply (its client

@@ -52,6 +52,10 @@ struct TcpStoreOptions {
   /// How often a client that cannot reach the server yet says so on stderr ("tandem: rank 1
   /// waiting for the store at 10.0.0.1:29500 (30 s of 1800 s)"); zero: never.
   Timeout notice_interval = tcp_store_defaults::notice_interval;
+  /// What that notice, and the Error of a client that never reaches the server, add about it
+  /// (open_store: "rank 0 hosts it: not started yet, or started with another MASTER_ADDR or
+  /// MASTER_PORT?"); empty: nothing.
+  std::string server_hint{};
 };
 
 /// A Store served over TCP. With is_server, the constructor starts the server (a thread with a
@@ -286,14 +290,22 @@ class TcpStore {
     notice.interval =
         options_.notice_interval > Timeout::zero() ? options_.notice_interval : Timeout::max();
     notice.say = [&](Timeout waited) {
-      const std::string line = "tandem: " + options_.client_name + " waiting for the store at " +
-                               endpoint() + " (" + seconds(waited) + " of " +
-                               (timeout == Timeout::max() ? "no limit" : seconds(timeout)) + ")\n";
+      const std::string line =
+          "tandem: " + options_.client_name + " waiting for the store at " + endpoint() +
+          (options_.server_hint.empty() ? std::string() : " (" + options_.server_hint + ")") +
+          " (" + seconds(waited) + " of " +
+          (timeout == Timeout::max() ? "no limit" : seconds(timeout)) + ")\n";
       std::fputs(line.c_str(), stderr);
       std::fflush(stderr);
     };
     const Deadline deadline(timeout);
-    auto fd = detail::connect_tcp(options_.host, options_.port, timeout, "TcpStore", &notice);
+    detail::Fd fd;
+    try {
+      fd = detail::connect_tcp(options_.host, options_.port, timeout, "TcpStore", &notice);
+    } catch (const Error& e) {
+      if (options_.server_hint.empty()) throw;
+      throw Error(e.operation(), e.cause() + " (" + options_.server_hint + ")");
+    }
     hello(fd, deadline);
     client_->fd = std::move(fd);
   }

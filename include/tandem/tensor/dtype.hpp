@@ -2,7 +2,8 @@
 // bfloat16, int32, int64, uint8), their traits, and host-side half / bfloat16 that need no CUDA.
 //   tandem::half h(0.1f);  float back = h;            // round to nearest even, then exact
 //   static_assert(tandem::dtype_traits<tandem::bfloat16>::size == 2);
-// Needs: the standard library; under nvcc also converts to and from __half / __nv_bfloat16.
+// Needs: the standard library; under nvcc (and on tandem's simulated CUDA runtime, whose tests
+// compile with the CUDA headers: TANDEM_CUDA_SIM) also converts to and from __half / __nv_bfloat16.
 #pragma once
 
 #include <bit>
@@ -12,7 +13,7 @@
 
 #include "tandem/core/config.hpp"
 
-#if defined(__CUDACC__)
+#if defined(__CUDACC__) || defined(TANDEM_CUDA_SIM)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #endif
@@ -121,7 +122,7 @@ struct half : detail::float16::storage<half> {
   /// The exact float of the same value.
   TANDEM_HD constexpr operator float() const noexcept { return detail::half_bits_to_float(bits); }
 
-#if defined(__CUDACC__)
+#if defined(__CUDACC__) || defined(TANDEM_CUDA_SIM)
   // From CUDA's type implicitly; to it explicitly, or `a + b` would be ambiguous under nvcc
   // (__half's operators against float's) where g++ picks float.
   TANDEM_HD half(__half value) noexcept : storage{__half_as_ushort(value)} {}
@@ -143,7 +144,7 @@ struct bfloat16 : detail::float16::storage<bfloat16> {
     return detail::bfloat16_bits_to_float(bits);
   }
 
-#if defined(__CUDACC__)
+#if defined(__CUDACC__) || defined(TANDEM_CUDA_SIM)
   // From CUDA's type implicitly; to it explicitly (see half).
   TANDEM_HD bfloat16(__nv_bfloat16 value) noexcept : storage{__bfloat16_as_ushort(value)} {}
   TANDEM_HD explicit operator __nv_bfloat16() const noexcept {

@@ -1,9 +1,11 @@
 // NcclComm on this process's GPUs: the conformance suite at world size 1 and, through
-// run_local_nccl, with one thread per GPU; streams, groups, split, the rendezvous through a store,
-// and the never-hang paths (a rank that never joins, an abort, a watchdog timeout). Without a GPU
-// it prints why and exits 77 (skipped). The watchdog and abort are tested on one GPU (an operation
-// held behind a kernel that waits for a host flag); the case that needs two GPUs is reported as
-// skipped by doctest, never as passed, on a machine with fewer.
+// run_local_nccl, with one thread per GPU at 2, 3 and 4 ranks; streams, groups, split, the
+// rendezvous through a store, and the never-hang paths (a rank that never joins, an abort, a
+// watchdog timeout, ranks that disagree). Without a GPU it prints why and exits 77 (skipped). The
+// watchdog and abort are tested on one GPU (an operation held behind a kernel that waits for a
+// host flag); the cases that need more GPUs than the machine has are reported as skipped by
+// doctest, never as passed. On the simulated CUDA runtime (label cuda-sim) every case runs: it
+// has 4 devices.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
@@ -11,6 +13,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -26,6 +29,7 @@
 #include "tandem/comm/init.hpp"
 #include "tandem/comm/metrics.hpp"
 #include "tandem/comm/nccl/nccl.hpp"
+#include "tandem/cuda/exec.hpp"
 #include "tandem/cuda/memory.hpp"
 #include "tandem/cuda/runtime.hpp"
 #if TANDEM_TEST_IO
@@ -104,14 +108,26 @@ struct CheckedRunner {
   }
 };
 
-/// The suite's Runner for run_local_nccl: one thread per GPU.
+/// The suite's Runner for run_local_nccl: one thread per GPU, with `options` on every rank.
 struct LocalRunner {
+  tandem::NcclCommOptions options{};
+
   template <class Fn>
   void operator()(int world_size, Fn fn) {
-    tandem::run_local_nccl(world_size, [&](NcclComm& comm) {
-      Staged staged(std::move(comm));
-      fn(staged);
-    });
+    tandem::run_local_nccl(
+        world_size,
+        [&](NcclComm& comm) {
+          Staged staged(std::move(comm));
+          fn(staged);
+        },
+        options);
+  }
+  /// The same with every rank's timeout set to `timeout` (the suite's abort check).
+  template <class Fn>
+  void timed(int world_size, tandem::Timeout timeout, Fn fn) {
+    LocalRunner with{options};
+    with.options.timeout = timeout;
+    with(world_size, std::move(fn));
   }
 };
 
@@ -131,9 +147,21 @@ int gpus() {
   return tandem::cuda::device_count();
 }
 
-/// For doctest::skip (evaluated as the cases register): no second GPU to run a second rank on.
+/// For doctest::skip (evaluated as the cases register): fewer GPUs than ranks (NCCL runs one
+/// rank per GPU).
+bool gpus_missing(int ranks) {
+  return gpus() < ranks;
+}
 bool two_gpus_missing() {
-  return gpus() < 2;
+  return gpus_missing(2);
+}
+
+/// The conformance suite through run_local_nccl at `ranks` threads, one GPU each.
+void local_conformance(int ranks) {
+  LocalRunner run;
+  tandem::test::check_all_collectives(run, ranks, nccl_matrix());
+  tandem::test::check_subgroups(run, ranks, nccl_subgroup_matrix());
+  tandem::test::check_local_errors(run, ranks);
 }
 
 }  // namespace
@@ -145,13 +173,40 @@ TEST_CASE("conformance at world size 1: every collective, element type and op on
   tandem::test::check_local_errors(run, 1);
 }
 
-TEST_CASE("conformance through run_local_nccl, one thread per GPU") {
+TEST_CASE("conformance through run_local_nccl, one thread per GPU: 1 rank") {
+  local_conformance(1);
+}
+
+TEST_CASE("conformance through run_local_nccl, one thread per GPU: 2 ranks" *
+          doctest::skip(gpus_missing(2))) {
+  local_conformance(2);
+}
+
+TEST_CASE("conformance through run_local_nccl, one thread per GPU: 3 ranks" *
+          doctest::skip(gpus_missing(3))) {
+  local_conformance(3);
+}
+
+TEST_CASE("conformance through run_local_nccl, one thread per GPU: 4 ranks" *
+          doctest::skip(gpus_missing(4))) {
+  local_conformance(4);
+}
+
+// A rank that throws: run_local_nccl aborts the others' communicators, so their waiting
+// collectives fail naming it, long before the timeout, and the failure is rethrown.
+TEST_CASE("a failing rank aborts the others' collectives: 3 ranks" *
+          doctest::skip(gpus_missing(3))) {
   LocalRunner run;
-  const int n = gpus();
-  INFO("GPUs: " << n);
-  tandem::test::check_all_collectives(run, n, nccl_matrix());
-  tandem::test::check_subgroups(run, n, nccl_subgroup_matrix());
-  tandem::test::check_local_errors(run, n);
+  tandem::test::check_abort(run, 3);
+}
+
+// Ranks that disagree on a collective, through the collective check: every rank raises the same
+// Error naming each rank's call, and the group stays usable.
+TEST_CASE("collective checks: the mismatch suite at 3 ranks" * doctest::skip(gpus_missing(3))) {
+  LocalRunner run;
+  run.options.check_agreement = true;
+  run.options.timeout = 60s;
+  tandem::test::check_mismatch_errors(run, 3);
 }
 
 TEST_CASE("a sync operation is ordered on the caller's stream; an async one completes its Work") {
@@ -200,7 +255,12 @@ TEST_CASE("operations keep their issue order across the caller's and the communi
     NcclComm comm = single(options);
     tandem::cuda::Stream first;
     tandem::cuda::Stream second;
+#if defined(TANDEM_CUDA_SIM)
+    // 4 MiB: the simulator's streams are host threads, and its stress mode delays each task.
+    const std::size_t n = std::size_t{1} << 20;
+#else
     const std::size_t n = std::size_t{1} << 25;  // 128 MiB of floats
+#endif
     DeviceArray<float> a(n);
     DeviceArray<float> b(n);
     DeviceArray<float> c(n);
@@ -380,31 +440,41 @@ TEST_CASE("abort: operations in flight fail and later calls raise the cause") {
     const std::string text = e.what();
     CHECK(text.find("rank 0: broadcast") != std::string::npos);
     CHECK(text.find("aborted earlier") != std::string::npos);
-    CHECK(text.find("sequence number 1") != std::string::npos);
+    // Number 1 is the check-switch agreement every rank makes at creation; the all_reduce is 2.
+    CHECK(text.find("sequence number 2") != std::string::npos);
     CHECK(text.find("stopped by the test") != std::string::npos);
   }
 }
 
 /// Spins until *flag (host memory mapped into the GPU) is nonzero: work queued behind it on the
-/// same stream cannot start until the host says so.
-__global__ void wait_for_flag(const volatile int* flag) {
-  while (*flag == 0) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
-    __nanosleep(1000);
+/// same stream cannot start until the host says so. One index; a cuda_exec functor, so that the
+/// simulated runtime runs it too (on the stream's worker, where the read is an atomic one).
+struct WaitForFlag {
+  const int* flag;
+  TANDEM_HD void operator()(std::size_t) const {
+#if defined(__CUDA_ARCH__)
+    while (*static_cast<const volatile int*>(flag) == 0) {
+#if __CUDA_ARCH__ >= 700
+      __nanosleep(1000);
+#endif
+    }
+#else
+    while (__atomic_load_n(flag, __ATOMIC_ACQUIRE) == 0) std::this_thread::yield();
 #endif
   }
-}
+};
 
 /// A flag in pinned host memory that the GPU reads; released at destruction at the latest, and
 /// the device drained then, so that a failed check cannot leave a kernel spinning.
 class HostFlag {
  public:
   HostFlag() {
-    tandem::cuda::check(cudaHostAlloc(&host_, sizeof(int), cudaHostAllocMapped), "cudaHostAlloc");
-    *host_ = 0;
+    void* host = nullptr;
+    tandem::cuda::check(cudaHostAlloc(&host, sizeof(int), cudaHostAllocMapped), "cudaHostAlloc");
+    host_ = static_cast<int*>(host);
+    __atomic_store_n(host_, 0, __ATOMIC_RELEASE);
     void* device = nullptr;
-    tandem::cuda::check(cudaHostGetDevicePointer(&device, const_cast<int*>(host_), 0),
-                        "cudaHostGetDevicePointer");
+    tandem::cuda::check(cudaHostGetDevicePointer(&device, host_, 0), "cudaHostGetDevicePointer");
     device_ = static_cast<const int*>(device);
   }
   HostFlag(const HostFlag&) = delete;
@@ -412,21 +482,19 @@ class HostFlag {
   ~HostFlag() {
     release();
     (void)cudaDeviceSynchronize();
-    (void)cudaFreeHost(const_cast<int*>(host_));
+    (void)cudaFreeHost(host_);
   }
-  void release() { *host_ = 1; }
-  [[nodiscard]] bool released() const { return *host_ != 0; }
+  void release() { __atomic_store_n(host_, 1, __ATOMIC_RELEASE); }
   [[nodiscard]] const int* device() const { return device_; }
 
  private:
-  volatile int* host_ = nullptr;
+  int* host_ = nullptr;
   const int* device_ = nullptr;
 };
 
-/// Queues wait_for_flag on `stream`.
+/// Queues WaitForFlag on `stream`.
 void block_stream(cudaStream_t stream, const HostFlag& flag) {
-  wait_for_flag<<<1, 1, 0, stream>>>(flag.device());
-  tandem::cuda::check(cudaGetLastError(), "wait_for_flag launch");
+  tandem::for_each_index(tandem::cuda_exec{stream}, 1, WaitForFlag{flag.device()});
 }
 
 /// Releases `flag` once `comm` has begun to abort, or after `limit`: the operation held by the
@@ -448,12 +516,12 @@ TEST_CASE("watchdog on one GPU: an all_reduce held behind a kernel times out and
   options.watchdog_interval = 20ms;
   NcclComm comm = single(options);
   DeviceArray<float> data(1024);
-  comm.all_reduce(data.view());  // sequence number 1 finishes
+  comm.all_reduce(data.view());  // sequence number 2 (1: the agreement at creation) finishes
   comm.synchronize();
   HostFlag flag;
   block_stream(comm.caller_stream(), flag);
   const auto start = std::chrono::steady_clock::now();
-  tandem::Work work = comm.all_reduce_async(data.view());  // sequence number 2: held
+  tandem::Work work = comm.all_reduce_async(data.view());  // sequence number 3: held
   bool by_abort = false;
   std::thread releaser([&] { by_abort = release_on_abort(comm, flag, 60s); });
   std::string seen;
@@ -465,7 +533,7 @@ TEST_CASE("watchdog on one GPU: an all_reduce held behind a kernel times out and
   const auto waited = std::chrono::steady_clock::now() - start;
   releaser.join();
   CHECK(by_abort);  // the watchdog acted while the operation could not finish
-  CHECK(seen.find("rank 0: all_reduce (sequence number 2)") != std::string::npos);
+  CHECK(seen.find("rank 0: all_reduce (sequence number 3)") != std::string::npos);
   CHECK(seen.find("did not finish within 2 s") != std::string::npos);
   CHECK(waited >= 2s);
   CHECK(waited < 60s);
@@ -520,7 +588,8 @@ TEST_CASE("watchdog: a collective one rank skips times out, aborts, and names ra
                       2,
                       [&](NcclComm& comm) {
                         DeviceArray<float> data(1024);
-                        comm.all_reduce(data.view());  // sequence number 1: both ranks
+                        // Sequence number 2 (1: the agreement at creation): both ranks.
+                        comm.all_reduce(data.view());
                         if (comm.rank() == 1) {
                           while (!gave_up) std::this_thread::sleep_for(10ms);
                           return;
@@ -537,7 +606,7 @@ TEST_CASE("watchdog: a collective one rank skips times out, aborts, and names ra
                       },
                       options),
                   tandem::Error);
-  CHECK(seen.find("rank 0: all_reduce (sequence number 2)") != std::string::npos);
+  CHECK(seen.find("rank 0: all_reduce (sequence number 3)") != std::string::npos);
   CHECK(seen.find("did not finish within 3 s") != std::string::npos);
   CHECK(std::chrono::steady_clock::now() - start < 120s);
 }
@@ -650,11 +719,10 @@ int main(int argc, char** argv) {
     std::printf("SKIPPED: no CUDA device (NcclComm needs a GPU per rank)\n");
     return 77;
   }
-  if (two_gpus_missing()) {
+  if (gpus_missing(4)) {
     std::printf(
-        "note: %d GPU(s): the two-rank watchdog and mismatch cases are skipped (NCCL runs one rank "
-        "per "
-        "GPU); doctest counts it as skipped\n",
+        "note: %d GPU(s): the cases with more ranks than that are skipped (NCCL runs one rank per "
+        "GPU); doctest counts them as skipped\n",
         gpus());
   }
   doctest::Context context(argc, argv);

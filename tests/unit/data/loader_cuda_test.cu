@@ -1,14 +1,18 @@
 // The Loader delivering batches to a GPU through cuda_delivery: pinned staging, copies on the
 // loader's stream, the training stream ordered by events. Kernels on the training stream are
 // slowed down on purpose, so that a slot reused before the training stream finished with it
-// would show as wrong sums. Without a GPU it prints why and exits 77 (skipped).
+// would show as wrong sums. Without a GPU it prints why and exits 77 (skipped). On the simulated
+// CUDA runtime (cuda-sim) the same code runs with the copies and kernels on its stream workers.
 #include <cuda_runtime.h>
 
 #include <array>
+#include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <span>
+#include <thread>
 #include <vector>
 
 #include "tandem/cuda.hpp"
@@ -29,16 +33,28 @@ struct Ramp {
   }
 };
 
-// One thread: waits `spin` cycles, then sums the batch's labels and last features.
-__global__ void sum_batch(const float* x, const std::int64_t* y, std::size_t n, long long spin,
-                          long long* out) {
-  const long long start = clock64();
-  while (clock64() - start < spin) {
+// One index: waits a while (`spin` GPU cycles; on the simulated runtime a fifth of a
+// millisecond), then sums the batch's labels and last features.
+struct SumBatch {
+  const float* x;
+  const std::int64_t* y;
+  std::size_t n;
+  long long spin;
+  long long* out;
+
+  TANDEM_HD void operator()(std::size_t) const {
+#if defined(__CUDA_ARCH__)
+    const long long start = clock64();
+    while (clock64() - start < spin) {
+    }
+#else
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+#endif
+    long long sum = 0;
+    for (std::size_t j = 0; j < n; ++j) sum += y[j] + static_cast<long long>(x[4 * j + 3]);
+    *out = sum;
   }
-  long long sum = 0;
-  for (std::size_t j = 0; j < n; ++j) sum += y[j] + static_cast<long long>(x[4 * j + 3]);
-  *out = sum;
-}
+};
 
 int failures = 0;
 void expect(bool ok, const char* what) {
@@ -70,9 +86,9 @@ int main() {
         for (const auto& batch : loader) {
           auto [x, y] = batch.views();
           static_assert(std::is_same_v<decltype(x), tandem::View<float, tandem::device>>);
-          sum_batch<<<1, 1, 0, training.get()>>>(x.data(), y.data(), batch.size(), 200000,
-                                                 sums + batch.index());
-          tandem::cuda::check(cudaGetLastError(), "sum_batch");
+          tandem::for_each_index(
+              tandem::cuda_exec{training.get()}, 1,
+              SumBatch{x.data(), y.data(), batch.size(), 200000, sums + batch.index()});
         }
         training.synchronize();
       }

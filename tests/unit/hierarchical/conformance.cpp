@@ -177,6 +177,16 @@ TEST_CASE("HierarchicalComm: a rank that leaves fails the others at either level
           CHECK_MESSAGE(tandem::test::mentions(e.what(), "rank " + std::to_string(victim) + " "),
                         std::string(e.what()));
         }
+        // No rank that stayed is said to have left or died: a rank whose leader (or another
+        // node's) gave up because of the victim names the first failure, not that leader.
+        for (int other = 0; other < n; ++other) {
+          if (other == victim) continue;
+          for (const char* blame : {" left", " died", " has died"}) {
+            CHECK_MESSAGE(
+                !tandem::test::mentions(e.what(), "rank " + std::to_string(other) + blame),
+                std::string(e.what()));
+          }
+        }
       }
       CHECK(std::chrono::steady_clock::now() - start < 10s);
       try {

@@ -131,7 +131,8 @@ TEST_CASE("two ranks claiming one rank number, or disagreeing on the world size,
     for (const auto& e : errors)
       twice += e.find("rank 1 joined " + url + " twice") != std::string::npos;
     CHECK(twice == 1);
-    CHECK(errors[0].find("rank(s) 2 did not join") != std::string::npos);
+    // The second claim ends the others' wait too, naming the rank claimed twice.
+    CHECK(errors[0].find("rank 1 was claimed by two processes") != std::string::npos);
   }
   SUBCASE("world sizes disagree") {
     const std::string url = tcp_url();
@@ -220,25 +221,27 @@ TEST_CASE("a rank waiting at the rendezvous says so every TANDEM_WAIT_NOTICE_S s
       error = e.what();
     }
   });
-  CHECK(said.find("tandem: rank 0 waiting for 1 of 2 ranks (1 s of 2 s)\n") != std::string::npos);
+  const std::string notice = "tandem: rank 0 waiting for rank 1 of 2 to join (expected on host ";
+  CHECK(said.find(notice) != std::string::npos);
+  CHECK(said.find("(1 s of 2 s)\n") != std::string::npos);
   std::size_t notices = 0;
-  for (auto at = said.find("tandem: rank 0 waiting for 1 of 2 ranks ("); at != std::string::npos;
-       at = said.find("tandem: rank 0 waiting for 1 of 2 ranks (", at + 1)) {
+  for (auto at = said.find(notice); at != std::string::npos; at = said.find(notice, at + 1)) {
     ++notices;
   }
   CHECK(notices == 2);  // at 1 s and 2 s; the timeout comes before a third
   CHECK(error.find("rank(s) 1 did not join") != std::string::npos);
 
-  // The default is every 30 s; 0 silences it; anything else is an Error naming the variable.
+  // The default is every 10 s, as for a collective; 0 silences it; anything else is an Error naming
+  // the variable.
   using tandem::detail::wait_notice_interval;
-  CHECK(wait_notice_interval(tandem::test::FakeEnv{}.lookup()) == 30s);
+  CHECK(wait_notice_interval(tandem::test::FakeEnv{}.lookup()) == 10s);
   CHECK(wait_notice_interval(tandem::test::FakeEnv{{"TANDEM_WAIT_NOTICE_S", "0"}}.lookup()) ==
         tandem::Timeout::max());
   CHECK_THROWS_WITH_AS(
       wait_notice_interval(tandem::test::FakeEnv{{"TANDEM_WAIT_NOTICE_S", "soon"}}.lookup()),
       doctest::Contains("TANDEM_WAIT_NOTICE_S"), tandem::Error);
-  CHECK(tandem::detail::waiting_notice(3, 2, 8, 30s, 30min, "") ==
-        "tandem: rank 3 waiting for 2 of 8 ranks (30 s of 1800 s)");
+  CHECK(tandem::detail::waiting_notice(3, {5, 6}, 8, "", "", 30s, 30min) ==
+        "tandem: rank 3 waiting for ranks 5, 6 of 8 (30 s of 1800 s)");
 }
 
 TEST_CASE(

@@ -2,10 +2,12 @@
 // from syncbn.txt on 1, 2 and 3 LocalComm ranks, the errors that read values back, a Parameters
 // arena in device memory) with every tensor in device memory (LocalComm stages them through
 // pinned memory), and the golden numbers on a non-blocking stream. It also instantiates the module
-// for NcclComm and for GlooComm with device tensors when those are built (compile-time checks only:
-// one GPU cannot host NCCL ranks). Without a GPU it prints "SKIPPED: no CUDA device ..." and exits
-// 77 (its own main, hence NO_MAIN). Tolerances: see syncbn_golden.hpp; nvcc contracts a * b + c
-// into FMAs, which moves double results by an ulp or so, far inside them.
+// for NcclComm and for GlooComm with device tensors when those are built, and runs the golden
+// cases over NcclComm (one GPU per rank: skipped by doctest with fewer GPUs than a case's ranks;
+// on the simulated CUDA runtime and NCCL, label cuda-sim, they run on its 4 devices). Without a
+// GPU it prints "SKIPPED: no CUDA device ..." and exits 77 (its own main, hence NO_MAIN).
+// Tolerances: see syncbn_golden.hpp; nvcc contracts a * b + c into FMAs, which moves double results
+// by an ulp or so, far inside them.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
@@ -77,6 +79,28 @@ TEST_CASE("on a GPU, SyncBatchNorm on a non-blocking stream matches PyTorch") {
                     {.timeout = 120s});
   failures.report();
 }
+
+#if TANDEM_TEST_NCCL
+// NcclComm runs one rank per GPU: the cases of 3 ranks need 3 GPUs.
+TEST_CASE_TEMPLATE("over NcclComm, one GPU per rank, SyncBatchNorm matches PyTorch" *
+                       doctest::skip(tandem::cuda::device_count() < 3),
+                   T, float, double) {
+  for (const char* name : {"r2", "r2empty", "r3", "w1"}) {
+    CAPTURE(name);
+    const GoldenCase gc(name);
+    Failures failures;
+    tandem::NcclCommOptions options;
+    options.timeout = 120s;
+    tandem::run_local_nccl(
+        gc.world,
+        [&](tandem::NcclComm& comm) {
+          tandem::test::syncbn::check_golden_rank<T, device>(comm, name, failures);
+        },
+        options);
+    failures.report();
+  }
+}
+#endif
 
 TEST_CASE("on a GPU, the errors that need values read back name their cause") {
   tandem::test::syncbn::check_errors_across_ranks<device>(60s);

@@ -580,6 +580,23 @@ TEST_CASE("a client waiting for its server says so on stderr") {
                            " (1 s of 2 s)\n"));
   CHECK(contains(said, "(2 s of 2 s)\n"));
 
+  // A hint about the server (open_store's: who hosts it) goes into the notice and the Error.
+  std::string error;
+  const auto hinted = capture_stderr([&] {
+    try {
+      TcpStore({.port = port,
+                .timeout = 1500ms,
+                .client_name = "rank 7",
+                .notice_interval = 1s,
+                .server_hint = "rank 0 hosts it"});
+    } catch (const tandem::Error& e) {
+      error = e.what();
+    }
+  });
+  CHECK(contains(hinted, "tandem: rank 7 waiting for the store at 127.0.0.1:" +
+                             std::to_string(port) + " (rank 0 hosts it) (1 s of 1 s)\n"));
+  CHECK(contains(error, "(rank 0 hosts it)"));
+
   const auto quiet = capture_stderr([&] {
     CHECK_THROWS_AS(TcpStore({.port = port, .timeout = 300ms, .notice_interval = 0ms}),
                     tandem::Error);

@@ -6,7 +6,6 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
-#include <dirent.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -15,6 +14,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "support/collective_suite.hpp"
@@ -98,6 +98,31 @@ TEST_CASE("ShmComm: a rank that skips a collective makes the others fail within 
       comm(), quick, {.other_cause = "failed first", .names_skipper = true, .within = 10s});
 }
 
+TEST_CASE("ShmComm: abort passes a cause to every rank, which raise it") {
+  // The last rank aborts its group with a cause from outside it (what HierarchicalComm does with
+  // the first failure of another level); every rank's next call raises it, and every rank reads
+  // the cause itself, in the words it was given.
+  auto group = regroup(comm(), {.timeout = 60s});
+  const int last = group.size() - 1;
+  const std::string cause = "rank 9 died elsewhere (its process is gone)";
+  CHECK_FALSE(group.abort_cause().has_value());
+  group.barrier();  // every rank has looked before the abort
+  if (group.rank() == last) group.abort(cause);
+  std::vector<float> data(16, 1.0f);
+  try {
+    group.all_reduce(data);
+    FAIL_CHECK("an all_reduce of an aborted group completed");
+  } catch (const tandem::Error& e) {
+    const std::string what = e.what();
+    CHECK_MESSAGE(what.find("rank " + std::to_string(last) + " aborted the group (" + cause +
+                            ")") != std::string::npos,
+                  what);
+  }
+  CHECK(group.abort_cause() == cause);
+  CHECK_THROWS_AS(group.barrier(), tandem::Error);
+  comm().barrier();
+}
+
 TEST_CASE("ShmComm: a mismatched recv is an error and the pair stays usable") {
   tandem::test::check_mismatched_recv(comm());
 }
@@ -106,20 +131,81 @@ TEST_CASE("ShmComm: a bad TANDEM_CHECK_COLLECTIVES fails rendezvous on every ran
   tandem::test::check_bad_check_variable(comm(), {.timeout = 60s});
 }
 
+namespace {
+
+/// A group of comm()'s ranks made in a namespace `name` of the job's store, with that namespace:
+/// its segment's record ("NAME SLOT RING", rank 0's announcement) is at "shm/1/segment".
+std::pair<tandem::ShmComm, tandem::AnyStore> group_in(const std::string& name,
+                                                      const tandem::ShmCommOptions& options) {
+  tandem::AnyStore store(tandem::PrefixStore<tandem::AnyStore>(name + "/", comm().store()));
+  auto group = tandem::ShmComm::rendezvous(tandem::World::single_node(comm().rank(), comm().size()),
+                                           store, options);
+  return {std::move(group), store};
+}
+
+/// The fields of the segment record: name, slot bytes, ring bytes.
+struct Announced {
+  std::string name;
+  std::size_t slot = 0;
+  std::size_t ring = 0;
+};
+Announced announced(tandem::AnyStore& store) {
+  const std::string record = store.get("shm/1/segment", 60s);
+  const auto ring_at = record.rfind(' ');
+  const auto slot_at = record.rfind(' ', ring_at - 1);
+  return {record.substr(0, slot_at), std::stoull(record.substr(slot_at + 1, ring_at - slot_at)),
+          std::stoull(record.substr(ring_at + 1))};
+}
+
+}  // namespace
+
 TEST_CASE("ShmComm: no segment is left in /dev/shm once a group is made") {
-  auto group = regroup(comm(), {.timeout = 60s});
-  const std::string mine = "tandem-shm-" + std::to_string(::getpid()) + "-";
-  std::vector<std::string> left;
-  if (DIR* dir = ::opendir("/dev/shm")) {
-    while (const dirent* entry = ::readdir(dir)) {
-      if (std::string(entry->d_name).rfind(mine, 0) == 0) left.push_back(entry->d_name);
-    }
-    ::closedir(dir);
-  }
-  CHECK_MESSAGE(left.empty(), "left in /dev/shm: " << (left.empty() ? "" : left.front()));
+  auto [group, store] = group_in("no-segment-left", {.timeout = 60s});
+  const Announced segment = announced(store);
+  CHECK(segment.name.rfind("/tandem-shm-", 0) == 0);
+  CHECK_MESSAGE(::access(("/dev/shm" + segment.name).c_str(), F_OK) != 0,
+                "left in /dev/shm: " << segment.name);
   std::vector<std::int64_t> one{1};
   group.all_reduce(one);
   CHECK(one[0] == group.size());
+}
+
+TEST_CASE("ShmComm: where /dev/shm has little free, the segment is sized to fit, same results") {
+  // TANDEM_SHM_FREE_BYTES caps what ShmComm counts on (rank 0 reads it): 1 MiB, where the default
+  // options ask 8 MiB of slots per rank. The group takes at most half of it, with smaller slots
+  // (and rings), and a tensor of many slots still sums right.
+  ::setenv("TANDEM_SHM_FREE_BYTES", "1048576", 1);
+  auto [group, store] = group_in("small-shm", {.timeout = 60s});
+  ::unsetenv("TANDEM_SHM_FREE_BYTES");
+  const Announced segment = announced(store);
+  const tandem::detail::shm::Layout layout(group.size(), segment.slot, segment.ring);
+  CHECK(segment.slot < (std::size_t{4} << 20));
+  CHECK(layout.total <= (std::size_t{1} << 19));
+  std::vector<double> data(300000);
+  for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<double>(i % 7);
+  group.all_reduce(data);
+  bool right = true;
+  for (std::size_t i = 0; i < data.size(); ++i) {
+    right =
+        right && data[i] == static_cast<double>((i % 7) * static_cast<std::size_t>(group.size()));
+  }
+  CHECK(right);
+}
+
+TEST_CASE("ShmComm: where /dev/shm cannot hold the smallest segment, every rank says what to do") {
+  ::setenv("TANDEM_SHM_FREE_BYTES", "16384", 1);
+  try {
+    (void)group_in("tiny-shm", {.timeout = 60s});
+    FAIL_CHECK("a group was made in 16 KiB of /dev/shm");
+  } catch (const tandem::Error& e) {
+    CHECK_MESSAGE(tandem::test::mentions(e.what(), "rank " + std::to_string(comm().rank()) + ":",
+                                         "ShmComm rendezvous", "needs at least", "of /dev/shm",
+                                         "has 16 KiB free (as TANDEM_SHM_FREE_BYTES says)",
+                                         "docker run --shm-size", "GlooComm or MpiComm"),
+                  e.what());
+  }
+  ::unsetenv("TANDEM_SHM_FREE_BYTES");
+  comm().barrier();
 }
 
 int main(int argc, char** argv) {

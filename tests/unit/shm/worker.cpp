@@ -6,12 +6,18 @@
 //   shm_worker stopped-peer URL  the last rank stops itself (SIGSTOP); the others must raise an
 //                              Error naming it as stopped once their 1 s timeout has passed
 //   shm_worker killed URL      every rank kills itself (SIGKILL) after a few collectives
-//   shm_worker alone -         rank 0 of a group whose rank 1 never comes (to be killed)
+//   shm_worker small URL       collectives larger than the slots on a group and on its halves,
+//                              with the default options (where /dev/shm is small, ShmComm must
+//                              size its segments to fit, or fail at the start saying why)
+//   shm_worker alone FILE      rank 0 of a group whose rank 1 never comes (to be killed), meeting
+//                              in the FileStore FILE (where the test reads the segment's name)
 #include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -77,14 +83,37 @@ int run_killed(const tandem::World& world, const std::string& url) {
   return 1;  // not reached
 }
 
-int run_alone(const tandem::World&, const std::string&) {
-  // Rank 0 of a group of 2 whose rank 1 never comes: rank 1's record is faked in a store of this
-  // process (its pid is the parent's, alive), so rank 0 creates the segment and waits in the
-  // rendezvous for rank 1 to map it - until the parent kills it.
-  tandem::HashStore hash(60s);
-  tandem::AnyStore store(hash);
-  store.set("shm/1/member/1",
-            "ok " + std::to_string(::getppid()) + " " + tandem::detail::shm::this_host());
+int run_small(const tandem::World& world, const std::string& url) {
+  auto comm = tandem::init_process_group<tandem::ShmComm>(world, url, {.timeout = 120s});
+  const int n = comm.size();
+  std::vector<float> data(std::size_t{1} << 20);
+  for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<float>(i % 1000);
+  comm.all_reduce(data);
+  bool right = true;
+  for (std::size_t i = 0; i < data.size(); ++i) {
+    right = right && data[i] == static_cast<float>((i % 1000) * static_cast<std::size_t>(n));
+  }
+  expect(right, "all_reduce of 4 MiB summed wrong");
+  auto half = comm.split(comm.rank() % 2, comm.rank());  // a second segment beside the first
+  std::vector<std::int32_t> mine(70000, comm.rank()), all(70000 * std::size_t(half->size()));
+  half->all_gather(std::span<const std::int32_t>(mine), std::span<std::int32_t>(all));
+  for (int r = 0; r < half->size(); ++r) {
+    expect(all[static_cast<std::size_t>(r) * 70000] == 2 * r + comm.rank() % 2 &&
+               all[static_cast<std::size_t>(r) * 70000 + 69999] == 2 * r + comm.rank() % 2,
+           "all_gather of the half put rank " + std::to_string(r) + "'s part wrong");
+  }
+  comm.barrier();
+  return exit_code();
+}
+
+int run_alone(const tandem::World&, const std::string& file) {
+  // Rank 0 of a group of 2 whose rank 1 never comes: rank 1's record is faked (its pid is the
+  // parent's, alive), so rank 0 creates the segment and waits in the rendezvous for rank 1 to
+  // map it - until the parent kills it. The parent holds the store open and reads the name there.
+  tandem::AnyStore store(tandem::FileStore(file, {.timeout = 60s}));
+  store.set("shm/1/member/1", "ok " + std::to_string(::getppid()) + " " +
+                                  std::to_string(tandem::detail::shm::pid_space()) + " " +
+                                  tandem::detail::shm::this_host());
   (void)tandem::ShmComm::rendezvous(tandem::World::single_node(0, 2), store, {.timeout = 60s});
   return 1;  // not reached: the parent kills it
 }
@@ -96,5 +125,6 @@ int main(int argc, char** argv) {
                                    {{"dead-peer", run_dead_peer},
                                     {"stopped-peer", run_stopped_peer},
                                     {"killed", run_killed},
+                                    {"small", run_small},
                                     {"alone", run_alone}});
 }

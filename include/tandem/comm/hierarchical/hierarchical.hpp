@@ -39,7 +39,10 @@
 //   this group's ("in node 1's group (ranks 2, 3): rank 3 died (its process is gone)"). The
 //   rank then closes both levels (its Intra segment and Inter connections), so that the ranks
 //   waiting for it at either level fail promptly too instead of waiting for their timeout; the
-//   communicator is unusable after a failure, and every later call raises at once.
+//   communicator is unusable after a failure, and every later call raises at once. Across nodes
+//   every rank names the first failure, not the peer that passed it on: the first rank to fail
+//   records what it saw in the group's store and passes it to its node (ShmComm::abort) before
+//   it closes; the others read it (detail/failure.hpp).
 // - Disagreeing calls (a mismatch) are caught within each level where that backend checks, but a
 //   mismatch between nodes may surface as a failure of the other level; the group is then
 //   unusable (detects_mismatched_collectives is false for it).
@@ -61,6 +64,7 @@
 #include "tandem/comm/detail/frontend.hpp"
 #include "tandem/comm/detail/issue_order.hpp"
 #include "tandem/comm/detail/reduction.hpp"
+#include "tandem/comm/hierarchical/detail/failure.hpp"
 #include "tandem/comm/init.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/core/timeout.hpp"
@@ -84,74 +88,6 @@ struct HierarchicalCommOptions {
 
 namespace detail::hierarchical {
 
-/// "ranks 2, 3": a sub-group's members as ranks of this group, for messages.
-inline std::string members_text(const std::vector<int>& members) {
-  std::string text = members.size() == 1 ? "rank " : "ranks ";
-  for (std::size_t i = 0; i < members.size(); ++i) {
-    text += (i ? ", " : "") + std::to_string(members[i]);
-  }
-  return text;
-}
-
-/// Each id's number in the order the ids first appear: {5, 5, 2, 5} -> {0, 0, 1, 0}. Nodes are
-/// numbered so, in the order of their first rank.
-template <class Id>
-std::vector<int> numbered_by_first_appearance(const std::vector<Id>& ids) {
-  std::vector<Id> distinct;
-  std::vector<int> numbers;
-  for (const Id& id : ids) {
-    auto at = std::find(distinct.begin(), distinct.end(), id);
-    if (at == distinct.end()) at = distinct.insert(distinct.end(), id);
-    numbers.push_back(static_cast<int>(at - distinct.begin()));
-  }
-  return numbers;
-}
-
-/// A sub-group's message with its rank numbers as this group's: "rank 1 died" in node 1's group
-/// (ranks 2, 3) reads "rank 3 died", so that no message names a rank by a number it does not
-/// have here. Renumbers the lists after "rank " and "ranks " ("ranks 0, 1 and 2"); a number
-/// that is no member is left as it is.
-inline std::string renumbered(const std::string& text, const std::vector<int>& members) {
-  auto digit = [&](std::size_t at) {
-    return at < text.size() && text[at] >= '0' && text[at] <= '9';
-  };
-  auto letter = [&](std::size_t at) {
-    const char c = text[at];
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
-  };
-  std::string out;
-  std::size_t i = 0;
-  while (i < text.size()) {
-    std::size_t word = 0;
-    if (i == 0 || !letter(i - 1)) {
-      if (text.compare(i, 5, "rank ") == 0) word = 5;
-      if (text.compare(i, 6, "ranks ") == 0) word = 6;
-    }
-    if (word == 0 || !digit(i + word)) {
-      out += text[i++];
-      continue;
-    }
-    out.append(text, i, word);
-    i += word;
-    while (digit(i)) {  // a number, then ", ", " and " or ", and " before another
-      std::size_t end = i;
-      while (digit(end)) ++end;
-      const unsigned long n = std::stoul(text.substr(i, end - i));
-      out += n < members.size() ? std::to_string(members[n]) : text.substr(i, end - i);
-      i = end;
-      for (const char* joint : {", and ", " and ", ", "}) {
-        const std::size_t length = std::char_traits<char>::length(joint);
-        if (text.compare(i, length, joint) == 0 && digit(i + length)) {
-          out += joint;
-          i += length;
-          break;
-        }
-      }
-    }
-  }
-  return out;
-}
-
 /// One rank's side of a HierarchicalComm: the two levels and where every rank sits. Heap-allocated
 /// and owned by the communicator, so that `_async` tasks may point at it while it moves.
 /// Operations run one at a time (IssueOrder), so nothing here is locked.
@@ -159,15 +95,17 @@ template <class Intra, class Inter>
 class Engine : public IssueOrder {
  public:
   /// `node_of[r]` is rank r's node (0 .. nodes-1, in order of their first rank); the Intra group
-  /// holds this rank's node, in rank order; `inter` (all ranks) is absent on one node.
+  /// holds this rank's node, in rank order; `inter` (all ranks) is absent on one node. `relay`
+  /// passes the first failure between nodes (inactive on one node).
   Engine(int rank, std::vector<int> node_of, Intra intra, std::optional<Inter> inter,
-         Timeout timeout)
+         Timeout timeout, FailureRelay relay = {})
       : rank_(rank),
         size_(static_cast<int>(node_of.size())),
         node_of_(std::move(node_of)),
         intra_(std::move(intra)),
         inter_(std::move(inter)),
-        timeout_(timeout) {
+        timeout_(timeout),
+        relay_(std::move(relay)) {
     nodes_ = node_of_.empty() ? 0 : *std::max_element(node_of_.begin(), node_of_.end()) + 1;
     node_ = node_of_[static_cast<std::size_t>(rank_)];
     std::vector<int> seen(static_cast<std::size_t>(nodes_), 0);
@@ -188,7 +126,10 @@ class Engine : public IssueOrder {
       throw Error(rank_, "HierarchicalComm",
                   "the group between nodes must hold every rank in this group's order");
     }
-    if (nodes_ == 1) inter_.reset();  // one node: everything is the node's group
+    if (nodes_ == 1) {  // one node: everything is the node's group, which names its failures
+      inter_.reset();
+      relay_ = {};
+    }
   }
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -330,9 +271,11 @@ class Engine : public IssueOrder {
         made = std::make_unique<Engine>(intra->rank(),
                                         std::vector<int>(static_cast<std::size_t>(intra->size())),
                                         std::move(*intra), std::nullopt, timeout_);
+        ++splits_;
         return;
       }
       level_ = Level::all;
+      const std::uint64_t sequence = ++splits_;  // the same on every rank: split is collective
       auto inter = inter_->split(color, key);
       // The new group's node of every rank, as the node's first rank here, in the new order.
       std::int32_t node_id = 0;
@@ -345,8 +288,12 @@ class Engine : public IssueOrder {
       level_ = Level::node;
       auto intra = intra_->split(inter ? color : no_color, inter ? inter->rank() : 0);
       if (!inter) return;
-      made = std::make_unique<Engine>(inter->rank(), numbered_by_first_appearance(node_ids),
-                                      std::move(*intra), std::move(inter), timeout_);
+      auto node_of = numbered_by_first_appearance(node_ids);
+      const bool one_node =
+          std::all_of(node_of.begin(), node_of.end(), [](int n) { return n == 0; });
+      auto relay = relay_.split(sequence, color, inter->size(), one_node);
+      made = std::make_unique<Engine>(inter->rank(), std::move(node_of), std::move(*intra),
+                                      std::move(inter), timeout_, std::move(relay));
       level_ = Level::all;  // the new leaders' group is split from the new group of all ranks
       made->make_leaders();
     });
@@ -391,25 +338,93 @@ class Engine : public IssueOrder {
     }
   }
 
-  /// Raises the failure of `operation` at the current level, its ranks renumbered as this
-  /// group's, after closing both levels.
-  [[noreturn]] void fail(const char* operation, const std::string& level_cause) {
-    std::string cause;
+  /// This rank's view of a level's failure, its ranks renumbered as this group's: "in node 1's
+  /// group (ranks 2, 3): rank 3 died (its process is gone)".
+  [[nodiscard]] std::string seen_here(const std::string& level_cause) const {
     if (level_ == Level::node) {
-      cause = "in node " + std::to_string(node_) + "'s group (" + members_text(members_) +
-              "): " + renumbered(level_cause, members_);
-    } else if (level_ == Level::leaders) {
-      std::vector<int> leaders;
-      for (int r = 0; r < size_; ++r) {
-        if (local_of_[static_cast<std::size_t>(r)] == 0) leaders.push_back(r);
-      }
-      cause = "in the leaders' group between nodes (" + members_text(leaders) +
-              "): " + renumbered(level_cause, leaders);
-    } else {
-      cause = "in the group of all ranks: " + level_cause;  // numbered as this group already
+      return "in " + level_name() + ": " + renumbered(level_cause, members_);
     }
+    if (level_ == Level::leaders)
+      return "in " + level_name() + ": " + renumbered(level_cause, leaders());
+    return "in " + level_name() + ": " + level_cause;  // numbered as this group already
+  }
+
+  /// "node 1's group (ranks 2, 3)", "the leaders' group between nodes (ranks 0, 2)", "the group
+  /// of all ranks": the level the running operation is at.
+  [[nodiscard]] std::string level_name() const {
+    if (level_ == Level::node) {
+      return "node " + std::to_string(node_) + "'s group (" + members_text(members_) + ")";
+    }
+    if (level_ == Level::leaders) {
+      return "the leaders' group between nodes (" + members_text(leaders()) + ")";
+    }
+    return "the group of all ranks";
+  }
+
+  [[nodiscard]] std::vector<int> leaders() const {
+    std::vector<int> first_ranks;
+    for (int r = 0; r < size_; ++r) {
+      if (local_of_[static_cast<std::size_t>(r)] == 0) first_ranks.push_back(r);
+    }
+    return first_ranks;
+  }
+
+  /// Raises the failure of `operation` at the current level after closing both levels. Across
+  /// nodes the Error names the group's first failure: what this rank saw, where it is the first
+  /// to fail, else what the first rank recorded (in the store, or passed on by a peer of this
+  /// node) - a rank whose leader gave up must name the rank that was lost, not the leader.
+  [[noreturn]] void fail(const char* operation, const std::string& level_cause) {
+    const std::string here = seen_here(level_cause);
+    if (!relay_.active()) {
+      close(here);
+      throw Error(rank_, operation, here);
+    }
+    const Deadline deadline(relay_.limit());
+    const std::string mine = "rank " + std::to_string(rank_) +
+                             " saw this communicator's first failure (" + operation + ": " + here +
+                             ")";
+    // A rank that saw the failure itself (a dead, stopped or departed peer in its node, or a
+    // stopped one anywhere) passes it to its node at once and records it. A rank that timed out
+    // first gives the ranks that saw why the time to record it (they time out about as soon).
+    // A level between nodes that a peer closed needs no wait: a peer that closes after a failure
+    // has recorded it before, and one that left or died without a failure left none to read.
+    const bool stopped = here.find("stopped (SIGSTOP") != std::string::npos;
+    const bool timed_out = here.find("timed out") != std::string::npos;
+    const bool strong = stopped || (level_ == Level::node && !timed_out);
+    const bool defer = timed_out && !stopped;
+    std::optional<std::string> passed = passed_on();
+    std::optional<std::string> recorded;
+    if (!passed) {
+      if (strong) abort_node(mine);
+      recorded = relay_.first(mine, defer, deadline, [&] {
+        if (!strong) passed = passed_on();
+        return passed.has_value();
+      });
+    }
+    const std::string first = passed ? *passed : recorded.value_or(mine);
+    const std::string cause =
+        first == mine ? here : first + ", which ended " + level_name() + " here";
+    abort_node(first);  // where this rank has not yet passed one on
     close(cause);
+    // The store answered: stay until the others have read it (its host may be this rank).
+    if (passed || recorded) relay_.ended(Deadline(relay_.limit()));
     throw Error(rank_, operation, cause);
+  }
+
+  /// The failure a peer of this node passed on (Intra::abort_cause, where Intra has one).
+  [[nodiscard]] std::optional<std::string> passed_on() const {
+    if constexpr (requires(const Intra& c) { c.abort_cause(); }) {
+      if (intra_) return intra_->abort_cause();
+    }
+    return std::nullopt;
+  }
+
+  /// Ends this node's group with `cause`, which its ranks then name (Intra::abort, where Intra
+  /// has one; the group keeps the first cause it was given).
+  void abort_node(const std::string& cause) {
+    if constexpr (requires(Intra & c, const std::string& why) { c.abort(why); }) {
+      if (intra_) intra_->abort(cause);
+    }
   }
 
   /// Marks this communicator unusable and ends both levels: the peers that wait for this rank at
@@ -432,6 +447,8 @@ class Engine : public IssueOrder {
   std::optional<Inter> inter_;    ///< every rank; absent on one node
   std::optional<Inter> leaders_;  ///< the first rank of every node; on leaders only
   Timeout timeout_;
+  FailureRelay relay_;
+  std::uint64_t splits_ = 0;  ///< splits made (each names its new group's relay)
   /// Where the running operation is, for messages: a node's group, the leaders', or all ranks'.
   enum class Level { node, leaders, all };
   Level level_ = Level::node;
@@ -505,8 +522,11 @@ class HierarchicalComm : public detail::CollectiveFrontend<HierarchicalComm<Intr
         inter.emplace(Inter::rendezvous(world, all_store, inter_options));
       }
       step = "checking the groups";
+      detail::hierarchical::FailureRelay relay(
+          AnyStore(PrefixStore<AnyStore>(name + "/failure/", store)), world.world_size,
+          std::min<Timeout>(options.timeout, detail::hierarchical::relay_limit));
       auto engine = std::make_unique<Engine>(world.rank, std::move(node_of), std::move(intra),
-                                             std::move(inter), options.timeout);
+                                             std::move(inter), options.timeout, std::move(relay));
       step = "making the leaders' group between nodes";
       engine->make_leaders();
       return HierarchicalComm(std::move(engine));

@@ -17,8 +17,9 @@ struct ShmCommOptions {
   Timeout timeout = default_timeout;
   /// Bytes of each of a rank's two staging slots: a collective moves a larger tensor through in
   /// pieces of this size, one barrier each. A group's segment holds 2 x slot_bytes per rank, plus
-  /// 64 KiB per pair of ranks for send and recv; where /dev/shm has no room for it, rank 0 halves
-  /// the slots (down to 256 KiB) before it gives up.
+  /// 64 KiB per ordered pair of ranks for send and recv; where that is more than half of what
+  /// /dev/shm has free, rank 0 halves the slots and the rings (down to 16 KiB and 1 KiB) before it
+  /// gives up (docs/shm.md).
   std::size_t slot_bytes = std::size_t{4} << 20;
   /// How long a waiting rank polls before it sleeps on a futex. Negative (the default): 50 us
   /// where the machine has four CPUs for every rank of the group, else 0 (sleep at once: ranks

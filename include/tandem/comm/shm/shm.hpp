@@ -5,16 +5,23 @@
 // Needs: Linux (POSIX shared memory, futex, /proc); link tandem::shm.
 //
 // Design (docs/shm.md has the reasons and the numbers):
-// - Rendezvous through the job's store, as GlooComm's: every rank publishes its host and pid;
-//   rank 0 creates one segment per communicator (shm_open of a fresh name - its pid, a serial and
-//   64 random bits - then ftruncate, fallocate, so that a full /dev/shm is an Error and not a
-//   SIGBUS, and mmap) and announces the name in the store; the others map it; the last rank to
-//   map it unlinks the name. From then on nothing of the job is in /dev/shm, whatever happens to
-//   its processes (SIGKILL included). A creator killed before that leaves one name, which the
-//   next segment created on the host removes (its pid is gone).
-// - The segment: a control block (the futex word, the failure record), one record per rank (its
-//   pid, its barrier arrivals, its calls), a 64 KiB byte ring per ordered pair of ranks (send and
-//   recv), and two staging slots of options.slot_bytes per rank.
+// - Rendezvous through the job's store, as GlooComm's: every rank publishes its host, pid and PID
+//   namespace; rank 0 creates one segment per communicator (shm_open of a fresh name - 128 random
+//   bits, no pid: /dev/shm may be shared with other containers and PID namespaces - then
+//   ftruncate, fallocate, so that a full /dev/shm is an Error and not a SIGBUS, and mmap) and
+//   announces the name and its sizes in the store; the others map it; the last rank to map it
+//   unlinks the name. From then on nothing of the job is in /dev/shm, whatever happens to its
+//   processes (SIGKILL included). Each rank holds an open file description lock on its byte of
+//   the segment while it lives; a creator killed before the unlink leaves one name, which the next
+//   segment created on the host removes where no lock is held on it (never a live one of any job).
+// - The segment is sized to half of what /dev/shm has free (statvfs, capped by
+//   TANDEM_SHM_FREE_BYTES): the slots and the rings halve (down to 16 KiB and 1 KiB) until it
+//   fits; where even that does not, every rank raises at the start saying what it needs, what is
+//   free and what to change.
+// - The segment: a control block (the futex word, the failure and abort records), one record per
+//   rank (its pid and PID namespace, its lock, its barrier arrivals, its calls), a byte ring per
+//   ordered pair of ranks (send and recv; 64 KiB where there is room), and two staging slots of
+//   options.slot_bytes (or less, as above) per rank.
 // - A collective runs in rounds: each rank writes its piece of the input into its slot (the root
 //   writes every rank's, for scatter), arrives at a barrier, then reads what it needs from the
 //   others' slots. Reductions use LocalComm's code (comm/detail/reduction.hpp) over the slots in
@@ -36,7 +43,8 @@
 //   same tandem::Error and the group stays usable. TANDEM_CHECK_COLLECTIVES is read (a bad value
 //   is an Error here as on every backend) but 0 does not turn the check off.
 // - Faults: a sleeping rank wakes at least every 100 ms to look at the ranks it waits for. One
-//   whose process is gone (kill(pid, 0), or a zombie in /proc) or whose ShmComm was destroyed,
+//   whose process is gone (its lock is free; in this PID namespace also kill(pid, 0), or a zombie
+//   in /proc) or whose ShmComm was destroyed,
 //   or a failure another rank recorded in the segment, raises a tandem::Error naming that rank;
 //   so does a rank that does not arrive within options.timeout (saying so where its process is
 //   stopped by SIGSTOP). The first failure is recorded for the others; the group is unusable
@@ -121,6 +129,15 @@ class ShmComm : public detail::CollectiveFrontend<ShmComm, host> {
   [[nodiscard]] const ShmCommOptions& options() const { return self().options(); }
   /// The store this group met in (shared: copies see the same keys).
   [[nodiscard]] AnyStore store() const { return self().store(); }
+  /// Ends the group: every rank's current or next call raises a tandem::Error that says "rank R
+  /// aborted the group (`cause`)" (or the group's own failure, where one came first), and so do
+  /// this rank's later calls; every rank's abort_cause() gives `cause` (the first one, where
+  /// several ranks abort). For a program (or a communicator built on this one, as
+  /// HierarchicalComm) that has learnt of a failure elsewhere and passes it on. Any thread, any
+  /// time; never blocks.
+  void abort(const std::string& cause) { self().abort(cause); }
+  /// The cause a rank of this group gave abort(), once one has (else nullopt).
+  [[nodiscard]] std::optional<std::string> abort_cause() const { return self().abort_cause(); }
   /// Always true: every collective's calls are compared (see the top of this header).
   [[nodiscard]] bool checks_collectives() const {
     (void)self();

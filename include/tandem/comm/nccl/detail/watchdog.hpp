@@ -167,13 +167,25 @@ class WatchedComm {
   }
 
   /// Waits on the host for `event`, polling so that an abort by the watchdog (or a timeout the
-  /// watchdog has not seen yet) ends the wait with an Error.
+  /// watchdog has not seen yet) ends the wait with an Error. An event that has passed is not yet
+  /// a result: NCCL may end an operation that failed (a peer that died) and report the failure
+  /// only through ncclCommGetAsyncError, so that is asked once more (and aborts) before returning.
   void wait_on_host(cudaEvent_t event, const char* operation) {
     const Deadline deadline(options_.timeout + options_.watchdog_interval * 2);
     int spins = 0;
     for (;;) {
       const cudaError_t status = cudaEventQuery(event);
-      if (status == cudaSuccess) return;
+      if (status == cudaSuccess) {
+        std::lock_guard lock(mutex_);
+        throw_if_failed(operation);
+        if (const ncclResult_t error = async_error(); error != ncclSuccess) {
+          const auto [name, sequence] = oldest();
+          abort_locked(name, sequence,
+                       "NCCL reported an asynchronous error: " + error_text(error, comm_));
+          throw_if_failed(operation);
+        }
+        return;
+      }
       if (status != cudaErrorNotReady) cuda::check(status, operation, rank_);
       {
         std::lock_guard lock(mutex_);
@@ -237,6 +249,17 @@ class WatchedComm {
     }
   }
 
+  /// NCCL's asynchronous error, or ncclSuccess (also while it is still working: ncclInProgress).
+  /// mutex_ held, communicator not aborted.
+  ncclResult_t async_error() const {
+    if (!comm_) return ncclSuccess;
+    ncclResult_t state = ncclSuccess;
+    if (const ncclResult_t query = ncclCommGetAsyncError(comm_, &state); query != ncclSuccess) {
+      return query;
+    }
+    return state == ncclInProgress ? ncclSuccess : state;
+  }
+
   /// One look: NCCL's asynchronous error state, then the operations in issue order (they finish
   /// in that order: issue() chains them across streams).
   void inspect() {
@@ -251,6 +274,7 @@ class WatchedComm {
       return;
     }
     const auto now = Deadline::clock::now();
+    bool asked_after_end = false;
     while (!pending_.empty()) {
       Pending& oldest_op = pending_.front();
       const cudaError_t status = cudaEventQuery(oldest_op.end);
@@ -270,6 +294,17 @@ class WatchedComm {
                      std::string("CUDA reported ") + cudaGetErrorName(status) + ": " +
                          cudaGetErrorString(status));
         return;
+      }
+      // NCCL may end a failed operation (a peer that died) and report it only as an
+      // asynchronous error, which may have come after the look above: asked again before the
+      // first completion this look hands out.
+      if (!asked_after_end) {
+        asked_after_end = true;
+        if (const ncclResult_t error = async_error(); error != ncclSuccess) {
+          abort_locked(oldest_op.name(), oldest_op.sequence,
+                       "NCCL reported an asynchronous error: " + error_text(error, comm_));
+          return;
+        }
       }
       for (auto& work : oldest_op.works) work->complete();
       if (!oldest_op.works.empty()) --async_pending_;

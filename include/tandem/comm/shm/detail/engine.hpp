@@ -84,15 +84,16 @@ inline std::string this_host() {
   return ::gethostname(host, sizeof host - 1) == 0 ? std::string(host) : std::string("?");
 }
 
-inline void read_ring(const std::byte* ring, std::uint64_t position, std::byte* to, std::size_t n) {
+inline void read_ring(const std::byte* ring, std::size_t ring_bytes, std::uint64_t position,
+                      std::byte* to, std::size_t n) {
   const auto at = static_cast<std::size_t>(position % ring_bytes);
   const std::size_t first = std::min(n, ring_bytes - at);
   std::memcpy(to, ring + at, first);
   if (n > first) std::memcpy(to + first, ring, n - first);
 }
 
-inline void write_ring(std::byte* ring, std::uint64_t position, const std::byte* from,
-                       std::size_t n) {
+inline void write_ring(std::byte* ring, std::size_t ring_bytes, std::uint64_t position,
+                       const std::byte* from, std::size_t n) {
   const auto at = static_cast<std::size_t>(position % ring_bytes);
   const std::size_t first = std::min(n, ring_bytes - at);
   std::memcpy(ring + at, from, first);
@@ -111,6 +112,8 @@ inline std::unique_ptr<Engine> connect(AnyStore& store, const std::string& prefi
 /// caller's thread after the worker has drained, or on the worker), so nothing here is locked.
 class Engine : public IssueOrder {
  public:
+  /// `pids[r]` is the pid rank r published in the store where it shares this process's PID
+  /// namespace, else 0 (watched until the rank writes its own in the segment).
   Engine(Segment segment, const Layout& layout, int rank, std::vector<std::int64_t> pids,
          AnyStore store, std::string name, ShmCommOptions options)
       : segment_(std::move(segment)),
@@ -126,7 +129,9 @@ class Engine : public IssueOrder {
         spin_(resolve_spin(options.spin, layout.size)),
         inboxes_(static_cast<std::size_t>(layout.size)),
         sent_(static_cast<std::size_t>(layout.size), 0) {
+    ranks_[rank_].pid_namespace.store(pid_space_);
     ranks_[rank_].pid.store(::getpid());
+    ranks_[rank_].locked.store(segment_.locked() ? 1 : 0);
     // The last rank to map the segment removes its name: from here on, nothing of this group
     // is left in /dev/shm whatever happens to its processes.
     if (control_->mapped.fetch_add(1) + 1 == static_cast<std::uint32_t>(size_)) segment_.unlink();
@@ -143,6 +148,23 @@ class Engine : public IssueOrder {
   [[nodiscard]] int size() const noexcept { return size_; }
   [[nodiscard]] const ShmCommOptions& options() const noexcept { return options_; }
   [[nodiscard]] const AnyStore& store() const noexcept { return store_; }
+
+  /// Ends the group for every rank with `cause` (see ShmComm::abort). Any thread, any time.
+  void abort(const std::string& cause) noexcept {
+    std::uint32_t unclaimed = 0;
+    if (control_->abort_claim.compare_exchange_strong(unclaimed, 1)) {
+      std::snprintf(control_->abort_reason, sizeof control_->abort_reason, "%s", cause.c_str());
+      control_->aborted_by.store(static_cast<std::uint32_t>(rank_ + 1), std::memory_order_release);
+    }
+    notify();
+  }
+
+  /// The cause a rank gave abort(), once one has; nullopt otherwise. Any thread, any time.
+  [[nodiscard]] std::optional<std::string> abort_cause() const {
+    if (control_->aborted_by.load(std::memory_order_acquire) == 0) return std::nullopt;
+    return std::string(control_->abort_reason,
+                       strnlen(control_->abort_reason, sizeof control_->abort_reason));
+  }
 
   /// The rendezvous' last step: returns once every rank has mapped the segment.
   void join() {
@@ -367,6 +389,9 @@ class Engine : public IssueOrder {
 
   /// Every operation starts here: a failed group refuses it; the deadline starts.
   void start(const char* operation) {
+    if (!broken_ && control_->aborted_by.load(std::memory_order_acquire) != 0) {
+      broken_ = abort_failure();  // no call of any rank runs after an abort()
+    }
     if (broken_) {
       throw Error(rank_, operation,
                   "this communicator is unusable after an earlier failure (" + *broken_ + ")");
@@ -546,27 +571,52 @@ class Engine : public IssueOrder {
     }
   }
 
-  /// The pid to watch for rank r: what it wrote in the segment, else what it told the store.
+  /// The pid to watch for rank r: what it wrote in the segment, else what it told the store; 0
+  /// where its pid means nothing here (another PID namespace: another container's process).
   [[nodiscard]] std::int64_t pid_of(int r) const {
     const std::int64_t written = ranks_[r].pid.load();
-    return written > 0 ? written : pids_[static_cast<std::size_t>(r)];
+    if (written <= 0) return pids_[static_cast<std::size_t>(r)];
+    return ranks_[r].pid_namespace.load() == pid_space_ ? written : 0;
+  }
+
+  /// Whether rank r's process has ended: it no longer holds its lock on the segment (seen in any
+  /// PID namespace), or /proc says it is gone or a zombie (in this namespace).
+  [[nodiscard]] bool gone(int r) const {
+    if (ranks_[r].locked.load() != 0 && segment_.rank_holds_lock(r) == false) return true;
+    const std::int64_t pid = pid_of(r);
+    if (pid <= 0) return false;
+    const char state = process_state(pid);
+    return state == 'X' || state == 'Z';
+  }
+
+  /// The group's failure recorded in the segment (broken must be set): "rank 1 failed first
+  /// (rank 1, barrier: ...)".
+  [[nodiscard]] std::string recorded_failure() const {
+    const std::uint32_t by = control_->broken.load(std::memory_order_acquire);
+    return "rank " + std::to_string(by - 1) + " failed first (" +
+           std::string(control_->reason, strnlen(control_->reason, sizeof control_->reason)) + ")";
+  }
+
+  /// The abort recorded in the segment (aborted_by must be set): "rank 1 aborted the group (its
+  /// cause)".
+  [[nodiscard]] std::string abort_failure() const {
+    const std::uint32_t by = control_->aborted_by.load(std::memory_order_acquire);
+    return "rank " + std::to_string(by - 1) + " aborted the group (" + abort_cause().value_or("") +
+           ")";
   }
 
   /// Why waiting for `awaited` is hopeless, or "": a failure recorded by another rank, or awaited
   /// ranks whose communicator is destroyed or whose process is gone.
   [[nodiscard]] std::string trouble(const std::vector<int>& awaited) const {
-    if (const std::uint32_t by = control_->broken.load(std::memory_order_acquire); by != 0) {
-      return "rank " + std::to_string(by - 1) + " failed first (" +
-             std::string(control_->reason, strnlen(control_->reason, sizeof control_->reason)) +
-             ")";
-    }
+    if (control_->broken.load(std::memory_order_acquire) != 0) return recorded_failure();
+    if (control_->aborted_by.load(std::memory_order_acquire) != 0) return abort_failure();
     std::vector<int> dead;
     std::vector<int> left;
     for (const int r : awaited) {
       if (r == rank_) continue;
       if (ranks_[r].left.load() != 0) {
         left.push_back(r);
-      } else if (const char state = process_state(pid_of(r)); state == 'X' || state == 'Z') {
+      } else if (gone(r)) {
         dead.push_back(r);
       }
     }
@@ -585,7 +635,7 @@ class Engine : public IssueOrder {
   [[nodiscard]] std::string stopped(const std::vector<int>& awaited) const {
     std::vector<int> ranks;
     for (const int r : awaited) {
-      if (r != rank_ && process_state(pid_of(r)) == 'T') ranks.push_back(r);
+      if (r != rank_ && pid_of(r) > 0 && process_state(pid_of(r)) == 'T') ranks.push_back(r);
     }
     if (ranks.empty()) return {};
     return "; " + rank_list(ranks) + (ranks.size() == 1 ? " is" : " are") +
@@ -621,7 +671,7 @@ class Engine : public IssueOrder {
     std::byte* data = ring_data(rank_, peer);
     std::uint64_t& tail = sent_[static_cast<std::size_t>(peer)];
     auto room = [&] {
-      return ring_bytes -
+      return layout_.ring_bytes -
              static_cast<std::size_t>(tail - state.head.load(std::memory_order_acquire));
     };
     while (n > 0) {
@@ -632,7 +682,7 @@ class Engine : public IssueOrder {
                     std::to_string(tag) + "; the ring to it is full)";
            });
       const std::size_t take = std::min(n, room());
-      write_ring(data, tail, from, take);
+      write_ring(data, layout_.ring_bytes, tail, from, take);
       tail += take;
       state.tail.store(tail, std::memory_order_release);
       notify();
@@ -658,7 +708,8 @@ class Engine : public IssueOrder {
       const auto available = static_cast<std::size_t>(tail - in.head);
       if (!in.arriving) {
         const std::size_t take = std::min(available, sizeof(Frame) - in.frame_received);
-        read_ring(data, in.head, reinterpret_cast<std::byte*>(&in.frame) + in.frame_received, take);
+        read_ring(data, layout_.ring_bytes, in.head,
+                  reinterpret_cast<std::byte*>(&in.frame) + in.frame_received, take);
         in.head += take;
         in.frame_received += take;
         if (in.frame_received < sizeof(Frame)) break;
@@ -667,7 +718,7 @@ class Engine : public IssueOrder {
       } else {
         Message& message = *in.arriving;
         const std::size_t take = std::min(available, message.bytes.size() - message.received);
-        read_ring(data, in.head, message.bytes.data() + message.received, take);
+        read_ring(data, layout_.ring_bytes, in.head, message.bytes.data() + message.received, take);
         in.head += take;
         message.received += take;
         if (message.complete()) in.arriving = nullptr;
@@ -695,7 +746,8 @@ class Engine : public IssueOrder {
   RankState* ranks_;
   int rank_;
   int size_;
-  std::vector<std::int64_t> pids_;  ///< as published in the store at rendezvous
+  std::vector<std::int64_t> pids_;  ///< as published in the store at rendezvous (see the ctor)
+  std::uint64_t pid_space_ = pid_space();
   AnyStore store_;
   std::string name_;  ///< this group's prefix in the store; splits extend it
   ShmCommOptions options_;
@@ -714,6 +766,41 @@ class Engine : public IssueOrder {
   std::map<std::int64_t, std::deque<Message>> to_self_;
 };
 
+/// Rank 0's segment for a group of `size` ranks: the layout with slots of `slot_bytes` and rings
+/// of default_ring_bytes where it takes at most half of what /dev/shm has free (the rest is for
+/// the job's other groups and other jobs), else shrunk to fit (fit_layout; the whole of what is
+/// free where half will not do). Where the reservation still fails (another job took the space
+/// meanwhile), the budget halves and it tries again. Where the smallest layout does not fit,
+/// the Error says what it needs, what is free and what to change - before training starts.
+inline Segment make_segment(int size, std::size_t slot_bytes, std::optional<Layout>& layout) {
+  constexpr const char* operation = "ShmComm rendezvous";
+  const std::size_t free = shm_free_bytes();
+  std::size_t budget = free / 2;
+  for (;;) {
+    layout = fit_layout(size, slot_bytes, budget);
+    if (!layout && budget == free / 2) layout = fit_layout(size, slot_bytes, free / 16 * 15);
+    if (!layout) break;
+    bool no_room = false;
+    Segment made = Segment::create(0, *layout, operation, &no_room);
+    if (!no_room) return made;
+    budget = std::min(budget, layout->total) / 2;
+  }
+  const Layout least(size, smallest_slot_for(size), smallest_ring_bytes);
+  const Layout asked(size, slot_bytes, default_ring_bytes);
+  throw Error(
+      0, operation,
+      "a group of " + std::to_string(size) + " ranks needs at least " + mebibytes(least.total) +
+          " of /dev/shm (slots of " + std::to_string(least.slot_bytes >> 10) + " KiB, rings of " +
+          std::to_string(least.ring_bytes >> 10) + " KiB; " + mebibytes(asked.total) +
+          " as asked), and /dev/shm has " + mebibytes(free) + " free" +
+          (process_env(free_bytes_variable) ? " (as " + std::string(free_bytes_variable) + " says)"
+                                            : std::string()) +
+          ": give the container more shared memory (docker run --shm-size=1g; "
+          "Kubernetes: a memory-backed emptyDir on /dev/shm), free some of it (ls "
+          "/dev/shm), or use another backend across these ranks (GlooComm or MpiComm; "
+          "the examples' --backend gloo)");
+}
+
 /// Every member of a new group calls this with the same `prefix` (unique to the group in
 /// `store`): the ranks publish their host and pid, rank 0 creates the segment and announces its
 /// name, the others map it, and the last to map it unlinks the name. Returns once all have
@@ -724,20 +811,27 @@ inline std::unique_ptr<Engine> connect(AnyStore& store, const std::string& prefi
                                        const std::optional<Error>& unreadable) {
   constexpr const char* operation = "ShmComm rendezvous";
   AnyStore scoped(PrefixStore<AnyStore>(prefix, store));
+  // "ok PID PID-NAMESPACE HOST": a pid is watched only by ranks of its PID namespace.
+  const std::uint64_t my_space = pid_space();
   scoped.set("member/" + std::to_string(rank), std::string(unreadable ? "unreadable " : "ok ") +
-                                                   std::to_string(::getpid()) + " " + this_host());
+                                                   std::to_string(::getpid()) + " " +
+                                                   std::to_string(my_space) + " " + this_host());
   std::vector<std::string> hosts;
   std::vector<std::int64_t> pids;
   std::vector<int> bad;
   for (int r = 0; r < size; ++r) {
     const std::string record = scoped.get("member/" + std::to_string(r), options.timeout);
-    const auto first = record.find(' ');
-    const auto second = record.find(' ', first == std::string::npos ? first : first + 1);
-    if (record.compare(0, first, "ok") != 0) bad.push_back(r);
-    pids.push_back(first == std::string::npos
-                       ? 0
-                       : std::atoll(record.substr(first + 1, second - first - 1).c_str()));
-    hosts.push_back(second == std::string::npos ? std::string() : record.substr(second + 1));
+    std::vector<std::string> fields;
+    std::size_t at = 0;
+    while (fields.size() < 3 && at <= record.size()) {
+      const auto space = record.find(' ', at);
+      fields.push_back(record.substr(at, space == std::string::npos ? space : space - at));
+      at = space == std::string::npos ? record.size() + 1 : space + 1;
+    }
+    if (fields.front() != "ok") bad.push_back(r);
+    const bool here = fields.size() == 3 && fields[2] == std::to_string(my_space);
+    pids.push_back(here ? std::atoll(fields[1].c_str()) : 0);
+    hosts.push_back(at <= record.size() ? record.substr(at) : std::string());
   }
   if (unreadable) throw *unreadable;
   if (!bad.empty()) {
@@ -757,34 +851,30 @@ inline std::unique_ptr<Engine> connect(AnyStore& store, const std::string& prefi
                     " is too small for " + std::to_string(size) + " ranks (at least " +
                     std::to_string(size * 8) + ")");
   }
-  // Rank 0 halves the slots while /dev/shm has no room for the segment (down to 256 KiB), and
-  // announces the size it made with the name.
+  // Rank 0 sizes the segment to what /dev/shm has free (see make_segment) and announces its
+  // name and sizes.
   std::optional<Layout> layout;
   std::optional<Segment> segment;
   if (rank == 0) {
-    const std::size_t smallest = std::min(options.slot_bytes, std::size_t{256} << 10);
     try {
-      for (std::size_t slot = options.slot_bytes;; slot /= 2) {
-        bool no_room = false;
-        layout.emplace(size, slot);
-        segment.emplace(
-            Segment::create(rank, *layout, operation, slot / 2 >= smallest ? &no_room : nullptr));
-        if (!no_room) break;
-      }
+      segment.emplace(make_segment(size, options.slot_bytes, layout));
     } catch (const Error& e) {
       scoped.set("segment", std::string("!") + e.what());  // the others raise it too
       throw;
     }
-    scoped.set("segment", segment->name() + " " + std::to_string(layout->slot_bytes));
+    scoped.set("segment", segment->name() + " " + std::to_string(layout->slot_bytes) + " " +
+                              std::to_string(layout->ring_bytes));
   } else {
     const std::string record = scoped.get("segment", options.timeout);
     if (!record.empty() && record.front() == '!') {
       throw Error(rank, operation,
                   "rank 0 could not make the group's segment: " + record.substr(1));
     }
-    const auto space = record.rfind(' ');
-    layout.emplace(size, static_cast<std::size_t>(std::atoll(record.c_str() + space + 1)));
-    segment.emplace(Segment::open(rank, record.substr(0, space), *layout, operation));
+    const auto ring_at = record.rfind(' ');
+    const auto slot_at = record.rfind(' ', ring_at - 1);
+    layout.emplace(size, static_cast<std::size_t>(std::atoll(record.c_str() + slot_at + 1)),
+                   static_cast<std::size_t>(std::atoll(record.c_str() + ring_at + 1)));
+    segment.emplace(Segment::open(rank, record.substr(0, slot_at), *layout, operation));
   }
   auto engine = std::make_unique<Engine>(std::move(*segment), *layout, rank, std::move(pids), store,
                                          prefix, options);

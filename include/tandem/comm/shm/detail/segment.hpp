@@ -1,7 +1,9 @@
 // tandem/comm/shm/detail/segment.hpp - the shared-memory segment under tandem::ShmComm: its
 // layout (control block, one record per rank, a byte ring per ordered pair of ranks, two staging
-// slots per rank), the POSIX object that holds it (shm_open, ftruncate, fallocate, mmap; unlinked
-// once every rank has mapped it), futex waits on its words, and what /proc says about a peer.
+// slots per rank) sized to what /dev/shm has free, the POSIX object that holds it (shm_open of a
+// random name, ftruncate, fallocate, mmap; unlinked once every rank has mapped it), the locks
+// that tell a live rank from a dead one in any PID namespace, futex waits on its words, and what
+// /proc says about a peer.
 // Not a public header: include tandem/comm/shm/shm.hpp.
 // Needs: Linux (POSIX shared memory, futex, /proc).
 #pragma once
@@ -12,9 +14,11 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <climits>
@@ -24,12 +28,14 @@
 #include <cstring>
 #include <ctime>
 #include <new>
+#include <optional>
 #include <random>
 #include <string>
 #include <string_view>
 #include <utility>
 
 #include "tandem/comm/checked.hpp"
+#include "tandem/core/env.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/core/fd.hpp"
 #include "tandem/core/timeout.hpp"
@@ -37,13 +43,22 @@
 namespace tandem::detail::shm {
 
 inline constexpr std::uint64_t segment_magic = 0x746e'6465'6d73'686dULL;
-inline constexpr std::uint32_t layout_version = 1;
-/// Bytes of the ring that carries one ordered pair's sends.
-inline constexpr std::size_t ring_bytes = std::size_t{64} << 10;
+inline constexpr std::uint32_t layout_version = 2;
+/// Bytes of the ring that carries one ordered pair's sends, where /dev/shm has room for it...
+inline constexpr std::size_t default_ring_bytes = std::size_t{64} << 10;
+/// ... and the least it may shrink to (a group's rings take n x n of them).
+inline constexpr std::size_t smallest_ring_bytes = std::size_t{1} << 10;
+/// The least a staging slot may shrink to (and never under 8 bytes per rank: reduce_scatter and
+/// all_to_all put a part per rank in it).
+inline constexpr std::size_t smallest_slot_bytes = std::size_t{16} << 10;
 /// Where segments live on Linux: shm_open's names are files here.
 inline constexpr std::string_view shm_directory = "/dev/shm/";
-/// Every segment's name starts so, then the creator's pid: see sweep_stale_segments().
+/// Every segment's name is this, then 32 hex digits (random): see fresh_name().
 inline constexpr std::string_view name_prefix = "tandem-shm-";
+inline constexpr std::size_t name_digits = 32;
+/// Tests (and a user who wants ShmComm to take less): the most of /dev/shm's free space that
+/// ShmComm counts on, in bytes.
+inline constexpr std::string_view free_bytes_variable = "TANDEM_SHM_FREE_BYTES";
 
 static_assert(std::atomic<std::uint32_t>::is_always_lock_free &&
                   std::atomic<std::uint64_t>::is_always_lock_free,
@@ -57,6 +72,7 @@ struct Control {
   std::uint32_t version = 0;
   std::uint32_t size = 0;
   std::uint64_t slot_bytes = 0;
+  std::uint64_t ring_bytes = 0;
   /// The futex word: bumped by every event a rank may sleep on (an arrival, a message, space
   /// freed in a ring, a failure); sleepers counts the ranks asleep on it.
   alignas(64) std::atomic<std::uint32_t> epoch{0};
@@ -65,14 +81,21 @@ struct Control {
   std::atomic<std::uint32_t> claim{0};               ///< 1 once a rank writes the failure record
   std::atomic<std::uint32_t> broken{0};  ///< 0, or 1 + the rank whose failure `reason` holds
   char reason[1024] = {};
+  /// ShmComm::abort's record, apart from the group's own failure (which may come first: a peer
+  /// that timed out waiting for the aborting rank), so that the cause given is never lost.
+  std::atomic<std::uint32_t> abort_claim{0};  ///< 1 once a rank writes `abort_reason`
+  std::atomic<std::uint32_t> aborted_by{0};   ///< 0, or 1 + the rank that aborted
+  char abort_reason[1024] = {};
 };
 
 /// One rank's record. `calls` is plain data, published by the release store of `arrivals`.
 struct alignas(64) RankState {
   std::atomic<std::uint64_t> arrivals{0};  ///< barriers this rank has arrived at
   std::atomic<std::int64_t> pid{0};
-  std::atomic<std::uint32_t> left{0};  ///< its communicator is destroyed
-  CollectiveFingerprint calls[2];      ///< its call, per staging half (see Engine::arrive)
+  std::atomic<std::uint64_t> pid_namespace{0};  ///< where `pid` means something (see pid_space)
+  std::atomic<std::uint32_t> left{0};           ///< its communicator is destroyed
+  std::atomic<std::uint32_t> locked{0};  ///< it holds its lock (Segment::lock_rank) while alive
+  CollectiveFingerprint calls[2];        ///< its call, per staging half (see Engine::arrive)
 };
 
 /// Positions in the byte stream of one ordered pair: bytes written, bytes taken.
@@ -89,13 +112,15 @@ constexpr std::size_t round_up(std::size_t value, std::size_t to) noexcept {
 struct Layout {
   int size = 1;
   std::size_t slot_bytes = 0;  ///< rounded up to 64
+  std::size_t ring_bytes = 0;  ///< a power of two
   std::size_t ranks_at = 0;
   std::size_t rings_at = 0;
   std::size_t ring_data_at = 0;
   std::size_t slots_at = 0;
   std::size_t total = 0;
 
-  Layout(int ranks, std::size_t slot) : size(ranks), slot_bytes(round_up(slot, 64)) {
+  Layout(int ranks, std::size_t slot, std::size_t ring = default_ring_bytes)
+      : size(ranks), slot_bytes(round_up(slot, 64)), ring_bytes(ring) {
     const auto n = static_cast<std::size_t>(ranks);
     ranks_at = round_up(sizeof(Control), 64);
     rings_at = ranks_at + n * sizeof(RankState);
@@ -113,6 +138,58 @@ struct Layout {
     return slots_at + (static_cast<std::size_t>(rank) * 2 + half) * slot_bytes;
   }
 };
+
+/// The least a staging slot of a group of `ranks` may be.
+constexpr std::size_t smallest_slot_for(int ranks) noexcept {
+  return std::max(smallest_slot_bytes, round_up(static_cast<std::size_t>(ranks) * 8, 64));
+}
+
+/// The layout for `ranks` ranks with slots of `slot` bytes and the default rings, shrunk until
+/// it takes at most `budget` bytes: whichever of the slots (2 per rank) and the rings (one per
+/// ordered pair) takes more is halved first, down to smallest_slot_for(ranks) and
+/// smallest_ring_bytes. nullopt where even the smallest does not fit.
+inline std::optional<Layout> fit_layout(int ranks, std::size_t slot, std::size_t budget) {
+  const std::size_t least_slot = std::min(slot, smallest_slot_for(ranks));
+  std::size_t ring = default_ring_bytes;
+  const auto n = static_cast<std::size_t>(ranks);
+  for (;;) {
+    const Layout layout(ranks, slot, ring);
+    if (layout.total <= budget) return layout;
+    const bool slots_weigh_more = 2 * n * slot >= n * n * ring;
+    if (slot / 2 >= least_slot && (slots_weigh_more || ring / 2 < smallest_ring_bytes)) {
+      slot /= 2;
+    } else if (ring / 2 >= smallest_ring_bytes) {
+      ring /= 2;
+    } else {
+      return std::nullopt;
+    }
+  }
+}
+
+/// "64.0 MiB", "330 KiB": a size in an error message.
+inline std::string mebibytes(std::size_t bytes) {
+  char text[48];
+  if (bytes < (std::size_t{1} << 20)) {
+    std::snprintf(text, sizeof text, "%zu KiB", (bytes + 1023) >> 10);
+  } else {
+    std::snprintf(text, sizeof text, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  }
+  return text;
+}
+
+/// What /dev/shm has free for this user (statvfs), at most TANDEM_SHM_FREE_BYTES where that is
+/// set (a bad value is an Error naming it). SIZE_MAX where statvfs cannot tell.
+inline std::size_t shm_free_bytes(const EnvLookup& env = process_env) {
+  std::size_t free = SIZE_MAX;
+  struct statvfs info {};
+  if (::statvfs(std::string(shm_directory).c_str(), &info) == 0) {
+    free = static_cast<std::size_t>(info.f_bavail) * static_cast<std::size_t>(info.f_frsize);
+  }
+  if (const auto cap = env_int_in(env, free_bytes_variable, 0, INT64_MAX)) {
+    free = std::min(free, static_cast<std::size_t>(*cap));
+  }
+  return free;
+}
 
 // --- futex ------------------------------------------------------------------------------------
 
@@ -140,6 +217,14 @@ inline void cpu_relax() noexcept {
 
 // --- peers --------------------------------------------------------------------------------------
 
+/// This process's PID namespace (the inode of /proc/self/ns/pid; 0 where unreadable): a peer's
+/// pid is looked up in /proc only where its namespace is this one - in another container's
+/// namespace the same number is another process, or none.
+inline std::uint64_t pid_space() {
+  struct stat info {};
+  return ::stat("/proc/self/ns/pid", &info) == 0 ? static_cast<std::uint64_t>(info.st_ino) : 0;
+}
+
 /// The state letter /proc gives process `pid` of this host: 'X' once it no longer exists, 'Z'
 /// when it has ended and awaits its parent, 'T' when stopped by a signal; '?' when unreadable.
 inline char process_state(std::int64_t pid) {
@@ -157,36 +242,60 @@ inline char process_state(std::int64_t pid) {
 
 // --- the segment ------------------------------------------------------------------------------
 
-/// "/tandem-shm-<pid>-<serial>-<random>": unique among the live processes of this host (the pid
-/// is), and unguessable, so that a stale segment of a dead process with the same pid never
-/// collides in practice (create() retries on a collision anyway).
+/// "/tandem-shm-<32 random hex digits>": 128 random bits, so that names made by any process of
+/// any container or PID namespace that shares this /dev/shm never meet (no pid in it: pids repeat
+/// across namespaces); create() retries on a collision anyway. Rank 0 makes it and announces it
+/// to the group through the store.
 inline std::string fresh_name() {
-  static std::atomic<std::uint64_t> serial{0};
   std::random_device entropy;
-  char random[17];
-  std::snprintf(random, sizeof random, "%08x%08x", entropy(), entropy());
-  return "/" + std::string(name_prefix) + std::to_string(::getpid()) + "-" +
-         std::to_string(serial.fetch_add(1)) + "-" + random;
+  char random[name_digits + 1];
+  std::snprintf(random, sizeof random, "%08x%08x%08x%08x", entropy(), entropy(), entropy(),
+                entropy());
+  return "/" + std::string(name_prefix) + random;
 }
 
-/// Removes the segments left by processes of this host that died between creating a segment and
-/// its last rank mapping it (the only window in which a SIGKILL leaves one behind).
+/// A lock on byte `at` of the object behind `fd`, or on all of it (`bytes` 0), as an open file
+/// description lock: held until the last descriptor of this open is closed - when its process
+/// ends, however it ends - and seen by every process that opens the object, whatever its PID
+/// namespace.
+inline flock lock_region(short type, std::size_t at, std::size_t bytes) {
+  flock region{};
+  region.l_type = type;
+  region.l_whence = SEEK_SET;
+  region.l_start = static_cast<off_t>(at);
+  region.l_len = static_cast<off_t>(bytes);
+  return region;
+}
+
+/// Whether some other open of the object behind `fd` holds a lock over [at, at + bytes) (bytes
+/// 0: to the end); nullopt where the system cannot tell.
+inline std::optional<bool> locked_by_another(int fd, std::size_t at, std::size_t bytes) {
+  flock region = lock_region(F_WRLCK, at, bytes);
+  if (::fcntl(fd, F_OFD_GETLK, &region) != 0) return std::nullopt;
+  return region.l_type != F_UNLCK;
+}
+
+/// Removes the names left by groups whose creator died between making a segment and its last
+/// rank mapping it (the only window in which one is left behind): a name of this form whose
+/// object has a size (its creator had locked it before it gave it one) and no lock (every rank
+/// that opened it is gone). A segment some rank still holds - of any job, in any container - is
+/// never touched, nor one this user may not open, nor a name of another form.
 inline void sweep_stale_segments() {
   DIR* dir = ::opendir(std::string(shm_directory).c_str());
   if (!dir) return;
   while (const dirent* entry = ::readdir(dir)) {
     const std::string_view name(entry->d_name);
-    if (name.substr(0, name_prefix.size()) != name_prefix) continue;
-    const auto digits = name.substr(name_prefix.size());
-    std::int64_t pid = 0;
-    std::size_t i = 0;
-    for (; i < digits.size() && digits[i] >= '0' && digits[i] <= '9'; ++i) {
-      pid = pid * 10 + (digits[i] - '0');
+    if (name.size() != name_prefix.size() + name_digits ||
+        name.substr(0, name_prefix.size()) != name_prefix ||
+        name.find_first_not_of("0123456789abcdef", name_prefix.size()) != std::string_view::npos) {
+      continue;
     }
-    if (i == 0 || i == digits.size() || digits[i] != '-' || pid <= 0) continue;
-    if (const char state = process_state(pid); state == 'X' || state == 'Z') {
-      (void)::shm_unlink(("/" + std::string(name)).c_str());
-    }
+    const std::string path = "/" + std::string(name);
+    Fd fd(::shm_open(path.c_str(), O_RDWR, 0));
+    if (!fd) continue;
+    struct stat info {};
+    if (::fstat(fd.get(), &info) != 0 || info.st_size == 0) continue;
+    if (locked_by_another(fd.get(), 0, 0) == false) (void)::shm_unlink(path.c_str());
   }
   ::closedir(dir);
 }
@@ -198,10 +307,12 @@ class Segment {
   Segment() = default;
   Segment(Segment&& other) noexcept
       : name_(std::move(other.name_)),
+        fd_(std::move(other.fd_)),
         base_(std::exchange(other.base_, nullptr)),
         bytes_(std::exchange(other.bytes_, 0)),
         size_(other.size_),
-        creator_(std::exchange(other.creator_, false)) {}
+        creator_(std::exchange(other.creator_, false)),
+        locked_(std::exchange(other.locked_, false)) {}
   Segment& operator=(Segment&&) = delete;
   Segment(const Segment&) = delete;
   Segment& operator=(const Segment&) = delete;
@@ -217,7 +328,7 @@ class Segment {
                         bool* no_room = nullptr) {
     sweep_stale_segments();
     Segment segment;
-    Fd fd;
+    Fd& fd = segment.fd_;
     for (int attempt = 0; attempt < 8 && !fd; ++attempt) {
       segment.name_ = fresh_name();
       fd = Fd(::shm_open(segment.name_.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600));
@@ -229,6 +340,8 @@ class Segment {
                       " (is /dev/shm mounted and writable?)");
     }
     segment.creator_ = true;
+    // Locked before it has a size: sweep_stale_segments() leaves a sized object with a lock alone.
+    segment.lock_rank(rank);
     segment.size_ = static_cast<std::uint32_t>(layout.size);
     const auto bytes = static_cast<off_t>(layout.total);
     // posix_fallocate returns its error instead of setting errno.
@@ -244,12 +357,13 @@ class Segment {
                       errno_text(error) +
                       "): free some, or lower ShmCommOptions::slot_bytes (2 per rank)");
     }
-    segment.map(fd, layout.total, rank, operation);
+    segment.map(layout.total, rank, operation);
     auto* control = new (segment.base_) Control();
     control->magic = segment_magic;
     control->version = layout_version;
     control->size = segment.size_;
     control->slot_bytes = layout.slot_bytes;
+    control->ring_bytes = layout.ring_bytes;
     for (int r = 0; r < layout.size; ++r) {
       new (segment.base_ + layout.ranks_at + static_cast<std::size_t>(r) * sizeof(RankState))
           RankState();
@@ -267,7 +381,8 @@ class Segment {
     Segment segment;
     segment.name_ = name;
     segment.size_ = static_cast<std::uint32_t>(layout.size);
-    Fd fd(::shm_open(name.c_str(), O_RDWR, 0));
+    Fd& fd = segment.fd_;
+    fd = Fd(::shm_open(name.c_str(), O_RDWR, 0));
     if (!fd) {
       throw Error(rank, operation,
                   "shm_open(" + name + ") of rank 0's segment failed: " + errno_text(errno) +
@@ -282,10 +397,12 @@ class Segment {
                       std::to_string(layout.total) +
                       " (do all ranks pass the same ShmCommOptions::slot_bytes?)");
     }
-    segment.map(fd, layout.total, rank, operation);
+    segment.lock_rank(rank);
+    segment.map(layout.total, rank, operation);
     const Control& control = segment.control();
     if (control.magic != segment_magic || control.version != layout_version ||
-        control.size != segment.size_ || control.slot_bytes != layout.slot_bytes) {
+        control.size != segment.size_ || control.slot_bytes != layout.slot_bytes ||
+        control.ring_bytes != layout.ring_bytes) {
       throw Error(rank, operation,
                   "rank 0's segment " + name +
                       " has another layout (a different tandem version, group size or "
@@ -297,13 +414,30 @@ class Segment {
   /// Removes the name (the memory stays while any rank has it mapped).
   void unlink() const noexcept { (void)::shm_unlink(name_.c_str()); }
 
+  /// Whether rank `r` still holds the lock it took when it opened the segment (see lock_rank):
+  /// false once its process has ended, whatever its PID namespace; nullopt where the system
+  /// cannot tell.
+  [[nodiscard]] std::optional<bool> rank_holds_lock(int r) const {
+    return locked_by_another(fd_.get(), static_cast<std::size_t>(r), 1);
+  }
+
+  /// Whether this rank holds its lock (taken when the segment was made or opened).
+  [[nodiscard]] bool locked() const noexcept { return locked_; }
+
   [[nodiscard]] std::byte* base() const noexcept { return base_; }
   [[nodiscard]] Control& control() const noexcept { return *reinterpret_cast<Control*>(base_); }
   [[nodiscard]] const std::string& name() const noexcept { return name_; }
 
  private:
-  void map(const Fd& fd, std::size_t bytes, int rank, const char* operation) {
-    void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  /// Takes the lock on byte `rank` of the object, which this open holds while the process lives
+  /// (rank_holds_lock); a system without open file description locks goes without.
+  void lock_rank(int rank) {
+    flock region = lock_region(F_WRLCK, static_cast<std::size_t>(rank), 1);
+    locked_ = ::fcntl(fd_.get(), F_OFD_SETLK, &region) == 0;
+  }
+
+  void map(std::size_t bytes, int rank, const char* operation) {
+    void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd_.get(), 0);
     if (base == MAP_FAILED) {
       throw Error(rank, operation,
                   "mmap of " + std::to_string(bytes >> 10) + " KiB failed: " + errno_text(errno));
@@ -313,10 +447,12 @@ class Segment {
   }
 
   std::string name_;
+  Fd fd_;  ///< kept open: it holds this rank's lock
   std::byte* base_ = nullptr;
   std::size_t bytes_ = 0;
   std::uint32_t size_ = 0;
   bool creator_ = false;
+  bool locked_ = false;
 };
 
 }  // namespace tandem::detail::shm
