@@ -74,6 +74,7 @@
 #include "tandem/comm/communicator.hpp"
 #include "tandem/comm/detail/frontend.hpp"
 #include "tandem/comm/init.hpp"
+#include "tandem/comm/shm/detail/connect.hpp"
 #include "tandem/comm/shm/detail/engine.hpp"
 #include "tandem/comm/shm/options.hpp"
 #include "tandem/core/error.hpp"
