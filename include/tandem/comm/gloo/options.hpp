@@ -1,5 +1,5 @@
 // tandem/comm/gloo/options.hpp - tandem::GlooCommOptions, what GlooComm::rendezvous and
-// init_process_group<GlooComm> take: the timeout, the interface to listen on, the mismatch check.
+// init_process_group<GlooComm> take: the timeout, the interface to listen on, the collective check.
 //   auto comm = tandem::init_process_group<tandem::GlooComm>(world, "env://", {.interface = "lo"});
 // Needs: the standard library.
 #pragma once
