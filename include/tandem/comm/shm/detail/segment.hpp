@@ -258,8 +258,8 @@ inline std::string fresh_name() {
 /// description lock: held until the last descriptor of this open is closed - when its process
 /// ends, however it ends - and seen by every process that opens the object, whatever its PID
 /// namespace.
-inline flock lock_region(short type, std::size_t at, std::size_t bytes) {
-  flock region{};
+inline struct flock lock_region(short type, std::size_t at, std::size_t bytes) {
+  struct flock region {};
   region.l_type = type;
   region.l_whence = SEEK_SET;
   region.l_start = static_cast<off_t>(at);
@@ -270,7 +270,7 @@ inline flock lock_region(short type, std::size_t at, std::size_t bytes) {
 /// Whether some other open of the object behind `fd` holds a lock over [at, at + bytes) (bytes
 /// 0: to the end); nullopt where the system cannot tell.
 inline std::optional<bool> locked_by_another(int fd, std::size_t at, std::size_t bytes) {
-  flock region = lock_region(F_WRLCK, at, bytes);
+  struct flock region = lock_region(F_WRLCK, at, bytes);
   if (::fcntl(fd, F_OFD_GETLK, &region) != 0) return std::nullopt;
   return region.l_type != F_UNLCK;
 }
@@ -432,7 +432,7 @@ class Segment {
   /// Takes the lock on byte `rank` of the object, which this open holds while the process lives
   /// (rank_holds_lock); a system without open file description locks goes without.
   void lock_rank(int rank) {
-    flock region = lock_region(F_WRLCK, static_cast<std::size_t>(rank), 1);
+    struct flock region = lock_region(F_WRLCK, static_cast<std::size_t>(rank), 1);
     locked_ = ::fcntl(fd_.get(), F_OFD_SETLK, &region) == 0;
   }
 
