@@ -15,11 +15,13 @@
 //   mpirun -n 2 build/dev/examples/train_mlp --backend mpi                         (as root:
 //   README)
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -28,6 +30,7 @@
 #include "tandem/comm/agree.hpp"
 #include "tandem/comm/local/local.hpp"
 #include "tandem/core/env.hpp"
+#include "tandem/core/hash.hpp"
 #include "tandem/ddp/ddp.hpp"
 #include "tandem/ema.hpp"
 #include "tandem/launch/elastic.hpp"
@@ -184,10 +187,8 @@ class Mlp {
 
 /// A hash of the weights' bytes, to check that every rank holds the same model.
 std::int64_t fingerprint(tandem::View<float> values) {
-  std::uint64_t h = 1469598103934665603ull;
-  const auto* bytes = reinterpret_cast<const unsigned char*>(values.data());
-  for (std::size_t i = 0; i < values.size_bytes(); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
-  return static_cast<std::int64_t>(h >> 1);
+  const std::uint64_t hash = tandem::fnv1a(std::as_bytes(std::span(values.data(), values.size())));
+  return static_cast<std::int64_t>(hash >> 1);  // an int64 the collectives carry, never negative
 }
 
 /// One rank's whole job, for any communicator. Returns whether training did what it should.

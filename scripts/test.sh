@@ -39,7 +39,7 @@ fi
 # room build in dev, the one preset with nvcc. The GPU tests on the simulated CUDA runtime and NCCL
 # (label cuda-sim, tests/cuda_sim) build in dev and tsan, whatever their room (ASan+UBSan leaves
 # them out, for CI's time). Presets named on the command line build every room.
-tsan_rooms="unit/local;unit/ddp;unit/gloo;unit/mpi;unit/shm;unit/hierarchical;unit/init;unit/launch;unit/data;unit/rendezvous;fault"
+tsan_rooms="unit/comm;unit/local;unit/ddp;unit/gloo;unit/mpi;unit/shm;unit/hierarchical;unit/init;unit/launch;unit/data;unit/rendezvous;fault"
 asan_rooms="unit/core;unit/tensor;unit/arena;unit/amp;unit/optim;unit/ema;unit/nn;unit/io;fuzz"
 room_flags() {
   if [ "${split_rooms}" != 1 ]; then

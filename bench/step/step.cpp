@@ -8,7 +8,7 @@
 // alone and subtracted. The run fails (exit 1, no results) when the timed work did not happen.
 //   bench_step [--params N] [--repeats R] [--threads T]   prints a Markdown table, RESULT lines
 // Bandwidth counts the bytes each pass must read and write once (memcpy: read + write).
-// --threads: the fused step's threads (default amp::rank_cores(), this rank's share).
+// --threads: the fused step's threads (default tandem::rank_cores(), this rank's share).
 // --poison: one gradient is inf, every training step is skipped, and the run must fail (exit 1):
 // the check of the checks.
 #include <algorithm>
@@ -66,7 +66,7 @@ std::size_t parse_size(const char* text) {
 int main(int argc, char** argv) {
   std::size_t n = 124'000'000;
   int repeats = 5;
-  int threads = tandem::amp::rank_cores();
+  int threads = tandem::rank_cores();
   bool poison =
       false;  // --poison: one gradient is inf, so every step is skipped and the run must fail
   for (int i = 1; i < argc; ++i) {

@@ -13,15 +13,12 @@
 #include <type_traits>
 #include <utility>
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__FMA__) && !defined(__CUDACC__)
-#include <immintrin.h>
-#endif
-
 #include "tandem/arena/parameters.hpp"
 #include "tandem/core/config.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/tensor/dtype.hpp"
 #include "tandem/tensor/exec.hpp"
+#include "tandem/tensor/host_cpu.hpp"
 #include "tandem/tensor/memory.hpp"
 #include "tandem/tensor/tensor.hpp"
 
@@ -120,28 +117,39 @@ struct lerp_or_copy_into {
   }
 };
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__FMA__) && !defined(__CUDACC__)
-#define TANDEM_EMA_FMA_CLONE 1
-/// host_exec's loop compiled for AVX2 with FMA (dispatched at run time, no -mfma needed): the
-/// lerp's fused multiply-add becomes one instruction and the loop vectorises.
-template <class F>
-[[gnu::target("avx2,fma")]] void for_each_index_fma(std::size_t n, const F& f) {
-  for (std::size_t i = 0; i < n; ++i) f(i);
-}
+#if defined(TANDEM_HOST_X86_KERNELS)
+/// torch.lerp(start, end, weight) on eight floats with AVX2 and FMA: lerp<true>'s two IEEE
+/// operations per element in its order, so the same bits; the weight's branch is taken once, when
+/// the lane is made. The one vector lerp: the EMA's pass below and FusedStep's update
+/// (amp/fused_step.hpp) use it.
+class lerp_avx2_lane {
+ public:
+  [[gnu::target("avx2,fma"), gnu::always_inline]] explicit lerp_avx2_lane(float weight)
+      : near_start_((weight < 0.0f ? -weight : weight) < 0.5f),
+        weight_(_mm256_set1_ps(near_start_ ? weight : weight - 1.0f)) {}
 
-/// lerp_into<float> eight elements at a time: GCC 12 does not vectorise the clone above for it
-/// (its assembly is scalar vfmadd). The same two IEEE operations per element as lerp<true>, so
-/// the same bits.
+  /// lerp(start, end, weight) for each of the eight lanes.
+  [[gnu::target("avx2,fma"), gnu::always_inline]] __m256 operator()(__m256 start,
+                                                                    __m256 end) const {
+    return _mm256_fmadd_ps(weight_, _mm256_sub_ps(end, start), near_start_ ? start : end);
+  }
+
+ private:
+  bool near_start_;
+  __m256 weight_;
+};
+#endif
+
+#if defined(TANDEM_HOST_FMA_CLONE)
+/// lerp_into<float> eight elements at a time: GCC 12 does not vectorise the FMA clone of the
+/// scalar loop for it (its assembly is scalar vfmadd).
 [[gnu::target("avx2,fma")]] inline void lerp_float_avx2_fma(const lerp_into<float, true>& f,
                                                             std::size_t n) {
-  const bool near_start = (f.weight < 0.0f ? -f.weight : f.weight) < 0.5f;
-  const __m256 weight = _mm256_set1_ps(near_start ? f.weight : f.weight - 1.0f);
+  const lerp_avx2_lane lerp(f.weight);
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const __m256 start = _mm256_loadu_ps(f.shadow + i);
-    const __m256 end = _mm256_loadu_ps(f.live + i);
-    const __m256 difference = _mm256_sub_ps(end, start);
-    _mm256_storeu_ps(f.shadow + i, _mm256_fmadd_ps(weight, difference, near_start ? start : end));
+    _mm256_storeu_ps(f.shadow + i,
+                     lerp(_mm256_loadu_ps(f.shadow + i), _mm256_loadu_ps(f.live + i)));
   }
   for (; i < n; ++i) f(i);
 }
@@ -151,14 +159,14 @@ template <class F>
 /// (Pass<Hardware = true>), elsewhere through the executor (Pass<false>).
 template <template <class, bool> class Pass, class T, class E, class... Args>
 void run_lerp(const E& exec, std::size_t n, Args... args) {
-#if defined(TANDEM_EMA_FMA_CLONE)
+#if defined(TANDEM_HOST_FMA_CLONE)
   if constexpr (std::is_same_v<E, host_exec>) {
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    if (cpu_has(cpu_feature::avx2_fma)) {
       const Pass<T, true> pass{args...};
       if constexpr (std::is_same_v<Pass<T, true>, lerp_into<float, true>>) {
         lerp_float_avx2_fma(pass, n);
       } else {
-        for_each_index_fma(n, pass);
+        ::tandem::detail::cpu::for_range_fma(pass, 0, n);
       }
       return;
     }

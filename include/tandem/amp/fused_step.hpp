@@ -24,16 +24,10 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
-
-#if defined(__linux__)
-#include <sched.h>
-#endif
 
 #include "tandem/amp/grad_scaler.hpp"
 #include "tandem/amp/precision.hpp"
@@ -42,6 +36,7 @@
 #include "tandem/ema.hpp"
 #include "tandem/optim/adamw.hpp"
 #include "tandem/tensor/exec.hpp"
+#include "tandem/tensor/host_cpu.hpp"
 #include "tandem/tensor/memory.hpp"
 
 namespace tandem::amp {
@@ -55,55 +50,7 @@ struct FusedStepOptions {
   std::size_t min_elements_per_thread = std::size_t{1} << 16;
 };
 
-/// This rank's share of the machine's cores: the CPUs this process may run on, when it has been
-/// pinned to fewer than the machine has (taskset, numactl, a launcher's binding); otherwise the
-/// machine's cores divided by LOCAL_WORLD_SIZE (set by tandemrun and torchrun; 1 when unset or
-/// not a positive number). At least 1.
-inline int rank_cores() {
-  const int machine = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  int allowed = machine;
-#if defined(__linux__)
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) allowed = std::max(1, CPU_COUNT(&set));
-#endif
-  if (allowed < machine) return allowed;
-  int local_ranks = 1;
-  if (const char* text = std::getenv("LOCAL_WORLD_SIZE")) {
-    char* end = nullptr;
-    const long value = std::strtol(text, &end, 10);
-    if (end != text && *end == '\0' && value > 0 && value <= machine) {
-      local_ranks = static_cast<int>(value);
-    }
-  }
-  return std::max(1, machine / local_ranks);
-}
-
 namespace detail::fused {
-
-/// Runs body(begin, end) over [0, n) split into up to `threads` ranges (multiples of 64
-/// elements, so that no two threads write one cache line), on this thread and threads started
-/// for the call. body must not throw.
-template <class Body>
-void parallel_ranges(int threads, std::size_t min_per_thread, std::size_t n, const Body& body) {
-  const std::size_t useful = std::max<std::size_t>(1, n / std::max<std::size_t>(1, min_per_thread));
-  const auto count = static_cast<std::size_t>(
-      std::min<std::size_t>(static_cast<std::size_t>(std::max(1, threads)), useful));
-  if (count <= 1) {
-    body(std::size_t{0}, n);
-    return;
-  }
-  const std::size_t chunk = ((n + count - 1) / count + 63) / 64 * 64;
-  std::vector<std::thread> pool;
-  pool.reserve(count - 1);
-  for (std::size_t k = 1; k < count; ++k) {
-    const std::size_t begin = std::min(n, k * chunk);
-    const std::size_t end = std::min(n, begin + chunk);
-    if (begin < end) pool.emplace_back([&body, begin, end] { body(begin, end); });
-  }
-  body(std::size_t{0}, std::min(n, chunk));
-  for (auto& thread : pool) thread.join();
-}
 
 /// One element of the fused update: unscale the gradient as GradScaler::unscale_ would store it,
 /// AdamW's update of it (adamw_update::apply), the EMA's lerp towards the new value, and its
@@ -135,14 +82,7 @@ void run_range(const F& f, std::size_t begin, std::size_t end) {
   for (std::size_t i = begin; i < end; ++i) f(i);
 }
 
-#if defined(TANDEM_OPTIM_X86_DISPATCH)
-/// The same compiled for AVX2 with FMA: every fused multiply-add one instruction, as in the
-/// unfused passes' clones (detail::run_pass, detail::ema::run_lerp).
-template <class F>
-[[gnu::target("avx2,fma")]] void run_range_fma(const F& f, std::size_t begin, std::size_t end) {
-  for (std::size_t i = begin; i < end; ++i) f(i);
-}
-
+#if defined(TANDEM_HOST_X86_KERNELS)
 /// The last elements of a range, outside the AVX2 clone (as adamw_scalar_tail, for the same
 /// reason: no contraction of the weight-decay product).
 template <class F>
@@ -151,25 +91,22 @@ template <class F>
 }
 
 /// adamw_ema_cast<float> eight elements at a time: AdamW's own vector lane
-/// (optim::detail::adamw_avx2_lane) on the unscaled gradients, then the IEEE operations of
-/// lerp_float_avx2_fma and float_to_half_f16c in their order, so the same bits as the unfused
-/// passes on this CPU.
+/// (optim::detail::adamw_avx2_lane) on the unscaled gradients, the EMA's
+/// (::tandem::detail::ema::lerp_avx2_lane), then float_to_half_f16c's conversion, so the same
+/// bits as the unfused passes on this CPU.
 template <bool Amsgrad, class Low>
 [[gnu::target("avx2,fma,f16c")]] void adamw_ema_cast_avx2(
     const adamw_ema_cast<float, Amsgrad, Low, true>& f, std::size_t begin, std::size_t end) {
   const optim::detail::adamw_avx2_lane<Amsgrad> adamw(f.update);
+  const ::tandem::detail::ema::lerp_avx2_lane lerp(f.weight);
   const __m256 inv_scale = _mm256_set1_ps(f.inv_scale);
-  const bool near_start = (f.weight < 0.0f ? -f.weight : f.weight) < 0.5f;
-  const __m256 weight = _mm256_set1_ps(near_start ? f.weight : f.weight - 1.0f);
   const bool unscale = f.unscale;
   std::size_t i = begin;
   for (; i + 8 <= end; i += 8) {
     __m256 g = _mm256_loadu_ps(f.update.grad + i);
     if (unscale) g = _mm256_mul_ps(g, inv_scale);
     const __m256 value = adamw(i, g);
-    const __m256 start = _mm256_loadu_ps(f.shadow + i);
-    _mm256_storeu_ps(f.shadow + i, _mm256_fmadd_ps(weight, _mm256_sub_ps(value, start),
-                                                   near_start ? start : value));
+    _mm256_storeu_ps(f.shadow + i, lerp(_mm256_loadu_ps(f.shadow + i), value));
     if constexpr (std::is_same_v<Low, half>) {
       if (f.low != nullptr) {
         _mm_storeu_si128(reinterpret_cast<__m128i*>(f.low + i),
@@ -284,7 +221,7 @@ class FusedStep {
     if constexpr (std::is_same_v<E, host_exec>) {
       std::vector<inf_flag> found(static_cast<std::size_t>(threads_), 0);
       std::atomic<std::size_t> next{0};
-      detail::fused::parallel_ranges(
+      ::tandem::detail::cpu::parallel_ranges(
           threads_, options_.min_elements_per_thread, n, [&](std::size_t begin, std::size_t end) {
             found[next.fetch_add(1)] = detail::fused::check_range(grads, begin, end);
           });
@@ -308,27 +245,28 @@ class FusedStep {
           update, shadow, low, static_cast<opmath_t<T>>(inv_scale), unscale, weight};
     };
     if constexpr (std::is_same_v<E, host_exec>) {
-#if defined(TANDEM_OPTIM_X86_DISPATCH)
-      if (optim::detail::has_avx2_fma()) {
+#if defined(TANDEM_HOST_X86_KERNELS)
+      if (cpu_has(cpu_feature::avx2_fma)) {
         const auto f = make.template operator()<true>();
         constexpr bool vector_float =
             std::is_same_v<T, float> && (std::is_same_v<Low, half> || std::is_same_v<Low, float>);
-        const bool f16c = detail::has_f16c();
-        detail::fused::parallel_ranges(threads_, options_.min_elements_per_thread, size,
-                                       [&](std::size_t begin, std::size_t end) {
-                                         if constexpr (vector_float) {
-                                           if (f16c) {
-                                             detail::fused::adamw_ema_cast_avx2(f, begin, end);
-                                             return;
-                                           }
-                                         }
-                                         detail::fused::run_range_fma(f, begin, end);
-                                       });
+        const bool f16c = cpu_has(cpu_feature::f16c);
+        ::tandem::detail::cpu::parallel_ranges(
+            threads_, options_.min_elements_per_thread, size,
+            [&](std::size_t begin, std::size_t end) {
+              if constexpr (vector_float) {
+                if (f16c) {
+                  detail::fused::adamw_ema_cast_avx2(f, begin, end);
+                  return;
+                }
+              }
+              ::tandem::detail::cpu::for_range_fma(f, begin, end);
+            });
         return;
       }
 #endif
       const auto f = make.template operator()<false>();
-      detail::fused::parallel_ranges(
+      ::tandem::detail::cpu::parallel_ranges(
           threads_, options_.min_elements_per_thread, size,
           [&](std::size_t begin, std::size_t end) { detail::fused::run_range(f, begin, end); });
     } else {

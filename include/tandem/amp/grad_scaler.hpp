@@ -5,12 +5,15 @@
 // Needs: the standard library, tandem/tensor, the Optimizer and Communicator concepts.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -340,8 +343,9 @@ class GradScaler {
             {"_growth_tracker", static_cast<double>(growth_tracker_)}};
   }
 
-  /// Restores what state_dict() returned (a PyTorch GradScaler's state_dict too). An Error for an
-  /// empty dict (saved from a disabled scaler) or a missing key; a no-op when disabled.
+  /// Restores what state_dict() returned (a PyTorch GradScaler's state_dict too). An Error (and
+  /// nothing changed) for an empty dict (saved from a disabled scaler), a missing key or a value
+  /// out of range; a no-op when disabled.
   void load_state_dict(const std::map<std::string, double>& state) {
     if (!options_.enabled) return;
     if (state.empty()) {
@@ -349,11 +353,34 @@ class GradScaler {
            "The source state dict is empty, possibly because it was saved from a disabled "
            "instance of GradScaler");
     }
+    // Every value is checked before any is taken: a bad dict changes nothing, and no cast of an
+    // out-of-range double (undefined behaviour) happens.
     const double new_scale = required(state, "scale");
-    options_.growth_factor = required(state, "growth_factor");
-    options_.backoff_factor = required(state, "backoff_factor");
-    options_.growth_interval = static_cast<std::int64_t>(required(state, "growth_interval"));
-    growth_tracker_ = static_cast<std::int32_t>(required(state, "_growth_tracker"));
+    const double growth_factor = required(state, "growth_factor");
+    const double backoff_factor = required(state, "backoff_factor");
+    const double growth_interval = required(state, "growth_interval");
+    const double growth_tracker = required(state, "_growth_tracker");
+    if (!(new_scale > 0) || !(new_scale <= std::numeric_limits<float>::max())) {
+      refuse("scale", new_scale, "a finite float above 0");
+    }
+    if (!(growth_factor > 1.0) || std::isinf(growth_factor)) {
+      refuse("growth_factor", growth_factor, "finite and above 1.0");
+    }
+    if (!(backoff_factor > 0.0 && backoff_factor < 1.0)) {
+      refuse("backoff_factor", backoff_factor, "between 0 and 1");
+    }
+    if (!(growth_interval >= 1 && growth_interval <= std::numeric_limits<std::int32_t>::max()) ||
+        growth_interval != std::floor(growth_interval)) {
+      refuse("growth_interval", growth_interval, "a whole number of steps, at least 1");
+    }
+    if (!(growth_tracker >= 0 && growth_tracker < growth_interval) ||
+        growth_tracker != std::floor(growth_tracker)) {
+      refuse("_growth_tracker", growth_tracker, "a whole number below growth_interval");
+    }
+    options_.growth_factor = growth_factor;
+    options_.backoff_factor = backoff_factor;
+    options_.growth_interval = static_cast<std::int64_t>(growth_interval);
+    growth_tracker_ = static_cast<std::int32_t>(growth_tracker);
     options_.init_scale = new_scale;
     scale_ = static_cast<float>(new_scale);
   }
@@ -443,6 +470,12 @@ class GradScaler {
                   std::string("the state dict has no key '") + key + "'");
     }
     return found->second;
+  }
+
+  [[noreturn]] void refuse(const char* key, double value, const char* expected) const {
+    std::ostringstream text;
+    text << "the state dict's '" << key << "' is " << value << "; expected " << expected;
+    fail("load_state_dict", text.str());
   }
 
   [[noreturn]] void fail(const std::string& operation, const std::string& cause) const {

@@ -10,16 +10,11 @@
 #include <string>
 #include <type_traits>
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__CUDACC__)
-#include <cpuid.h>
-#include <immintrin.h>
-#define TANDEM_AMP_F16C_CLONE 1
-#endif
-
 #include "tandem/core/config.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/tensor/dtype.hpp"
 #include "tandem/tensor/exec.hpp"
+#include "tandem/tensor/host_cpu.hpp"
 #include "tandem/tensor/memory.hpp"
 #include "tandem/tensor/tensor.hpp"
 
@@ -196,7 +191,7 @@ void cast_float_half_blocks(const E& exec, const float* in, half* out, std::size
   if (done < n) for_each_index(exec, n - done, cast_element<float, half>{in + done, out + done});
 }
 
-#if defined(TANDEM_AMP_F16C_CLONE)
+#if defined(TANDEM_HOST_X86_KERNELS)
 /// Outputs at least this large (elements) are written with non-temporal stores: they do not fit
 /// in cache anyway, and a plain store would first read every destination line (a third more
 /// memory traffic for this pass).
@@ -232,18 +227,6 @@ inline constexpr std::size_t f16c_streaming_threshold = std::size_t{1} << 23;  /
   }
   for (; i < n; ++i) out[i] = half::from_bits(float_to_half_bits_select(in[i]));
 }
-
-/// Whether float_to_half_f16c may run here: the CPU (and OS) have AVX, and the CPU has F16C
-/// (CPUID leaf 1, ECX bit 29, read directly: clang's __builtin_cpu_supports has no "f16c").
-/// Asked once: CPUID traps to the hypervisor in a VM.
-inline bool has_f16c() noexcept {
-  static const bool supported = [] {
-    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    return __builtin_cpu_supports("avx") && __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 &&
-           (ecx & (1u << 29)) != 0;
-  }();
-  return supported;
-}
 #endif
 
 }  // namespace detail
@@ -257,9 +240,9 @@ void cast(const E& exec, View<const From, Space> in, View<To, Space> out) {
     throw Error("amp::cast", "input has " + std::to_string(in.size()) + " elements, output " +
                                  std::to_string(out.size()));
   }
-#if defined(TANDEM_AMP_F16C_CLONE)
+#if defined(TANDEM_HOST_X86_KERNELS)
   if constexpr (std::same_as<E, host_exec> && std::same_as<From, float> && std::same_as<To, half>) {
-    if (detail::has_f16c()) {
+    if (cpu_has(cpu_feature::f16c)) {
       detail::float_to_half_f16c(in.data(), out.data(), in.size());
       return;
     }

@@ -17,20 +17,16 @@
 #include <utility>
 #include <vector>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
-
 #include "tandem/core/error.hpp"
 #include "tandem/data/dataset.hpp"
 #include "tandem/data/idx.hpp"
+#include "tandem/tensor/host_cpu.hpp"
 
 namespace tandem {
 
 namespace detail {
 
-#if defined(__x86_64__) || defined(__i386__)
-#define TANDEM_DATA_HAS_AVX2_PATH 1
+#if defined(TANDEM_X86_DISPATCH)
 // torchvision's arithmetic, eight pixels at a time: (float(p) / 255 - mean) / std, each operation
 // rounded in float exactly as the scalar table computes it (no reciprocal, no fused operation).
 [[gnu::target("avx2")]] inline void normalize_pixels_avx2(const std::uint8_t* in, float* out,
@@ -47,10 +43,6 @@ namespace detail {
   for (; p < n; ++p) out[p] = (static_cast<float>(in[p]) / 255.0f - mean) / std;
 }
 
-inline bool cpu_has_avx2() noexcept {
-  static const bool available = __builtin_cpu_supports("avx2");
-  return available;
-}
 #endif
 
 }  // namespace detail
@@ -181,8 +173,8 @@ class IdxImageDataset {
     }
     const std::uint8_t* source = pixels_.data() + index * pixels;
     float* out = image.data();
-#if defined(TANDEM_DATA_HAS_AVX2_PATH)
-    if (detail::cpu_has_avx2()) {
+#if defined(TANDEM_X86_DISPATCH)
+    if (cpu_has(cpu_feature::avx2)) {
       detail::normalize_pixels_avx2(source, out, pixels, mean_, std_);
       label[0] = labels_[index];
       return;

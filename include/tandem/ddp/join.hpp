@@ -54,6 +54,7 @@
 
 #include "tandem/comm/communicator.hpp"
 #include "tandem/core/error.hpp"
+#include "tandem/core/hash.hpp"
 #include "tandem/ddp/ddp.hpp"
 #include "tandem/ddp/detail/join_access.hpp"
 #include "tandem/ddp/detail/join_protocol.hpp"
@@ -104,12 +105,14 @@ class Join {
       detach_all();  // no joinable keeps a hook into a Join that was never made
       throw;
     }
-    std::uint32_t hash = 2166136261u;  // FNV-1a over the options and the joinables' kinds
-    auto mix = [&hash](std::uint32_t v) { hash = (hash ^ v) * 16777619u; };
-    mix(options_.divide_by_initial_world_size ? 1 : 0);
-    mix(options_.throw_on_early_termination ? 1 : 0);
-    for (const auto& entry : entries_) mix(entry.ddp_index >= 0 ? 1 : 2);
-    config_ = static_cast<std::uint16_t>(hash ^ (hash >> 16));
+    // The options and the joinables' kinds, one letter each, hashed to the 16 bits the status
+    // exchange carries.
+    std::string shape;
+    shape += options_.divide_by_initial_world_size ? 'd' : '-';
+    shape += options_.throw_on_early_termination ? 't' : '-';
+    for (const auto& entry : entries_) shape += entry.ddp_index >= 0 ? 'D' : 'B';
+    const std::uint64_t hash = fnv1a(shape);
+    config_ = static_cast<std::uint16_t>(hash ^ (hash >> 16) ^ (hash >> 32) ^ (hash >> 48));
   }
 
   Join(const Join&) = delete;

@@ -11,9 +11,7 @@
 #include <cstring>
 #include <span>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
+#include "tandem/tensor/host_cpu.hpp"
 
 namespace tandem {
 
@@ -40,7 +38,7 @@ inline std::uint32_t crc32c_portable(const unsigned char* p, std::size_t n, std:
   return crc;
 }
 
-#if defined(__x86_64__)
+#if defined(TANDEM_X86_DISPATCH)
 [[gnu::target("sse4.2")]] inline std::uint32_t crc32c_sse42(const unsigned char* p, std::size_t n,
                                                             std::uint32_t crc) {
   std::uint64_t c = crc;
@@ -63,10 +61,9 @@ inline std::uint32_t crc32c_portable(const unsigned char* p, std::size_t n, std:
                                           std::uint32_t crc = 0) noexcept {
   const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
   std::uint32_t state = ~crc;
-#if defined(__x86_64__)
-  static const bool hardware = __builtin_cpu_supports("sse4.2");
-  state = hardware ? detail::crc32c_sse42(p, bytes.size(), state)
-                   : detail::crc32c_portable(p, bytes.size(), state);
+#if defined(TANDEM_X86_DISPATCH)
+  state = cpu_has(cpu_feature::sse42) ? detail::crc32c_sse42(p, bytes.size(), state)
+                                      : detail::crc32c_portable(p, bytes.size(), state);
 #else
   state = detail::crc32c_portable(p, bytes.size(), state);
 #endif

@@ -15,15 +15,12 @@
 #include <utility>
 #include <vector>
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__CUDACC__)
-#include <immintrin.h>
-#endif
-
 #include "tandem/arena/parameters.hpp"
 #include "tandem/core/config.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/optim/param_groups.hpp"
 #include "tandem/tensor/exec.hpp"
+#include "tandem/tensor/host_cpu.hpp"
 #include "tandem/tensor/memory.hpp"
 #include "tandem/tensor/tensor.hpp"
 
@@ -45,17 +42,20 @@ struct AdamWOptions {
   bool maximize = false;
 
   /// PyTorch's ValueError cases, as a tandem::Error: lr, eps or weight_decay negative (or NaN),
-  /// a beta outside [0, 1).
+  /// a beta outside [0, 1); stricter than PyTorch, an infinite lr, eps or weight_decay (the first
+  /// step would make every parameter inf or NaN).
   void validate(const char* optimizer = "optim::AdamW") const {
-    if (!(0 <= lr)) throw Error(optimizer, "invalid learning rate: " + std::to_string(lr));
-    if (!(0 <= eps)) throw Error(optimizer, "invalid epsilon value: " + std::to_string(eps));
+    if (!(0 <= lr) || std::isinf(lr))
+      throw Error(optimizer, "invalid learning rate: " + std::to_string(lr));
+    if (!(0 <= eps) || std::isinf(eps))
+      throw Error(optimizer, "invalid epsilon value: " + std::to_string(eps));
     for (std::size_t i = 0; i < 2; ++i) {
       if (!(0 <= betas[i] && betas[i] < 1)) {
         throw Error(optimizer, "invalid beta parameter at index " + std::to_string(i) + ": " +
                                    std::to_string(betas[i]));
       }
     }
-    if (!(0 <= weight_decay)) {
+    if (!(0 <= weight_decay) || std::isinf(weight_decay)) {
       throw Error(optimizer, "invalid weight_decay value: " + std::to_string(weight_decay));
     }
   }
@@ -111,7 +111,7 @@ struct adamw_update {
   }
 };
 
-#if defined(TANDEM_OPTIM_X86_DISPATCH)
+#if defined(TANDEM_HOST_X86_KERNELS)
 /// The last n % 8 elements, scalar and outside the AVX2+FMA clone (noinline): inside it GCC's
 /// -ffp-contract=fast could fuse the weight-decay product into the final addition.
 template <bool Amsgrad>
@@ -464,9 +464,9 @@ class AdamW : public detail::GroupedOptimizer<AdamWOptions, T, Space, E> {
 
   template <bool Amsgrad>
   void run_update(const detail::adamw_update<T, Amsgrad>& update, std::size_t size) {
-#if defined(TANDEM_OPTIM_X86_DISPATCH)
+#if defined(TANDEM_HOST_X86_KERNELS)
     if constexpr (std::is_same_v<E, host_exec> && std::is_same_v<T, float>) {
-      if (detail::has_avx2_fma()) {
+      if (cpu_has(cpu_feature::avx2_fma)) {
         detail::adamw_avx2_fma(update, size);
         return;
       }

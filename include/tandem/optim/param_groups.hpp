@@ -23,6 +23,7 @@
 #include "tandem/core/error.hpp"
 #include "tandem/tensor/detail/scalar_math.hpp"
 #include "tandem/tensor/exec.hpp"
+#include "tandem/tensor/host_cpu.hpp"
 #include "tandem/tensor/memory.hpp"
 #include "tandem/tensor/tensor.hpp"
 
@@ -244,33 +245,14 @@ inline double option(const std::map<std::string, double>& options, const std::st
   return found->second;
 }
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__CUDACC__)
-#define TANDEM_OPTIM_X86_DISPATCH 1
-/// Whether the AVX2+FMA clones and kernels may run on this CPU.
-inline bool has_avx2_fma() noexcept {
-  return __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx2");
-}
-#endif
-
-#if defined(TANDEM_OPTIM_X86_DISPATCH) && !defined(__FMA__)
-#define TANDEM_OPTIM_FMA_CLONE 1
-/// The same loop as host_exec's, compiled for AVX2 with FMA: std::fma inlined into it becomes
-/// one instruction, and the loop vectorises. Without it (a default x86-64 build) every fused
-/// multiply-add is a call into the C library, which makes the pass compute-bound.
-template <class F>
-[[gnu::target("avx2,fma")]] void for_each_index_fma(std::size_t n, const F& f) {
-  for (std::size_t i = 0; i < n; ++i) f(i);
-}
-#endif
-
 /// Runs one optimizer pass: on the host executor through the FMA clone where the CPU has FMA
 /// (same results: the fused multiply-add is exact either way), elsewhere through the executor.
 template <class E, class F>
 void run_pass(const E& exec, std::size_t n, const F& f) {
-#if defined(TANDEM_OPTIM_FMA_CLONE)
+#if defined(TANDEM_HOST_FMA_CLONE)
   if constexpr (std::is_same_v<E, host_exec>) {
-    if (has_avx2_fma()) {
-      for_each_index_fma(n, f);
+    if (cpu_has(cpu_feature::avx2_fma)) {
+      ::tandem::detail::cpu::for_range_fma(f, 0, n);
       return;
     }
   }

@@ -4,6 +4,7 @@
 // Needs: the standard library, tandem/arena/parameters.hpp; device parameters need tandem/cuda.hpp.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <initializer_list>
 #include <span>
@@ -40,13 +41,16 @@ struct SGDOptions {
   bool maximize = false;
 
   /// PyTorch's ValueError cases, as a tandem::Error: negative (or NaN) lr, momentum or
-  /// weight_decay; nesterov without momentum or with dampening.
+  /// weight_decay; nesterov without momentum or with dampening. Stricter than PyTorch, an
+  /// infinite value is refused too: it would turn every parameter into inf or NaN at the first
+  /// step.
   void validate(const char* optimizer = "optim::SGD") const {
-    if (!(lr >= 0)) throw Error(optimizer, "invalid learning rate: " + std::to_string(lr));
-    if (!(momentum >= 0)) {
+    if (!(lr >= 0) || std::isinf(lr))
+      throw Error(optimizer, "invalid learning rate: " + std::to_string(lr));
+    if (!(momentum >= 0) || std::isinf(momentum)) {
       throw Error(optimizer, "invalid momentum value: " + std::to_string(momentum));
     }
-    if (!(weight_decay >= 0)) {
+    if (!(weight_decay >= 0) || std::isinf(weight_decay)) {
       throw Error(optimizer, "invalid weight_decay value: " + std::to_string(weight_decay));
     }
     if (nesterov && (momentum <= 0 || dampening != 0)) {

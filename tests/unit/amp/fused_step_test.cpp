@@ -232,11 +232,11 @@ TEST_CASE("FusedStep's errors: twice per update, an applied shadow, groups that 
 }
 
 TEST_CASE("rank_cores: this rank's share of the machine, from LOCAL_WORLD_SIZE") {
-  const int all = tandem::amp::rank_cores();
+  const int all = tandem::rank_cores();
   CHECK(all >= 1);
   ::setenv("LOCAL_WORLD_SIZE", "1000000", 1);  // more ranks than cores: ignored
-  CHECK(tandem::amp::rank_cores() == all);
+  CHECK(tandem::rank_cores() == all);
   ::setenv("LOCAL_WORLD_SIZE", "x", 1);
-  CHECK(tandem::amp::rank_cores() == all);
+  CHECK(tandem::rank_cores() == all);
   ::unsetenv("LOCAL_WORLD_SIZE");
 }

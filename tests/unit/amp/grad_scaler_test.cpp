@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "support/error_of.hpp"
@@ -276,6 +277,36 @@ TEST_CASE("GradScaler's load_state_dict restores scale and tracker, and rejects 
   missing.erase("_growth_tracker");
   CHECK(error_of([&] { second.load_state_dict(missing); }).find("'_growth_tracker'") !=
         std::string::npos);
+
+  // Values out of range (a damaged or hand-made file) are refused by name, and change nothing.
+  const std::vector<std::pair<std::string, double>> bad = {
+      {"scale", 0.0},
+      {"scale", std::numeric_limits<double>::infinity()},
+      {"scale", 1e300},
+      {"scale", std::nan("")},
+      {"growth_factor", 1.0},
+      {"growth_factor", std::numeric_limits<double>::infinity()},
+      {"backoff_factor", 1.0},
+      {"backoff_factor", 0.0},
+      {"growth_interval", 0.0},
+      {"growth_interval", 2.5},
+      {"growth_interval", 1e30},
+      {"_growth_tracker", -1.0},
+      {"_growth_tracker", 3.0},  // growth_interval is 3: the tracker is reset before it gets there
+      {"_growth_tracker", 1e30},
+  };
+  for (const auto& [key, value] : bad) {
+    CAPTURE(key);
+    CAPTURE(value);
+    auto damaged = saved;
+    damaged[key] = value;
+    const std::string error = error_of([&] { second.load_state_dict(damaged); });
+    CHECK(error.find("GradScaler::load_state_dict") != std::string::npos);
+    CHECK(error.find("'" + key + "' is ") != std::string::npos);
+    CHECK(second.get_scale() == 32.0);
+    CHECK(second.growth_tracker() == 0);
+    CHECK(second.get_growth_interval() == 3);
+  }
 }
 
 TEST_CASE("GradScaler all-reduces the inf flag so every rank skips together") {

@@ -91,6 +91,11 @@ TEST_CASE("AdamW rejects what PyTorch's AdamW rejects with a ValueError") {
                        doctest::Contains("optim::AdamW: invalid learning rate"), Error);
   CHECK_THROWS_WITH_AS(AdamW(params, {.eps = -1e-8}), doctest::Contains("invalid epsilon value"),
                        Error);
+  // Stricter than PyTorch: an infinite value would make every parameter inf or NaN at once.
+  CHECK_THROWS_WITH_AS(AdamW(params, {.lr = INFINITY}), doctest::Contains("invalid learning rate"),
+                       Error);
+  CHECK_THROWS_WITH_AS(AdamW(params, {.weight_decay = INFINITY}),
+                       doctest::Contains("invalid weight_decay value"), Error);
   CHECK_THROWS_WITH_AS(AdamW(params, {.betas = {1.0, 0.999}}),
                        doctest::Contains("invalid beta parameter at index 0: 1.0"), Error);
   CHECK_THROWS_WITH_AS(AdamW(params, {.betas = {0.9, -0.1}}),

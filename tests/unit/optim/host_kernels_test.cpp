@@ -13,6 +13,7 @@
 #include "tandem/amp/precision.hpp"
 #include "tandem/ema.hpp"
 #include "tandem/optim/adamw.hpp"
+#include "tandem/tensor/host_cpu.hpp"
 
 namespace {
 
@@ -73,11 +74,7 @@ std::size_t bit_mismatches(const std::vector<float>& a, const std::vector<float>
 }
 
 bool has_avx2_fma() {
-#if defined(__x86_64__) && defined(__GNUC__)
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-  return false;
-#endif
+  return tandem::cpu_has(tandem::cpu_feature::avx2_fma);
 }
 
 /// One AdamW step by the dispatched kernel (what AdamW::step runs on the host) and by the
@@ -98,7 +95,7 @@ void check_adamw_kernel(bool maximize, std::uint32_t seed) {
   };
   const auto kernel = make(param.data(), exp_avg.data(), exp_avg_sq.data(), max_exp_avg_sq.data());
   const auto scalar = make(param2.data(), exp_avg2.data(), exp_avg_sq2.data(), max2.data());
-#if defined(TANDEM_OPTIM_X86_DISPATCH)
+#if defined(TANDEM_HOST_X86_KERNELS)
   REQUIRE(has_avx2_fma());
   tandem::optim::detail::adamw_avx2_fma(kernel, n);
 #else
@@ -119,6 +116,18 @@ float reference_lerp(float start, float end, float weight) {
 }
 
 }  // namespace
+
+TEST_CASE("cpu_has answers as the CPU does") {
+#if defined(__x86_64__) && defined(__GNUC__)
+  CHECK(tandem::cpu_has(tandem::cpu_feature::sse42) == (__builtin_cpu_supports("sse4.2") != 0));
+  CHECK(tandem::cpu_has(tandem::cpu_feature::avx2) == (__builtin_cpu_supports("avx2") != 0));
+  CHECK(tandem::cpu_has(tandem::cpu_feature::avx2_fma) ==
+        (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")));
+  if (tandem::cpu_has(tandem::cpu_feature::f16c)) CHECK(__builtin_cpu_supports("avx"));
+#else
+  CHECK_FALSE(tandem::cpu_has(tandem::cpu_feature::avx2_fma));
+#endif
+}
 
 TEST_CASE("AdamW's AVX2 kernel gives the scalar update's bits, amsgrad and maximize included") {
   if (!has_avx2_fma()) {

@@ -86,6 +86,11 @@ TEST_CASE("SGD rejects what PyTorch's SGD rejects with a ValueError") {
   CHECK_THROWS_WITH_AS(SGD(params, {.lr = -0.1}),
                        doctest::Contains("optim::SGD: invalid learning rate: -0.1"), Error);
   CHECK_THROWS_WITH_AS(SGD(params, {.lr = NAN}), doctest::Contains("invalid learning rate"), Error);
+  // Stricter than PyTorch: an infinite value would make every parameter inf or NaN at once.
+  CHECK_THROWS_WITH_AS(SGD(params, {.lr = INFINITY}), doctest::Contains("invalid learning rate"),
+                       Error);
+  CHECK_THROWS_WITH_AS(SGD(params, {.lr = 0.1, .momentum = INFINITY}),
+                       doctest::Contains("invalid momentum value"), Error);
   CHECK_THROWS_WITH_AS(SGD(params, {.lr = 0.1, .momentum = -1}),
                        doctest::Contains("invalid momentum value"), Error);
   CHECK_THROWS_WITH_AS(SGD(params, {.lr = 0.1, .weight_decay = -1e-4}),

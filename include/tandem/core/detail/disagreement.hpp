@@ -2,7 +2,6 @@
 // grouped by the value each has, "rank 1" or "ranks 0, 2" before each group's value.
 //   disagreement(types, show)                    // "ranks 0, 2: float32; rank 1: int32"
 //   describe_groups(texts, show, " has ", " have ")  // "rank 0 has A; ranks 1, 2 have B"
-//   fnv1a(text)                                  // the fingerprint ranks compare first
 // Needs: the standard library. Used by the collective checks (comm/), DDP's registration check,
 // the bridge's module check (torch/) and tandem::agree (comm/agree.hpp).
 #pragma once
@@ -15,18 +14,12 @@
 #include <utility>
 #include <vector>
 
+#include "tandem/core/hash.hpp"
+
 namespace tandem::detail {
 
-/// FNV-1a, 64 bits, continuing from `hash`: the same bytes hash alike on every rank and machine,
-/// so ranks compare one number before they spend collectives on describing a difference.
-constexpr std::uint64_t fnv1a(std::string_view text,
-                              std::uint64_t hash = 14695981039346656037ull) noexcept {
-  for (const char c : text) {
-    hash ^= static_cast<unsigned char>(c);
-    hash *= 1099511628211ull;
-  }
-  return hash;
-}
+// The fingerprint ranks compare first lives in core/hash.hpp; detail code names it as before.
+using tandem::fnv1a;
 
 /// "rank 3" or "ranks 0, 2".
 inline std::string rank_list(const std::vector<int>& ranks) {

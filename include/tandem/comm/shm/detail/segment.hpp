@@ -259,7 +259,7 @@ inline std::string fresh_name() {
 /// ends, however it ends - and seen by every process that opens the object, whatever its PID
 /// namespace.
 inline struct flock lock_region(short type, std::size_t at, std::size_t bytes) {
-  struct flock region {};
+  struct flock region {};  // "struct": <sys/file.h>'s flock() function shares the name
   region.l_type = type;
   region.l_whence = SEEK_SET;
   region.l_start = static_cast<off_t>(at);
