@@ -1,22 +1,21 @@
 #!/usr/bin/env python3
-"""Checks the rooms of include/tandem (docs/rooms.dox, DESIGN.md "Layout") and prints each
-folder's share of the library's lines.
+"""Checks the include rule of include/tandem's rooms (docs/layout.md, "Include rule") and prints
+each folder's share of the library's lines. CTest runs it as `layout_rules`.
 
     python3 scripts/check_layout.py [include/tandem]     # exit 1 and say why when a rule breaks
 
-A room is a folder; a backend folder under comm/ (comm/gloo/, ...) is a room of its own, and a
-detail/ folder belongs to the room above it. The rules checked:
-  - rendezvous/ includes only core/ and itself: the stores never need a communicator, and
-    comm/init.hpp includes rendezvous/, so the other way would be a circle;
-  - a backend (comm/<name>/) includes only comm/, core/, tensor/, rendezvous/, itself, and its
-    engine's room (cuda/ for nccl); never another backend;
-  - comm/ itself never includes a backend;
-  - arena/ includes only core/ and tensor/; optim/, ema.hpp and amp/ never include ddp/;
-  - core/ includes only itself, tensor/ only core/ and itself;
-  - no circle between rooms;
+A room is a folder (or a single header at the top, such as ema.hpp); a backend folder under comm/
+(comm/gloo/, ...) is a room of its own, and a detail/ folder belongs to the room above it.
+
+The rule: a header includes its own room, core/, tensor/, and other rooms' concept headers
+(CONCEPT_HEADERS) only. A backend (comm/<name>/) also includes comm/ (the room it sits in) and its
+engine's room (ENGINE_ROOMS), and never another backend. Besides:
+  - rendezvous/ includes core/ only, so that comm/ may include it without a circle;
+  - no circle between rooms, allowed includes or not;
   - no folder holds more than 25 % of the library's lines.
-Forwarding headers (old paths kept for a release) and the umbrella headers are not rooms' code and
-are skipped.
+What still breaks the rule is listed, one include a line and with the reason, in ALLOWED; a new
+violation fails, and so does an entry of ALLOWED that no header needs any more (delete it).
+tandem.hpp, the umbrella of every room, is skipped.
 """
 import os
 import re
@@ -24,7 +23,49 @@ import sys
 
 MAX_SHARE = 0.25
 INCLUDE = re.compile(r'^\s*#\s*include\s*"tandem/([^"]+)"', re.M)
-BACKEND_ENGINE_ROOMS = {"comm/nccl": {"cuda"}}
+
+# The headers another room may include: a room's concept (and the types it names), or functions
+# written on another room's concept alone.
+CONCEPT_HEADERS = {
+    "comm/communicator.hpp": "the Communicator concept, ReduceOp, groups",
+    "comm/work.hpp": "Work, what a Communicator's _async collectives return",
+    "comm/metrics.hpp": "reduce_mean, all_gather_unequal, broadcast_vector: on the concept alone",
+    "rendezvous/store.hpp": "the Store concept",
+    "arena/parameters.hpp": "the arena of parameters ddp/, optim/, ema and amp/ share",
+    "optim/optimizer.hpp": "the Optimizer concept",
+    "data/dataset.hpp": "the Dataset concept",
+}
+
+# The room whose library a backend drives.
+ENGINE_ROOMS = {"comm/nccl": {"cuda"}}
+
+# What still breaks the rule: (including header, included header) -> why it may, for now.
+ALLOWED = {
+    # By design: init_process_group is where ranks that met through a store become a
+    # communicator; rendezvous/ includes core/ only, so this cannot close a circle.
+    ("comm/init.hpp", "rendezvous/init_method.hpp"): "init_process_group parses the init method",
+    ("comm/init.hpp", "rendezvous/join.hpp"): "init_process_group opens and joins the store",
+    # tandemrun sets the flight recorder's settings for its workers and reads their records when
+    # one fails; the recorder lives with the communicators that keep it.
+    ("launch/plan.hpp", "comm/flight_settings.hpp"): "the launcher's flight-recorder flags",
+    ("launch/launcher.hpp", "comm/flight_settings.hpp"): "the workers' flight-recorder variables",
+    ("launch/launcher.hpp", "comm/flight_trace.hpp"): "the failure summary reads the records",
+    ("launch/detail/supervise.hpp", "comm/flight_trace.hpp"): "the failure summary reads them",
+    # data/'s device delivery drives the CUDA engine (a .cu-only header, like comm/nccl/).
+    ("data/cuda_delivery.hpp", "cuda/memory.hpp"): "pinned and device buffers",
+    ("data/cuda_delivery.hpp", "cuda/runtime.hpp"): "CUDA runtime errors",
+    ("data/cuda_delivery.hpp", "cuda/stream.hpp"): "the copy stream and its events",
+    # Issue 31, item 2: the fused step runs AdamW and EMA in one pass over the arena; it moves
+    # into optim/ (with EMA) in a later pass.
+    ("amp/fused_step.hpp", "ema.hpp"): "the EMA update of the fused step",
+    ("amp/fused_step.hpp", "optim/adamw.hpp"): "AdamW's options and update",
+    # torch/ is the libtorch bridge: its DDP wraps tandem's. These headers belong to another
+    # helper's pass of issue 31 (the ordering work); they are checked again then.
+    ("torch/ddp.hpp", "ddp/ddp.hpp"): "the bridge's DDP is tandem's DDP over torch tensors",
+    ("torch/ddp.hpp", "ddp/policies.hpp"): "and takes its policies",
+    ("torch/cuda.hpp", "cuda/detail/nvcc_only.hpp"): "stops a build that is not nvcc's",
+    ("torch/cuda.hpp", "cuda/exec.hpp"): "the bridge's CUDA modules run on cuda_exec",
+}
 
 
 def room_of(path):
@@ -41,35 +82,27 @@ def is_backend(room):
     return room.startswith("comm/")
 
 
-def allowed(room, target):
-    """None when `room` may include `target`, else the rule it breaks."""
+def allowed(room, target_path):
+    """None when a header of `room` may include `target_path`, else the rule it breaks."""
+    target = room_of(target_path)
     if target == room:
         return None
     if room == "rendezvous":
         return None if target == "core" else "rendezvous/ includes only core/ and itself"
-    if is_backend(room):
-        if is_backend(target):
-            return "a backend never includes another backend"
-        if target in {"comm", "core", "tensor", "rendezvous"}:
-            return None
-        if target in BACKEND_ENGINE_ROOMS.get(room, set()):
-            return None
-        return "a backend includes only comm/, core/, tensor/, rendezvous/ and its engine"
+    if is_backend(room) and is_backend(target):
+        return "a backend never includes another backend"
     if room == "comm" and is_backend(target):
         return "comm/ never includes a backend"
-    if room == "arena" and target not in {"core", "tensor"}:
-        return "arena/ includes only core/ and tensor/"
-    if room in {"optim", "ema", "amp"} and target == "ddp":
-        return "optim/, ema and amp/ use the arena, never ddp/"
-    if room == "core":
-        return "core/ includes only itself"
-    if room == "tensor" and target != "core":
-        return "tensor/ includes only core/ and itself"
-    return None
+    if target in {"core", "tensor"} or target_path in CONCEPT_HEADERS:
+        return None
+    if is_backend(room) and (target == "comm" or target in ENGINE_ROOMS.get(room, set())):
+        return None
+    return (f"{room}/ includes its own folder, core/, tensor/ and other rooms' concept headers "
+            f"only")
 
 
-def skipped(path, text):
-    return path in {"tandem.hpp", "cuda.hpp"} or "DEPRECATED: forwards to" in text[:300]
+def skipped(path):
+    return path == "tandem.hpp"
 
 
 def find_cycle(graph):
@@ -119,8 +152,9 @@ def main():
     graph = {}
     lines = {}
     total = 0
+    used_allowances = set()
     for path, text in sorted(headers.items()):
-        if skipped(path, text):
+        if skipped(path):
             continue
         room = room_of(path)
         count = text.count("\n")
@@ -130,28 +164,38 @@ def main():
             target = room_of(target_path)
             if target != room:
                 graph.setdefault(room, set()).add(target)
-            why = allowed(room, target)
-            if why:
+            if target_path not in headers:
+                failures.append(f"{path} includes tandem/{target_path}, which does not exist")
+                continue
+            why = allowed(room, target_path)
+            if why and (path, target_path) in ALLOWED:
+                used_allowances.add((path, target_path))
+            elif why:
                 failures.append(f"{path} includes tandem/{target_path}: {why}")
+
+    for including, included in sorted(set(ALLOWED) - used_allowances):
+        failures.append(f"ALLOWED lists {including} -> {included}, which no longer breaks the "
+                        f"rule: delete the entry")
 
     cycle = find_cycle(graph)
     if cycle:
         failures.append("a circle between rooms: " + " -> ".join(cycle))
 
-    print(f"{'folder':<16}{'lines':>8}{'share':>9}")
+    print(f"{'folder':<20}{'lines':>8}{'share':>9}")
     for room, count in sorted(lines.items(), key=lambda kv: -kv[1]):
         share = count / total
-        print(f"{room + '/':<16}{count:>8}{share:>8.1%}")
+        print(f"{room + '/':<20}{count:>8}{share:>8.1%}")
         if share > MAX_SHARE:
             failures.append(f"{room}/ holds {share:.1%} of the library's lines (at most "
                             f"{MAX_SHARE:.0%})")
-    print(f"{'all':<16}{total:>8}")
+    print(f"{'all':<20}{total:>8}")
 
     for failure in failures:
         print("check_layout: " + failure)
     if failures:
         return 1
-    print(f"check_layout: {len(headers)} headers, {len(lines)} rooms, rules hold, no circle")
+    print(f"check_layout: {len(headers)} headers, {len(lines)} rooms, the include rule holds "
+          f"({len(ALLOWED)} allowed exceptions), no circle")
     return 0
 
 

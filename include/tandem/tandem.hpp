@@ -1,7 +1,7 @@
 // tandem/tandem.hpp - everything tandem offers that needs no engine beyond the C++ standard
 // library and POSIX: World, tensors and execution, the threads backend, stores (rendezvous/),
-// init_process_group and agree (the ranks' configuration checked at start), the flat arena, DDP,
-// optimizers and LR schedules, GradScaler, EMA and SyncBatchNorm.
+// init_process_group and agree (the ranks' configuration checked at start), metrics across ranks,
+// the flat arena, DDP, optimizers and LR schedules, GradScaler, EMA and SyncBatchNorm.
 //   #include <tandem/tandem.hpp>
 //   tandem::run_local(4, [](tandem::LocalComm& comm) { /* comm.all_reduce(...) */ });
 // Needs: Linux. Engines with libraries of their own have headers of their own:
@@ -34,6 +34,7 @@
 #include "tandem/comm/init.hpp"
 #include "tandem/comm/local/local.hpp"
 #include "tandem/comm/local/options.hpp"
+#include "tandem/comm/metrics.hpp"
 #include "tandem/comm/work.hpp"
 
 #include "tandem/arena/parameters.hpp"

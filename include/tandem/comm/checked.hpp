@@ -1,4 +1,4 @@
-// tandem/comm/checked.hpp - mismatch detection shared by every backend: the fixed-size
+// tandem/comm/checked.hpp - the collective check every backend shares: the fixed-size
 // fingerprint of one collective call, the comparison of all ranks' fingerprints (the text of the
 // Error every rank raises), and the TANDEM_CHECK_COLLECTIVES switch.
 //   tandem::GlooCommOptions options;  options.check_agreement = false;   // or leave it unset:

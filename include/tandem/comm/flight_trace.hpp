@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "tandem/comm/detail/flight_dump.hpp"
-#include "tandem/comm/detail/json.hpp"
+#include "tandem/core/detail/json.hpp"
 
 namespace tandem {
 

@@ -31,9 +31,9 @@
 #include <vector>
 
 #include "tandem/comm/communicator.hpp"
+#include "tandem/comm/metrics.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/io/detail/checkpoint_directory.hpp"
-#include "tandem/io/detail/host_values.hpp"
 #include "tandem/io/safetensors.hpp"
 #include "tandem/io/training_state.hpp"
 
@@ -341,10 +341,7 @@ void load_checkpoint(Comm& comm, const std::filesystem::path& path, const Traini
       }
     }
     detail::agree_on_failure(comm, failure, operation, verb);
-    std::vector<std::int64_t> length{static_cast<std::int64_t>(bytes.size())};
-    detail::host_broadcast(comm, std::span<std::int64_t>(length), 0);
-    bytes.resize(static_cast<std::size_t>(length[0]));
-    detail::host_broadcast(comm, std::span<std::uint8_t>(bytes), 0);
+    broadcast_vector(comm, bytes, 0);
   }
   std::string identity;
   try {

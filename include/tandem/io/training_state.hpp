@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -30,9 +31,8 @@
 #include <vector>
 
 #include "tandem/comm/communicator.hpp"
+#include "tandem/comm/metrics.hpp"
 #include "tandem/core/error.hpp"
-#include "tandem/data/sampler.hpp"
-#include "tandem/io/metrics.hpp"
 #include "tandem/io/safetensors.hpp"
 #include "tandem/tensor/tensor.hpp"
 
@@ -211,6 +211,22 @@ inline std::string name_in_file(const SafetensorsFile& file, const std::string& 
 }
 }  // namespace detail
 
+/// What a checkpoint saves of a sampler and checks when it restores one: tandem::DistributedSampler
+/// (data/sampler.hpp) models it. The epoch and the batches consumed are restored; the data set
+/// size, the rank count and the options must be the ones it was saved with.
+template <class S>
+concept ResumableSampler = requires(S& sampler, const S& seen, std::uint64_t epoch) {
+  { seen.epoch() } -> std::convertible_to<std::uint64_t>;
+  sampler.set_epoch(epoch);
+  { seen.size() } -> std::convertible_to<std::size_t>;  // this rank's samples an epoch
+  { seen.dataset_size() } -> std::convertible_to<std::size_t>;
+  { seen.num_replicas() } -> std::convertible_to<int>;
+  { seen.rank() } -> std::convertible_to<int>;
+  { seen.options().seed } -> std::convertible_to<std::uint64_t>;
+  { seen.options().shuffle } -> std::convertible_to<bool>;
+  { seen.options().drop_last } -> std::convertible_to<bool>;
+};
+
 /// The parts of a training run a checkpoint holds, registered by reference: the objects must
 /// outlive the TrainingState. Saving reads them; loading writes into them. Each part has a key;
 /// tensors are stored under the model's own names (parameters, buffers) or `key.` prefixed
@@ -385,10 +401,11 @@ class TrainingState {
     return *this;
   }
 
-  /// A DistributedSampler's epoch and the batches of that epoch already consumed, so a resumed
-  /// run starts at the next one. Loading checks the data set size and world size are the same.
-  TrainingState& sampler(DistributedSampler& sampler, std::size_t& batches_done,
-                         std::string key = "sampler") {
+  /// A sampler's epoch (a DistributedSampler's, or any ResumableSampler's) and the batches of
+  /// that epoch already consumed, so a resumed run starts at the next one. Loading checks the
+  /// data set size and world size are the same.
+  template <ResumableSampler Sampler>
+  TrainingState& sampler(Sampler& sampler, std::size_t& batches_done, std::string key = "sampler") {
     parts_.push_back(
         {[&sampler, &batches_done, key](SafetensorsWriter&, nlohmann::json& meta,
                                         const CheckpointRanks&) {

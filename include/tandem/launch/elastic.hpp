@@ -7,7 +7,7 @@
 //     return tandem::run_main([&] { ...; return 0; });   // 1 after an exception
 //   }
 // Needs: the standard library only (tandemrun sets the same variables as torchrun); the JSON of
-// the error file is comm/detail/json.hpp's.
+// the error file is core/detail/json.hpp's.
 #pragma once
 
 #include <cxxabi.h>
@@ -28,7 +28,7 @@
 #include <typeinfo>
 #include <utility>
 
-#include "tandem/comm/detail/json.hpp"
+#include "tandem/core/detail/json.hpp"
 #include "tandem/core/env.hpp"
 #include "tandem/core/error.hpp"
 

@@ -27,11 +27,11 @@
 #include "support/free_port.hpp"
 #include "support/temp_dir.hpp"
 #include "tandem/comm/init.hpp"
+#include "tandem/comm/metrics.hpp"
 #include "tandem/comm/nccl/nccl.hpp"
 #include "tandem/cuda/exec.hpp"
 #include "tandem/cuda/memory.hpp"
 #include "tandem/cuda/runtime.hpp"
-#include "tandem/io/metrics.hpp"
 #if TANDEM_TEST_IO
 #include "tandem/io/checkpoint.hpp"
 #endif
@@ -686,8 +686,8 @@ TEST_CASE("collective checks: ranks that disagree raise one Error naming both ca
   }
 }
 
-// The io room's collectives over host values (metrics, checkpoints) on a device communicator:
-// the values travel through a device buffer (io/detail/host_values.hpp).
+// Collectives over host values (comm/metrics.hpp, io/checkpoint.hpp) on a device communicator:
+// the values travel through a device buffer (comm/detail/host_values.hpp).
 TEST_CASE("metrics and checkpoints over NcclComm: host values staged through the device") {
   NcclComm comm = single();
   CHECK(tandem::reduce_sum(comm, 21) == 21);

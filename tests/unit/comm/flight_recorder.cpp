@@ -18,10 +18,10 @@
 
 #include "support/error_of.hpp"
 #include "support/temp_dir.hpp"
-#include "tandem/comm/detail/json.hpp"
 #include "tandem/comm/flight_recorder.hpp"
 #include "tandem/comm/flight_trace.hpp"
 #include "tandem/comm/local/local.hpp"
+#include "tandem/core/detail/json.hpp"
 
 namespace {
 

@@ -20,6 +20,11 @@
 
 using tandem::test::resume::Run;
 
+// TrainingState::sampler takes what it saves and checks through a concept (io/ includes no data/
+// header): the sampler of data/ models it, a type without an epoch does not.
+static_assert(tandem::ResumableSampler<tandem::DistributedSampler>);
+static_assert(!tandem::ResumableSampler<std::vector<std::int64_t>>);
+
 TEST_CASE("a resumed run ends bit for bit where an uninterrupted one does") {
   for (bool broadcast : {false, true}) {
     CAPTURE(broadcast);

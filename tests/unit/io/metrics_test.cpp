@@ -1,5 +1,6 @@
-// Metrics across ranks on LocalComm: reduce_mean/reduce_sum, all_gather_unequal with the counts
-// the evaluation sampler gives (every sample once), and log0/log_rank lines.
+// Values across ranks on LocalComm (comm/metrics.hpp): reduce_mean/reduce_sum, all_gather_unequal
+// with the counts the evaluation sampler gives (every sample once), broadcast_vector of any length;
+// and io/log.hpp's log0/log_rank lines.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -12,9 +13,9 @@
 
 #include "support/temp_dir.hpp"
 #include "tandem/comm/local/local.hpp"
+#include "tandem/comm/metrics.hpp"
 #include "tandem/data/sampler.hpp"
 #include "tandem/io/log.hpp"
-#include "tandem/io/metrics.hpp"
 
 TEST_CASE("reduce_mean and reduce_sum give every rank the same numbers") {
   tandem::run_local(4, [](tandem::LocalComm& comm) {
@@ -52,6 +53,23 @@ TEST_CASE("distributed evaluation counts every test sample once") {
     // A rank with nothing to give.
     std::vector<float> nothing_on_odd(comm.rank() % 2 == 0 ? 2 : 0, float(comm.rank()));
     CHECK(tandem::all_gather_unequal(comm, nothing_on_odd) == std::vector<float>{0, 0, 2, 2});
+  });
+}
+
+TEST_CASE("broadcast_vector gives every rank the root's values, however many") {
+  tandem::run_local(3, [](tandem::LocalComm& comm) {
+    // Every rank starts with a different length: the root's length and values win.
+    std::vector<std::uint8_t> bytes(static_cast<std::size_t>(comm.rank()) * 5 + 1,
+                                    static_cast<std::uint8_t>(comm.rank()));
+    tandem::broadcast_vector(comm, bytes, 1);
+    CHECK(bytes == std::vector<std::uint8_t>(6, 1));
+    std::vector<double> values;
+    if (comm.rank() == 2) values = {0.5, -1.25};
+    tandem::broadcast_vector(comm, values, 2);
+    CHECK(values == std::vector<double>{0.5, -1.25});
+    std::vector<std::int64_t> none(comm.rank() == 0 ? 0 : 4, 7);
+    tandem::broadcast_vector(comm, none, 0);
+    CHECK(none.empty());
   });
 }
 

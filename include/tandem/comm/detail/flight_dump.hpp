@@ -21,8 +21,8 @@
 #include <vector>
 
 #include "tandem/comm/detail/flight_ring.hpp"
-#include "tandem/comm/detail/json.hpp"
 #include "tandem/comm/flight_settings.hpp"
+#include "tandem/core/detail/json.hpp"
 #include "tandem/core/env.hpp"
 #include "tandem/tensor/dtype.hpp"
 

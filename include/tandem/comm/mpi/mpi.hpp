@@ -2,84 +2,9 @@
 // started by mpirun (or srun), every collective and point to point, sync and `_async`, and split.
 //   auto comm = tandem::MpiComm::world();        // MPI_COMM_WORLD's ranks, in a private copy
 //   comm.all_reduce(grads, tandem::ReduceOp::avg);
-// Needs: an MPI (C API, MPI-3; tested with OpenMPI 4.1); link tandem::mpi.
-//
-// MPI itself: the first MpiComm initialises MPI (MPI_Init_thread asking for MPI_THREAD_MULTIPLE)
-// unless the program already did, and MPI is finalised at exit only if MpiComm initialised it.
-// Every MpiComm owns its MPI communicator (a duplicate of the one it was made from, or split's
-// result; freed by its destructor), so the program's own MPI traffic never matches tandem's, and
-// reports MPI's errors as tandem::Error (MPI_ERRORS_RETURN) naming the rank, the operation and
-// MPI's error string.
-//
-// Semantics follow torch.distributed, as LocalComm's do, with MPI's rules where they differ:
-// - Size, root, peer and tag checks and avg on integers raise tandem::Error (LocalComm's texts)
-//   before anything is sent.
-// - Mismatch check (tandem/comm/checked.hpp), on by default: before each collective (and split)
-//   the ranks all-gather a 64-byte fingerprint (operation, element type, count, root, reduce op,
-//   sequence number) on the thread that then makes the call, so that ranks that disagree all
-//   raise a tandem::Error naming what differs and each rank's call, and nothing is sent; the
-//   communicator stays usable. bench/results/check-cost.md measures the cost (one small
-//   MPI_Allgather). TANDEM_CHECK_COLLECTIVES=0 or options.check_agreement = false turns it off;
-//   a mismatch is then erroneous MPI (it may hang, fail or mix data). Every rank must make the
-//   same choice: making the communicator compares them (an Error on every rank otherwise).
-//   Where MPI calls are serialized, an `_async` collective compares on the calling thread before
-//   its request starts, so it returns once every rank has called it.
-// - half and bfloat16 reduce with MPI ops of their own, computing in float and rounding once per
-//   combination of two ranks' elements; avg is sum, then division by size().
-// - send may block until the receiver has posted a matching recv (MPI standard mode); recv checks
-//   that the message held exactly t.size() elements (a longer one is MPI_ERR_TRUNCATE). Element
-//   types are not checked across ranks.
-// - Every collective, sync or `_async`, is MPI's blocking call (MPI_Allreduce, MPI_Bcast, ...),
-//   as in PyTorch's ProcessGroupMPI: MPI never matches a blocking collective with a non-blocking
-//   one, and this way ranks may call one collective in different forms (rank 0 all_reduce, rank
-//   1 all_reduce_async) and it still matches. A sync collective (and split) first waits for the
-//   pending `_async` collectives, then makes its call on the calling thread. An `_async`
-//   collective is queued to the communicator's worker thread (started on first use), which
-//   makes the calls one at a time in call order, then runs what follows (avg's division) and
-//   completes the Work; meanwhile the calling thread goes on (computing, or sending). The
-//   tensors must stay alive and untouched until the Work completes.
-// - Point to point: send and recv are MPI_Send and MPI_Recv on the calling thread; send_async
-//   and recv_async are MPI_Isend and MPI_Irecv, started at once, and a progress thread (started
-//   on first use) tests them and completes their Work. Both forms match each other. Sync
-//   send/recv do not wait for anything, so that a pending recv_async cannot dead-lock a later
-//   sync operation, and sync collectives do not wait for pending point-to-point operations.
-// - options().timeout: a blocking MPI call on the calling thread (sync collectives, send, recv,
-//   split, the fingerprint exchange) cannot be timed out or cancelled, so a watchdog thread per
-//   communicator ends the job when one lasts longer than the timeout: it prints the
-//   tandem::Error (rank, operation, time, timeout) to stderr and calls MPI_Abort on
-//   MPI_COMM_WORLD with exit code 124 (below MPI_THREAD_SERIALIZED, where that thread may not
-//   call MPI, it ends this process with code 124 and mpirun ends the others). An `_async`
-//   operation not complete within the timeout of its call fails its Work with a tandem::Error,
-//   and so do the `_async` collectives queued behind it; the communicator becomes unusable
-//   (every later call raises tandem::Error). MPI cannot cancel an operation: the worker stays
-//   blocked in the collective, and MPI may still write its buffers, until the other ranks join
-//   it or the job ends - end the job (MPI_Abort). A sync collective waits at most the timeout
-//   for the pending `_async` ones.
-// - Destroying an MpiComm waits for its pending `_async` operations, at most options().timeout
-//   for the collectives and as long again for point to point, then frees its MPI communicator.
-//   Where a collective is still inside MPI then (a rank never joined it), its Work fails and its
-//   worker thread is detached and left blocked in MPI, never joined: it frees the communicator
-//   itself if MPI ever returns; until then its communicator and state are leaked and MPI is not
-//   finalised at exit (finalising under a thread inside MPI is erroneous; mpirun then reports
-//   the missing MPI_Finalize, which names the real problem).
-//   Point-to-point requests still pending are abandoned (leaked, never freed).
-// - Thread level: with MPI_THREAD_MULTIPLE the worker, the progress thread and the calling
-//   thread call MPI at the same time. With MPI_THREAD_SERIALIZED (a program that initialised MPI
-//   so) all MPI calls of the process take turns on one mutex, so no thread may block inside MPI:
-//   every operation, sync or `_async`, is MPI's non-blocking call - sync ones polled with
-//   MPI_Test on the calling thread, `_async` ones completed by the progress thread - and forms
-//   still mix freely across ranks, at the speed of MPI's non-blocking collectives. Below that
-//   (SINGLE, FUNNELED) no other thread may call MPI: `_async` operations are the blocking calls,
-//   complete before they return, on the calling thread (so a recv_async waits for its message).
-// - CPU use: Open MPI spins while a blocking call waits. Where the ranks on this node times two
-//   (the caller and the `_async` worker, both waiting inside MPI) exceed its CPUs, or mpirun bound
-//   a rank to one core, the MPI that MpiComm initialises yields the CPU while it waits
-//   (OMPI_MCA_mpi_yield_when_idle=1, set only when unset: yours wins); otherwise a rank spinning
-//   for a peer without a CPU holds its own for a whole time slice (milliseconds per collective on
-//   a busy machine). The worker runs as SCHED_BATCH on Linux, so that queueing a collective does
-//   not hand the caller's CPU to it (a free CPU still runs it at once).
-// - One MpiComm is used by one thread at a time (several MpiComms may be used concurrently where
-//   MPI provides MPI_THREAD_MULTIPLE or SERIALIZED).
+// Needs: an MPI (C API, MPI-3; tested with OpenMPI 4.1); link tandem::mpi. How it initialises MPI,
+// its semantics, timeouts and the watchdog, threads and CPU use: docs/backends.md, "MpiComm in
+// detail".
 #pragma once
 
 #include <algorithm>
@@ -106,8 +31,8 @@
 #include "tandem/comm/init.hpp"
 #include "tandem/comm/mpi/detail/calls.hpp"
 #include "tandem/comm/mpi/detail/engine.hpp"
-#include "tandem/comm/mpi/detail/mpi_engine.hpp"
 #include "tandem/comm/mpi/detail/mpi_runtime.hpp"
+#include "tandem/comm/mpi/detail/worker.hpp"
 #include "tandem/comm/mpi/options.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/core/timeout.hpp"
@@ -118,8 +43,9 @@
 
 namespace tandem {
 
-/// The Communicator over MPI; see the top of this header for its semantics. Make one with
-/// MpiComm::world() (every process of the job) or MpiComm::duplicate(comm), subgroups with split.
+/// The Communicator over MPI; docs/backends.md ("MpiComm in detail") has its semantics. Make one
+/// with MpiComm::world() (every process of the job) or MpiComm::duplicate(comm), subgroups with
+/// split.
 class MpiComm : public detail::CollectiveFrontend<MpiComm, host> {
  public:
   /// What init_process_group<MpiComm>, world() and duplicate() take.

@@ -14,7 +14,8 @@ struct MpiCommOptions {
   /// How long an `_async` operation may stay pending (queued or inside MPI) before its Work
   /// fails and the communicator becomes unusable; also how long a sync collective waits for the
   /// pending `_async` ones and the destructor for all pending ones. A sync operation's own
-  /// blocking MPI call that lasts longer ends the job (the watchdog: see tandem/comm/mpi/mpi.hpp).
+  /// blocking MPI call that lasts longer ends the job (the watchdog: docs/backends.md,
+  /// "MpiComm in detail").
   Timeout timeout = default_timeout;
   /// Exchange and compare every collective's fingerprint first (tandem/comm/checked.hpp).
   /// Unset: TANDEM_CHECK_COLLECTIVES, else on. `= false` or `= true` wins over the variable.

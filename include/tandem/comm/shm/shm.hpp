@@ -36,7 +36,7 @@
 //   (options.spin: 50 us where the machine has 4 CPUs per rank, else none), then sleeps on the
 //   futex word (FUTEX_WAIT on shared memory), which every arrival, message or failure bumps (and
 //   wakes, where a rank sleeps).
-// - Mismatch check, always on, as LocalComm's (it costs a 64-byte write and compare per
+// - The collective check, always on, as LocalComm's (it costs a 64-byte write and compare per
 //   operation, and without it a mismatch would read past a slot's data): each rank publishes its
 //   call's fingerprint (tandem/comm/checked.hpp) with its first arrival, and every rank compares
 //   all of them after that barrier, before reading anything. Ranks that disagree all raise the
@@ -74,6 +74,7 @@
 #include "tandem/comm/communicator.hpp"
 #include "tandem/comm/detail/frontend.hpp"
 #include "tandem/comm/init.hpp"
+#include "tandem/comm/shm/detail/connect.hpp"
 #include "tandem/comm/shm/detail/engine.hpp"
 #include "tandem/comm/shm/options.hpp"
 #include "tandem/core/error.hpp"

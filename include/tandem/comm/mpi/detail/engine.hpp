@@ -16,8 +16,8 @@
 
 #include "tandem/comm/checked.hpp"
 #include "tandem/comm/communicator.hpp"
-#include "tandem/comm/mpi/detail/mpi_engine.hpp"
 #include "tandem/comm/mpi/detail/mpi_runtime.hpp"
+#include "tandem/comm/mpi/detail/worker.hpp"
 #include "tandem/comm/mpi/options.hpp"
 #include "tandem/comm/work.hpp"
 #include "tandem/core/error.hpp"

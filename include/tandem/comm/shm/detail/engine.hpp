@@ -1,9 +1,11 @@
-// tandem/comm/shm/detail/engine.hpp - one rank's side of a tandem::ShmComm group: the barrier
-// that also exchanges and compares the ranks' calls, the waits (a short spin, then a futex sleep
-// woken every 100 ms to look at the peers), the collectives over the staging slots, the byte rings
-// of send and recv, split, and connect(), which makes a group through the store.
-// Not a public header: include tandem/comm/shm/shm.hpp (its top comment is the design).
-// Needs: Linux (through segment.hpp).
+// tandem/comm/shm/detail/engine.hpp - detail::shm::Engine, one rank's side of a tandem::ShmComm
+// group: the barrier that also exchanges and compares the ranks' calls, the waits (a short spin,
+// then a futex sleep woken every 100 ms to look at the peers: detail/peers.hpp), the collectives
+// over the staging slots, send and recv over byte rings (detail/ring.hpp), and split.
+//   auto engine = connect(store, prefix, rank, size, options);   engine->all_reduce(in, out, n,
+//   op);
+// Needs: Linux (through segment.hpp). Not a public header: shm.hpp uses it; connect() is
+// declared here and defined in detail/connect.hpp. The design: docs/shm.md.
 #pragma once
 
 #include <unistd.h>
@@ -34,6 +36,8 @@
 #include "tandem/comm/detail/issue_order.hpp"
 #include "tandem/comm/detail/reduction.hpp"
 #include "tandem/comm/detail/split_members.hpp"
+#include "tandem/comm/shm/detail/peers.hpp"
+#include "tandem/comm/shm/detail/ring.hpp"
 #include "tandem/comm/shm/detail/segment.hpp"
 #include "tandem/comm/shm/options.hpp"
 #include "tandem/core/detail/disagreement.hpp"
@@ -53,56 +57,10 @@ inline constexpr Timeout poll_interval = std::chrono::milliseconds(100);
 /// reduces 1/n of the piece, then all copy the n parts (two barriers instead of one).
 inline constexpr std::size_t split_reduction_bytes = std::size_t{32} << 10;
 
-/// The header in front of every message in a ring.
-struct Frame {
-  std::int64_t tag = 0;
-  std::uint64_t type = 0;
-  std::uint64_t count = 0;
-  std::uint64_t bytes = 0;
-};
-
-/// A message taken off a ring (or sent by this rank to itself), whole or still arriving.
-struct Message {
-  dtype type = dtype::float32;
-  std::size_t count = 0;
-  std::vector<std::byte> bytes;
-  std::size_t received = 0;
-  [[nodiscard]] bool complete() const noexcept { return received == bytes.size(); }
-};
-
-/// What this rank has taken off the ring from one peer: its messages by tag, in order.
-struct Inbox {
-  std::uint64_t head = 0;
-  Frame frame{};
-  std::size_t frame_received = 0;
-  Message* arriving = nullptr;  ///< the back of one of the queues, until it is complete
-  std::map<std::int64_t, std::deque<Message>> by_tag;
-};
-
-inline std::string this_host() {
-  char host[256] = {};
-  return ::gethostname(host, sizeof host - 1) == 0 ? std::string(host) : std::string("?");
-}
-
-inline void read_ring(const std::byte* ring, std::size_t ring_bytes, std::uint64_t position,
-                      std::byte* to, std::size_t n) {
-  const auto at = static_cast<std::size_t>(position % ring_bytes);
-  const std::size_t first = std::min(n, ring_bytes - at);
-  std::memcpy(to, ring + at, first);
-  if (n > first) std::memcpy(to + first, ring, n - first);
-}
-
-inline void write_ring(std::byte* ring, std::size_t ring_bytes, std::uint64_t position,
-                       const std::byte* from, std::size_t n) {
-  const auto at = static_cast<std::size_t>(position % ring_bytes);
-  const std::size_t first = std::min(n, ring_bytes - at);
-  std::memcpy(ring + at, from, first);
-  if (n > first) std::memcpy(ring, from + first, n - first);
-}
-
 class Engine;
 
-/// Makes this rank's engine of a new group (defined below the engine).
+/// Makes this rank's engine of a new group (defined in detail/connect.hpp, which includes this
+/// header; split calls it).
 inline std::unique_ptr<Engine> connect(AnyStore& store, const std::string& prefix, int rank,
                                        int size, const ShmCommOptions& options,
                                        const std::optional<Error>& unreadable = std::nullopt);
@@ -110,19 +68,13 @@ inline std::unique_ptr<Engine> connect(AnyStore& store, const std::string& prefi
 /// One rank's state of a group. Heap-allocated and owned by the ShmComm, so that `_async` tasks
 /// may point at it while the ShmComm moves. Operations run one at a time (IssueOrder: on the
 /// caller's thread after the worker has drained, or on the worker), so nothing here is locked.
-class Engine : public IssueOrder {
+class Engine : public IssueOrder, public Peers {
  public:
   /// `pids[r]` is the pid rank r published in the store where it shares this process's PID
   /// namespace, else 0 (watched until the rank writes its own in the segment).
   Engine(Segment segment, const Layout& layout, int rank, std::vector<std::int64_t> pids,
          AnyStore store, std::string name, ShmCommOptions options)
-      : segment_(std::move(segment)),
-        layout_(layout),
-        control_(&segment_.control()),
-        ranks_(reinterpret_cast<RankState*>(segment_.base() + layout.ranks_at)),
-        rank_(rank),
-        size_(layout.size),
-        pids_(std::move(pids)),
+      : Peers(std::move(segment), layout, rank, std::move(pids)),
         store_(std::move(store)),
         name_(std::move(name)),
         options_(options),
@@ -148,23 +100,6 @@ class Engine : public IssueOrder {
   [[nodiscard]] int size() const noexcept { return size_; }
   [[nodiscard]] const ShmCommOptions& options() const noexcept { return options_; }
   [[nodiscard]] const AnyStore& store() const noexcept { return store_; }
-
-  /// Ends the group for every rank with `cause` (see ShmComm::abort). Any thread, any time.
-  void abort(const std::string& cause) noexcept {
-    std::uint32_t unclaimed = 0;
-    if (control_->abort_claim.compare_exchange_strong(unclaimed, 1)) {
-      std::snprintf(control_->abort_reason, sizeof control_->abort_reason, "%s", cause.c_str());
-      control_->aborted_by.store(static_cast<std::uint32_t>(rank_ + 1), std::memory_order_release);
-    }
-    notify();
-  }
-
-  /// The cause a rank gave abort(), once one has; nullopt otherwise. Any thread, any time.
-  [[nodiscard]] std::optional<std::string> abort_cause() const {
-    if (control_->aborted_by.load(std::memory_order_acquire) == 0) return std::nullopt;
-    return std::string(control_->abort_reason,
-                       strnlen(control_->abort_reason, sizeof control_->abort_reason));
-  }
 
   /// The rendezvous' last step: returns once every rank has mapped the segment.
   void join() {
@@ -520,12 +455,6 @@ class Engine : public IssueOrder {
 
   // --- waiting ------------------------------------------------------------------------------
 
-  /// Wakes the ranks asleep on the futex word (a syscall only where one sleeps).
-  void notify() noexcept {
-    control_->epoch.fetch_add(1);
-    if (control_->sleepers.load() != 0) futex_wake_all(control_->epoch);
-  }
-
   /// Returns once ready() holds, taking messages off the rings meanwhile (so that a peer blocked
   /// on a full ring goes on). Polls for spin_, then sleeps on the futex word, waking at least
   /// every poll_interval to look at the ranks awaited(): one that died or left, or a failure
@@ -571,99 +500,7 @@ class Engine : public IssueOrder {
     }
   }
 
-  /// The pid to watch for rank r: what it wrote in the segment, else what it told the store; 0
-  /// where its pid means nothing here (another PID namespace: another container's process).
-  [[nodiscard]] std::int64_t pid_of(int r) const {
-    const std::int64_t written = ranks_[r].pid.load();
-    if (written <= 0) return pids_[static_cast<std::size_t>(r)];
-    return ranks_[r].pid_namespace.load() == pid_space_ ? written : 0;
-  }
-
-  /// Whether rank r's process has ended: it no longer holds its lock on the segment (seen in any
-  /// PID namespace), or /proc says it is gone or a zombie (in this namespace).
-  [[nodiscard]] bool gone(int r) const {
-    if (ranks_[r].locked.load() != 0 && segment_.rank_holds_lock(r) == false) return true;
-    const std::int64_t pid = pid_of(r);
-    if (pid <= 0) return false;
-    const char state = process_state(pid);
-    return state == 'X' || state == 'Z';
-  }
-
-  /// The group's failure recorded in the segment (broken must be set): "rank 1 failed first
-  /// (rank 1, barrier: ...)".
-  [[nodiscard]] std::string recorded_failure() const {
-    const std::uint32_t by = control_->broken.load(std::memory_order_acquire);
-    return "rank " + std::to_string(by - 1) + " failed first (" +
-           std::string(control_->reason, strnlen(control_->reason, sizeof control_->reason)) + ")";
-  }
-
-  /// The abort recorded in the segment (aborted_by must be set): "rank 1 aborted the group (its
-  /// cause)".
-  [[nodiscard]] std::string abort_failure() const {
-    const std::uint32_t by = control_->aborted_by.load(std::memory_order_acquire);
-    return "rank " + std::to_string(by - 1) + " aborted the group (" + abort_cause().value_or("") +
-           ")";
-  }
-
-  /// Why waiting for `awaited` is hopeless, or "": a failure recorded by another rank, or awaited
-  /// ranks whose communicator is destroyed or whose process is gone.
-  [[nodiscard]] std::string trouble(const std::vector<int>& awaited) const {
-    if (control_->broken.load(std::memory_order_acquire) != 0) return recorded_failure();
-    if (control_->aborted_by.load(std::memory_order_acquire) != 0) return abort_failure();
-    std::vector<int> dead;
-    std::vector<int> left;
-    for (const int r : awaited) {
-      if (r == rank_) continue;
-      if (ranks_[r].left.load() != 0) {
-        left.push_back(r);
-      } else if (gone(r)) {
-        dead.push_back(r);
-      }
-    }
-    if (!dead.empty()) {
-      return rank_list(dead) + (dead.size() == 1 ? " died (its process is gone)"
-                                                 : " died (their processes are gone)");
-    }
-    if (!left.empty()) {
-      return rank_list(left) + " left the group (its ShmComm was destroyed) without joining " +
-             operation_;
-    }
-    return {};
-  }
-
-  /// "; rank 2 is stopped (...)" for the awaited ranks stopped by a signal, else "".
-  [[nodiscard]] std::string stopped(const std::vector<int>& awaited) const {
-    std::vector<int> ranks;
-    for (const int r : awaited) {
-      if (r != rank_ && pid_of(r) > 0 && process_state(pid_of(r)) == 'T') ranks.push_back(r);
-    }
-    if (ranks.empty()) return {};
-    return "; " + rank_list(ranks) + (ranks.size() == 1 ? " is" : " are") +
-           " stopped (SIGSTOP: the process is alive but does not run)";
-  }
-
-  /// Records the first failure in the segment (so that every rank raises it), marks this
-  /// communicator unusable and raises tandem::Error.
-  [[noreturn]] void fail(const std::string& cause) {
-    const std::string what = std::string(operation_) + ": " + cause;
-    std::uint32_t unclaimed = 0;
-    if (control_->claim.compare_exchange_strong(unclaimed, 1)) {
-      std::snprintf(control_->reason, sizeof control_->reason, "rank %d, %s", rank_, what.c_str());
-      control_->broken.store(static_cast<std::uint32_t>(rank_ + 1), std::memory_order_release);
-    }
-    notify();
-    broken_ = what;
-    throw Error(rank_, operation_, cause);
-  }
-
   // --- send and recv: one byte ring per ordered pair ------------------------------------------
-
-  RingState& ring(int src, int dst) const noexcept {
-    return *reinterpret_cast<RingState*>(segment_.base() + layout_.ring(src, dst));
-  }
-  std::byte* ring_data(int src, int dst) const noexcept {
-    return segment_.base() + layout_.ring_data(src, dst);
-  }
 
   /// Writes `n` bytes to the ring to `peer`, waiting for room where it is full.
   void put(int peer, int tag, const std::byte* from, std::size_t n) {
@@ -740,14 +577,6 @@ class Engine : public IssueOrder {
     in.arriving = queue.back().complete() ? nullptr : &queue.back();
   }
 
-  Segment segment_;  // first: unmapped last
-  Layout layout_;
-  Control* control_;
-  RankState* ranks_;
-  int rank_;
-  int size_;
-  std::vector<std::int64_t> pids_;  ///< as published in the store at rendezvous (see the ctor)
-  std::uint64_t pid_space_ = pid_space();
   AnyStore store_;
   std::string name_;  ///< this group's prefix in the store; splits extend it
   ShmCommOptions options_;
@@ -757,129 +586,11 @@ class Engine : public IssueOrder {
   std::uint64_t rounds_ = 0;    ///< rounds made (each uses the slot half rounds_ % 2)
   std::size_t half_ = 0;        ///< the slot half of the current round
   std::uint64_t splits_ = 0;
-  const char* operation_ = "ShmComm";
   Deadline deadline_{Timeout::zero()};
-  std::optional<std::string> broken_;
 
   std::vector<Inbox> inboxes_;       ///< per source rank
   std::vector<std::uint64_t> sent_;  ///< per destination: bytes written to its ring
   std::map<std::int64_t, std::deque<Message>> to_self_;
 };
-
-/// Rank 0's segment for a group of `size` ranks: the layout with slots of `slot_bytes` and rings
-/// of default_ring_bytes where it takes at most half of what /dev/shm has free (the rest is for
-/// the job's other groups and other jobs), else shrunk to fit (fit_layout; the whole of what is
-/// free where half will not do). Where the reservation still fails (another job took the space
-/// meanwhile), the budget halves and it tries again. Where the smallest layout does not fit,
-/// the Error says what it needs, what is free and what to change - before training starts.
-inline Segment make_segment(int size, std::size_t slot_bytes, std::optional<Layout>& layout) {
-  constexpr const char* operation = "ShmComm rendezvous";
-  const std::size_t free = shm_free_bytes();
-  std::size_t budget = free / 2;
-  for (;;) {
-    layout = fit_layout(size, slot_bytes, budget);
-    if (!layout && budget == free / 2) layout = fit_layout(size, slot_bytes, free / 16 * 15);
-    if (!layout) break;
-    bool no_room = false;
-    Segment made = Segment::create(0, *layout, operation, &no_room);
-    if (!no_room) return made;
-    budget = std::min(budget, layout->total) / 2;
-  }
-  const Layout least(size, smallest_slot_for(size), smallest_ring_bytes);
-  const Layout asked(size, slot_bytes, default_ring_bytes);
-  throw Error(
-      0, operation,
-      "a group of " + std::to_string(size) + " ranks needs at least " + mebibytes(least.total) +
-          " of /dev/shm (slots of " + std::to_string(least.slot_bytes >> 10) + " KiB, rings of " +
-          std::to_string(least.ring_bytes >> 10) + " KiB; " + mebibytes(asked.total) +
-          " as asked), and /dev/shm has " + mebibytes(free) + " free" +
-          (process_env(free_bytes_variable) ? " (as " + std::string(free_bytes_variable) + " says)"
-                                            : std::string()) +
-          ": give the container more shared memory (docker run --shm-size=1g; "
-          "Kubernetes: a memory-backed emptyDir on /dev/shm), free some of it (ls "
-          "/dev/shm), or use another backend across these ranks (GlooComm or MpiComm; "
-          "the examples' --backend gloo)");
-}
-
-/// Every member of a new group calls this with the same `prefix` (unique to the group in
-/// `store`): the ranks publish their host and pid, rank 0 creates the segment and announces its
-/// name, the others map it, and the last to map it unlinks the name. Returns once all have
-/// mapped it. `unreadable`: this rank's TANDEM_CHECK_COLLECTIVES could not be read (it still
-/// publishes, so that the others raise at once instead of waiting for it).
-inline std::unique_ptr<Engine> connect(AnyStore& store, const std::string& prefix, int rank,
-                                       int size, const ShmCommOptions& options,
-                                       const std::optional<Error>& unreadable) {
-  constexpr const char* operation = "ShmComm rendezvous";
-  AnyStore scoped(PrefixStore<AnyStore>(prefix, store));
-  // "ok PID PID-NAMESPACE HOST": a pid is watched only by ranks of its PID namespace.
-  const std::uint64_t my_space = pid_space();
-  scoped.set("member/" + std::to_string(rank), std::string(unreadable ? "unreadable " : "ok ") +
-                                                   std::to_string(::getpid()) + " " +
-                                                   std::to_string(my_space) + " " + this_host());
-  std::vector<std::string> hosts;
-  std::vector<std::int64_t> pids;
-  std::vector<int> bad;
-  for (int r = 0; r < size; ++r) {
-    const std::string record = scoped.get("member/" + std::to_string(r), options.timeout);
-    std::vector<std::string> fields;
-    std::size_t at = 0;
-    while (fields.size() < 3 && at <= record.size()) {
-      const auto space = record.find(' ', at);
-      fields.push_back(record.substr(at, space == std::string::npos ? space : space - at));
-      at = space == std::string::npos ? record.size() + 1 : space + 1;
-    }
-    if (fields.front() != "ok") bad.push_back(r);
-    const bool here = fields.size() == 3 && fields[2] == std::to_string(my_space);
-    pids.push_back(here ? std::atoll(fields[1].c_str()) : 0);
-    hosts.push_back(at <= record.size() ? record.substr(at) : std::string());
-  }
-  if (unreadable) throw *unreadable;
-  if (!bad.empty()) {
-    throw Error(rank, operation,
-                rank_list(bad) + " could not read " + std::string(check_collectives_variable) +
-                    " (see that rank's Error)");
-  }
-  if (auto where = disagreement(hosts, [](const std::string& host) { return host; });
-      !where.empty()) {
-    throw Error(rank, operation,
-                "ShmComm joins the processes of one host, but these ranks run on several (" +
-                    where + "); use GlooComm or MpiComm across hosts");
-  }
-  if (options.slot_bytes < static_cast<std::size_t>(size) * sizeof(std::int64_t)) {
-    throw Error(rank, operation,
-                "ShmCommOptions::slot_bytes = " + std::to_string(options.slot_bytes) +
-                    " is too small for " + std::to_string(size) + " ranks (at least " +
-                    std::to_string(size * 8) + ")");
-  }
-  // Rank 0 sizes the segment to what /dev/shm has free (see make_segment) and announces its
-  // name and sizes.
-  std::optional<Layout> layout;
-  std::optional<Segment> segment;
-  if (rank == 0) {
-    try {
-      segment.emplace(make_segment(size, options.slot_bytes, layout));
-    } catch (const Error& e) {
-      scoped.set("segment", std::string("!") + e.what());  // the others raise it too
-      throw;
-    }
-    scoped.set("segment", segment->name() + " " + std::to_string(layout->slot_bytes) + " " +
-                              std::to_string(layout->ring_bytes));
-  } else {
-    const std::string record = scoped.get("segment", options.timeout);
-    if (!record.empty() && record.front() == '!') {
-      throw Error(rank, operation,
-                  "rank 0 could not make the group's segment: " + record.substr(1));
-    }
-    const auto ring_at = record.rfind(' ');
-    const auto slot_at = record.rfind(' ', ring_at - 1);
-    layout.emplace(size, static_cast<std::size_t>(std::atoll(record.c_str() + slot_at + 1)),
-                   static_cast<std::size_t>(std::atoll(record.c_str() + ring_at + 1)));
-    segment.emplace(Segment::open(rank, record.substr(0, slot_at), *layout, operation));
-  }
-  auto engine = std::make_unique<Engine>(std::move(*segment), *layout, rank, std::move(pids), store,
-                                         prefix, options);
-  engine->join();
-  return engine;
-}
 
 }  // namespace tandem::detail::shm

@@ -1,10 +1,11 @@
-// tandem/io/metrics.hpp - metrics across ranks: the reduce_tensor every PyTorch DDP script writes
-// (reduce_mean, reduce_sum of a scalar or a tensor), and gathering per-rank results of unequal
-// length for distributed evaluation, so that a test set split by the evaluation sampler counts
-// every sample once.
+// tandem/comm/metrics.hpp - values across ranks on any communicator: the reduce_tensor every
+// PyTorch DDP script writes (reduce_mean, reduce_sum of a scalar or a tensor), gathering per-rank
+// results of unequal length for distributed evaluation, so that a test set split by the evaluation
+// sampler counts every sample once, and one rank's vector of any length on every rank.
 //   float loss = tandem::reduce_mean(comm, local_loss);            // the same on every rank
 //   auto [correct, seen] = tandem::reduce_sum(comm, std::array{hits, count});
 //   std::vector<std::int64_t> all = tandem::all_gather_unequal(comm, my_predictions);
+//   tandem::broadcast_vector(comm, bytes, 0);                      // rank 0's bytes everywhere
 // Needs: a Communicator (any backend; on a device communicator such as NcclComm the host values
 // travel through a small device buffer).
 #pragma once
@@ -20,8 +21,9 @@
 #include <vector>
 
 #include "tandem/comm/communicator.hpp"
+#include "tandem/comm/detail/host_values.hpp"
 #include "tandem/core/error.hpp"
-#include "tandem/io/detail/host_values.hpp"
+#include "tandem/tensor/dtype.hpp"
 
 namespace tandem {
 
@@ -102,6 +104,16 @@ template <Communicator Comm, class T>
 template <Communicator Comm, class T>
 [[nodiscard]] std::vector<T> all_gather_unequal(Comm& comm, const std::vector<T>& local) {
   return all_gather_unequal(comm, std::span<const T>(local));
+}
+
+/// `root`'s `values`, however many, on every rank: each rank's vector takes root's length and
+/// contents (two broadcasts: the length, then the values). Collective: every rank calls it.
+template <Communicator Comm, element_type T>
+void broadcast_vector(Comm& comm, std::vector<T>& values, int root) {
+  std::array<std::int64_t, 1> length{static_cast<std::int64_t>(values.size())};
+  detail::host_broadcast(comm, std::span<std::int64_t>(length), root);
+  values.resize(static_cast<std::size_t>(length[0]));
+  detail::host_broadcast(comm, std::span<T>(values), root);
 }
 
 }  // namespace tandem

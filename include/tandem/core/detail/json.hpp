@@ -1,4 +1,4 @@
-// tandem/comm/detail/json.hpp - just enough JSON for the files tandem writes and reads itself (the
+// tandem/core/detail/json.hpp - just enough JSON for the files tandem writes and reads itself (the
 // flight recorder's dumps, torchrun's error files): a string literal writer and a small parser into
 // a tree, with bounded depth and size, that refuses anything malformed.
 //   std::string text = "{\"rank\": " + std::to_string(r) + ", \"cause\": " + json_string(c) + "}";

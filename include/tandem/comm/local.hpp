@@ -1,6 +1,0 @@
-// tandem/comm/local.hpp - DEPRECATED: forwards to tandem/comm/local/local.hpp; include that
-// instead. This old path keeps working in tandem 0.1 and 0.2 and goes away in 0.3 (issue 21 moved
-// LocalComm to tandem/comm/local/). No #warning here: it would break builds with -Werror.
-#pragma once
-
-#include "tandem/comm/local/local.hpp"
