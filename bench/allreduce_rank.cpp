@@ -189,7 +189,7 @@ std::vector<Impl> select(std::vector<Impl> all, const std::vector<std::string>& 
 
 #if TANDEM_BENCH_GLOO
 /// Under tandemrun (or torchrun): tandem-gloo with default options, tandem-gloo-nocheck
-/// (check_agreement = false) and raw-gloo: gloo::allreduce on its own context, built as a plain
+/// (check_collectives = false) and raw-gloo: gloo::allreduce on its own context, built as a plain
 /// gloo program would (FileStore rendezvous, TCP device on the same interface as GlooComm's),
 /// with the options GlooComm sets: one output buffer (in place), a sum reduce function, a tag,
 /// the same timeout, gloo's default algorithm.
@@ -197,7 +197,7 @@ int run_gloo(const Settings& settings) {
   const tandem::World world = tandem::World::from_env();
   auto comm = tandem::init_process_group<tandem::GlooComm>();
   tandem::GlooCommOptions nocheck_options;
-  nocheck_options.check_agreement = false;
+  nocheck_options.check_collectives = false;
   auto store = comm.store();
   auto nocheck = tandem::GlooComm::rendezvous(world, store, nocheck_options);
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench/run_allreduce.sh - the CPU all_reduce benchmark in one go: tandem-local vs memcpy,
-# tandem-gloo (default options and check_agreement = false) vs raw gloo, tandem-mpi vs raw MPI,
+# tandem-gloo (default options and check_collectives = false) vs raw gloo, tandem-mpi vs raw MPI,
 # and torch.distributed (gloo), tandem-shm (ShmComm: processes in shared memory) vs memcpy and
 # tandem-local, 2 ranks on 127.0.0.1; prints the tables and writes them.
 #   bench/run_allreduce.sh [BUILD_DIR] [--runs N] [--iters N] [--out FILE] [--only PARTS]
@@ -198,7 +198,7 @@ LABEL = {
     "memcpy": "memcpy (1 thread)",
     "tandem-shm": "tandem-shm (2 processes, shared memory)",
     "tandem-gloo": "tandem-gloo (default options)",
-    "tandem-gloo-nocheck": "tandem-gloo, check_agreement = false",
+    "tandem-gloo-nocheck": "tandem-gloo, check_collectives = false",
     "raw-gloo": "raw gloo::allreduce",
     "torch-gloo": "torch.distributed gloo",
     "tandem-mpi": "tandem-mpi",
@@ -284,7 +284,7 @@ w(f"all_reduce, sum, float32, in place, 2 ranks on 127.0.0.1. {env('BENCH_RUNS')
   "time is the median of its iterations; the table gives the **median of the run medians**, and "
   "the spread = slowest run / fastest run. The implementations that share an engine run "
   "**interleaved in the same processes** on the same buffer (order rotating per run): "
-  "tandem-gloo, tandem-gloo with `check_agreement = false` and raw gloo under `tandemrun "
+  "tandem-gloo, tandem-gloo with `check_collectives = false` and raw gloo under `tandemrun "
   "--standalone --nproc-per-node 2`; tandem-mpi and raw MPI under one mpirun (both at "
   "MPI_THREAD_MULTIPLE, which MpiComm asks for); tandem-local and memcpy in one process. Raw gloo "
   "is `gloo::allreduce` on its own context (FileStore rendezvous, the same TCP device) with the "
@@ -354,9 +354,9 @@ def target_lines(name, impl, engine, sizes):
 
 
 big = [s for s in SIZES if s >= 256 << 10]
-target_lines("tandem-gloo (default options, check_agreement = true) within 3 % of raw gloo at "
+target_lines("tandem-gloo (default options, check_collectives = true) within 3 % of raw gloo at "
              "256 KiB and above", "tandem-gloo", "raw-gloo", big)
-target_lines("tandem-gloo with check_agreement = false, same target (for choosing the default)",
+target_lines("tandem-gloo with check_collectives = false, same target (for choosing the default)",
              "tandem-gloo-nocheck", "raw-gloo", big)
 target_lines("tandem-mpi within 3 % of raw MPI (every size)", "tandem-mpi", "raw-mpi", SIZES)
 def memcpy_target(name, ratio_of, floor, memcpy_rate_shown):

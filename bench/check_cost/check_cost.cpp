@@ -51,8 +51,8 @@ bool check_sum(const std::vector<float>& data, int ranks, const std::string& nam
 
 int main(int argc, char** argv) {
   const int rounds = argc > 1 ? std::atoi(argv[1]) : 11;
-  auto on = tandem::MpiComm::world({.check_agreement = true});
-  auto off = tandem::MpiComm::world({.check_agreement = false});
+  auto on = tandem::MpiComm::world({.check_collectives = true});
+  auto off = tandem::MpiComm::world({.check_collectives = false});
   MPI_Comm raw = MPI_COMM_NULL;
   MPI_Comm_dup(MPI_COMM_WORLD, &raw);
   const int rank = on.rank();

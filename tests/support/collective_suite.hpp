@@ -1039,7 +1039,7 @@ void check_conformance(Runner& run, int world_size, const Matrix& matrix,
     INFO("size mismatches and avg on integers are errors before anything is sent");
     check_local_errors(run, world_size);
   }
-  if constexpr (detects_mismatched_collectives<Comm>) {
+  if constexpr (can_check_collectives<Comm>) {
     if (world_size >= 2) {
       INFO("ranks that disagree on a collective all raise an error naming them");
       check_mismatch_errors(run, world_size);

@@ -1,7 +1,7 @@
 // tandem/comm/checked.hpp - the collective check every backend shares: the fixed-size
 // fingerprint of one collective call, the comparison of all ranks' fingerprints (the text of the
 // Error every rank raises), and the TANDEM_CHECK_COLLECTIVES switch.
-//   tandem::GlooCommOptions options;  options.check_agreement = false;   // or leave it unset:
+//   tandem::GlooCommOptions options;  options.check_collectives = false;   // or leave it unset:
 //   // TANDEM_CHECK_COLLECTIVES=0|1 decides, else the backend's default
 //   auto fp = tandem::detail::make_fingerprint<float>(tandem::detail::CollectiveOp::all_reduce,
 //                                                     sequence, count, 0, tandem::ReduceOp::sum);
@@ -45,7 +45,7 @@ inline constexpr std::string_view check_collectives_variable = "TANDEM_CHECK_COL
 
 /// Whether a communicator compares every collective's fingerprint across ranks before running
 /// it. Unset (the default) defers to TANDEM_CHECK_COLLECTIVES, then to the backend's default; a
-/// bool (`options.check_agreement = false`) is an explicit choice that wins over the variable.
+/// bool (`options.check_collectives = false`) is an explicit choice that wins over the variable.
 /// It has no conversion to bool on purpose: what it means is only known once resolved.
 class CollectiveCheck {
  public:
@@ -222,7 +222,7 @@ inline std::string switch_disagreement(const std::vector<bool>& checking) {
       disagreement(checking, [](bool on) { return std::string(on ? "on" : "off"); });
   if (text.empty()) return {};
   return "ranks disagree on whether to check collectives (" +
-         std::string(check_collectives_variable) + " or the options' check_agreement): " + text +
+         std::string(check_collectives_variable) + " or the options' check_collectives): " + text +
          "; a rank that checks would wait for fingerprints the others never send";
 }
 

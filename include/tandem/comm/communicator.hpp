@@ -117,11 +117,11 @@ inline constexpr bool supports_element = element_type<T>;
 /// Capability trait: whether Comm can turn ranks that disagree on a collective (operation,
 /// element type, count, root, reduce op, or a skipped collective) into a tandem::Error on every
 /// rank (tandem/comm/checked.hpp). Where the backend's check can be switched off
-/// (TANDEM_CHECK_COLLECTIVES=0, or its options' check_agreement = false), a communicator says
+/// (TANDEM_CHECK_COLLECTIVES=0, or its options' check_collectives = false), a communicator says
 /// whether it checks at run time: `comm.checks_collectives()`. Where it is false, or the check is
 /// off, such a program is undefined - it may hang or corrupt memory - as in MPI and NCCL.
 template <class Comm>
-inline constexpr bool detects_mismatched_collectives = false;
+inline constexpr bool can_check_collectives = false;
 
 /// The subgroup of `ranks` (in that order: ranks[i] becomes rank i of the group). Collective:
 /// every rank of `comm` calls it with the same list; ranks not in it get nullopt.

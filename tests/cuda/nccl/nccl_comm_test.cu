@@ -102,7 +102,7 @@ struct CheckedRunner {
   void operator()(int world_size, Fn fn) {
     REQUIRE(world_size == 1);
     tandem::NcclCommOptions options;
-    options.check_agreement = true;
+    options.check_collectives = true;
     Staged staged(single(options));
     fn(staged);
   }
@@ -204,7 +204,7 @@ TEST_CASE("a failing rank aborts the others' collectives: 3 ranks" *
 // Error naming each rank's call, and the group stays usable.
 TEST_CASE("collective checks: the mismatch suite at 3 ranks" * doctest::skip(gpus_missing(3))) {
   LocalRunner run;
-  run.options.check_agreement = true;
+  run.options.check_collectives = true;
   run.options.timeout = 60s;
   tandem::test::check_mismatch_errors(run, 3);
 }
@@ -611,7 +611,7 @@ TEST_CASE("watchdog: a collective one rank skips times out, aborts, and names ra
   CHECK(std::chrono::steady_clock::now() - start < 120s);
 }
 
-// The collective check (options.check_agreement, TANDEM_CHECK_COLLECTIVES): off by default on
+// The collective check (options.check_collectives, TANDEM_CHECK_COLLECTIVES): off by default on
 // NCCL; on, every collective first all-gathers the ranks' fingerprints. At world size 1 the
 // whole suite runs through that path (nothing can disagree); the mismatch needs two GPUs.
 TEST_CASE("collective checks: the switch, and every collective through the check at world size 1") {
@@ -621,7 +621,7 @@ TEST_CASE("collective checks: the switch, and every collective through the check
   }
   {
     tandem::NcclCommOptions options;
-    options.check_agreement = true;
+    options.check_collectives = true;
     NcclComm checked = single(options);
     CHECK(checked.checks_collectives());
     DeviceArray<float> data(4096);
@@ -650,7 +650,7 @@ TEST_CASE("collective checks: the switch, and every collective through the check
     CHECK(std::string(e.what()).find("TANDEM_CHECK_COLLECTIVES='yes'") != std::string::npos);
   }
   tandem::NcclCommOptions explicit_off;
-  explicit_off.check_agreement = false;  // an explicit choice wins over the variable
+  explicit_off.check_collectives = false;  // an explicit choice wins over the variable
   CHECK_FALSE(single(explicit_off).checks_collectives());
   ::unsetenv("TANDEM_CHECK_COLLECTIVES");
 }
@@ -659,7 +659,7 @@ TEST_CASE("collective checks: the switch, and every collective through the check
 TEST_CASE("collective checks: ranks that disagree raise one Error naming both calls" *
           doctest::skip(two_gpus_missing())) {
   tandem::NcclCommOptions options;
-  options.check_agreement = true;
+  options.check_collectives = true;
   options.timeout = 30s;
   std::vector<std::string> seen(2);
   CHECK_THROWS_AS(

@@ -35,7 +35,7 @@ const tandem::test::Matrix subgroup_matrix{{0, 1, 13}, true};
 }  // namespace
 
 // GlooComm checks unless switched off: the suite asks checks_collectives() at run time.
-static_assert(tandem::detects_mismatched_collectives<tandem::GlooComm>);
+static_assert(tandem::can_check_collectives<tandem::GlooComm>);
 
 TEST_CASE("GlooComm: the conformance suite") {
   tandem::test::ProcessRunner<tandem::GlooComm> run{&comm()};
@@ -79,11 +79,11 @@ TEST_CASE("GlooComm: with the check switched off, nothing is exchanged and a mis
     std::vector<float> ones(64, 1.0f);
     group.all_reduce(ones, me == odd ? tandem::ReduceOp::max : tandem::ReduceOp::sum);
   };
-  auto checked = regroup(comm(), {.timeout = 60s, .check_agreement = true});
+  auto checked = regroup(comm(), {.timeout = 60s, .check_collectives = true});
   CHECK(checked.checks_collectives());
   CHECK_THROWS_WITH_AS(mismatched_ops(checked),
                        doctest::Contains("ranks disagree on the reduce op"), tandem::Error);
-  auto unchecked = regroup(comm(), {.timeout = 60s, .check_agreement = false});
+  auto unchecked = regroup(comm(), {.timeout = 60s, .check_collectives = false});
   CHECK_FALSE(unchecked.checks_collectives());
   CHECK_NOTHROW(mismatched_ops(unchecked));
   // The barrier, which the exchange used to be, still synchronises.
@@ -96,7 +96,7 @@ TEST_CASE("GlooComm: with the check switched off, nothing is exchanged and a mis
 TEST_CASE("GlooComm: ranks that disagree on the check fail at rendezvous, naming each side") {
   const int me = comm().rank();
   try {
-    (void)regroup(comm(), {.timeout = 60s, .check_agreement = me != 0});
+    (void)regroup(comm(), {.timeout = 60s, .check_collectives = me != 0});
     FAIL("a group whose ranks disagree on the check was made");
   } catch (const tandem::Error& e) {
     const std::string others = comm().size() == 2 ? "rank 1: on" : "ranks 1, ";

@@ -12,7 +12,7 @@
 
 using tandem::test::LocalRunner;
 
-static_assert(tandem::detects_mismatched_collectives<tandem::LocalComm>);
+static_assert(tandem::can_check_collectives<tandem::LocalComm>);
 
 TEST_CASE("LocalComm: the suite's runner gives each of n ranks one communicator of size n") {
   // The suite's assertions run inside the ranks; this checks the premise they rest on.

@@ -378,7 +378,7 @@ TEST_CASE("Fingerprints: equal calls agree; every difference names each rank's w
   CHECK(tandem::detail::switch_disagreement({true, true}).empty());
   CHECK(tandem::detail::switch_disagreement({true, false, true}) ==
         "ranks disagree on whether to check collectives (TANDEM_CHECK_COLLECTIVES or the "
-        "options' check_agreement): ranks 0, 2: on; rank 1: off; a rank that checks would wait "
+        "options' check_collectives): ranks 0, 2: on; rank 1: off; a rank that checks would wait "
         "for fingerprints the others never send");
 }
 

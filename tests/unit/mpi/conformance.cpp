@@ -20,10 +20,10 @@ TEST_CASE("MpiComm: MPI provides MPI_THREAD_MULTIPLE when MpiComm initialises it
 }
 
 // MpiComm compares fingerprints unless switched off: the suite asks checks_collectives().
-static_assert(tandem::detects_mismatched_collectives<tandem::MpiComm>);
+static_assert(tandem::can_check_collectives<tandem::MpiComm>);
 
 TEST_CASE("MpiComm: the conformance suite on the whole job") {
   tandem::test::MpiRunner run;
-  run.options.check_agreement = true;  // whatever TANDEM_CHECK_COLLECTIVES says
+  run.options.check_collectives = true;  // whatever TANDEM_CHECK_COLLECTIVES says
   tandem::test::check_conformance<tandem::MpiComm>(run, tandem::test::job_size(), counts, counts);
 }

@@ -549,7 +549,7 @@ TEST_CASE("MpiComm: mismatched `_async` collectives fail their Work on every ran
         comm.all_reduce_async(one).wait();
         CHECK(one[0] == static_cast<double>(comm.size()));
       },
-      {.check_agreement = true});
+      {.check_collectives = true});
 }
 
 TEST_CASE("MpiComm: with the check switched off nothing is compared, so a mismatch goes by") {
@@ -565,7 +565,7 @@ TEST_CASE("MpiComm: with the check switched off nothing is compared, so a mismat
         CHECK(comm.checks_collectives());
         expect_error([&] { ranks_reducing_differently(comm); }, "ranks disagree on the reduce op");
       },
-      {.check_agreement = true});
+      {.check_collectives = true});
   tandem::test::on_every_rank(
       [&](tandem::MpiComm& comm) {
         CHECK_FALSE(comm.checks_collectives());
@@ -574,14 +574,14 @@ TEST_CASE("MpiComm: with the check switched off nothing is compared, so a mismat
         REQUIRE(half.has_value());
         CHECK_FALSE(half->checks_collectives());
       },
-      {.check_agreement = false});
+      {.check_collectives = false});
 }
 
 TEST_CASE("MpiComm: ranks that disagree on the check, or cannot read it, all fail when made") {
   auto world = tandem::MpiComm::world();
   const int me = world.rank();
   const int odd = world.size() - 1;
-  expect_error([&] { (void)tandem::MpiComm::world({.check_agreement = me != 0}); },
+  expect_error([&] { (void)tandem::MpiComm::world({.check_collectives = me != 0}); },
                rank_text(world), "MpiComm", "TANDEM_CHECK_COLLECTIVES", "rank 0: off",
                world.size() == 2 ? "rank 1: on" : "ranks 1, 2: on", "would wait for fingerprints");
   if (me == odd) ::setenv("TANDEM_CHECK_COLLECTIVES", "on", 1);

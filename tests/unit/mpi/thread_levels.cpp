@@ -40,7 +40,7 @@ TEST_CASE("MpiComm below MPI_THREAD_MULTIPLE: subgroups") {
 
 TEST_CASE("MpiComm below MPI_THREAD_MULTIPLE: mismatched collectives are errors on every rank") {
   tandem::test::MpiRunner run;
-  run.options.check_agreement = true;
+  run.options.check_collectives = true;
   tandem::test::check_mismatch_errors(run, tandem::test::job_size());
   // `_async` forms compare too (polled before the request starts, or run at once below
   // SERIALIZED): the Work fails on every rank, and the communicator stays usable.
@@ -64,7 +64,7 @@ TEST_CASE("MpiComm below MPI_THREAD_MULTIPLE: mismatched collectives are errors 
         comm.all_reduce(one);
         CHECK(one[0] == static_cast<float>(comm.size()));
       },
-      {.check_agreement = true});
+      {.check_collectives = true});
 }
 
 TEST_CASE("MpiComm below MPI_THREAD_MULTIPLE: ranks may mix sync and `_async` forms") {

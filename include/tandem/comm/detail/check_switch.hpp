@@ -1,8 +1,8 @@
 // tandem/comm/detail/check_switch.hpp - the agreement on the collective-check switch that every
 // checking backend makes once, when a communicator is made: each rank resolves its options'
-// check_agreement (against TANDEM_CHECK_COLLECTIVES), the ranks exchange one small number each,
+// check_collectives (against TANDEM_CHECK_COLLECTIVES), the ranks exchange one small number each,
 // and every rank raises the same Error where they differ.
-//   bool on = tandem::detail::agree_on_check_switch(rank, "MyComm", options.check_agreement,
+//   bool on = tandem::detail::agree_on_check_switch(rank, "MyComm", options.check_collectives,
 //       /*backend_default=*/true, [&](int mine) { return all_gather_one_int(mine); });
 // Needs: the standard library. Not a public header: backends include it.
 //

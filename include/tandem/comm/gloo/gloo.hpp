@@ -63,7 +63,7 @@ class GlooComm : public detail::CollectiveFrontend<GlooComm, host> {
   [[nodiscard]] const GlooCommOptions& options() const { return self().options(); }
   /// The store this group met in (shared: copies see the same keys).
   [[nodiscard]] AnyStore store() const { return self().store(); }
-  /// Whether every collective is checked first (options().check_agreement, resolved against
+  /// Whether every collective is checked first (options().check_collectives, resolved against
   /// TANDEM_CHECK_COLLECTIVES at rendezvous; the same on every rank).
   [[nodiscard]] bool checks_collectives() const { return self().checks_collectives(); }
 
@@ -72,14 +72,14 @@ class GlooComm : public detail::CollectiveFrontend<GlooComm, host> {
 
   explicit GlooComm(std::unique_ptr<detail::gloo_comm::Engine> self) : self_(std::move(self)) {}
 
-  /// Resolves options.check_agreement and compares it with every rank's through the store
+  /// Resolves options.check_collectives and compares it with every rank's through the store
   /// (detail/check_switch.hpp says why and what each rank raises). A rank whose
   /// TANDEM_CHECK_COLLECTIVES is unreadable tells the others, then raises its Error at once.
   static bool agree_on_check(AnyStore& store, const std::string& name, const World& world,
                              const GlooCommOptions& options) {
     AnyStore scoped(PrefixStore<AnyStore>(name, store));
     return detail::agree_on_check_switch(
-        world.rank, "GlooComm rendezvous", options.check_agreement, true, [&](int mine) {
+        world.rank, "GlooComm rendezvous", options.check_collectives, true, [&](int mine) {
           scoped.set("check/" + std::to_string(world.rank), std::to_string(mine));
           std::vector<int> all;
           if (mine == detail::check_switch_unreadable) return all;
@@ -114,6 +114,6 @@ static_assert(Communicator<GlooComm>);
 /// GlooComm compares every collective's fingerprints first unless switched off (see
 /// GlooComm::checks_collectives()).
 template <>
-inline constexpr bool detects_mismatched_collectives<GlooComm> = true;
+inline constexpr bool can_check_collectives<GlooComm> = true;
 
 }  // namespace tandem

@@ -24,7 +24,7 @@ struct GlooCommOptions {
   /// Exchange and compare every collective's fingerprint first (docs/backends.md,
   /// "Mismatched collectives").
   /// Unset: TANDEM_CHECK_COLLECTIVES, else on. `= false` or `= true` wins over the variable.
-  CollectiveCheck check_agreement{};
+  CollectiveCheck check_collectives{};
 };
 
 }  // namespace tandem

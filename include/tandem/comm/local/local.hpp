@@ -201,7 +201,7 @@ static_assert(Communicator<LocalComm>);
 /// Every rank sees the others' arguments in shared memory, so disagreements are always caught
 /// (whatever TANDEM_CHECK_COLLECTIVES says).
 template <>
-inline constexpr bool detects_mismatched_collectives<LocalComm> = true;
+inline constexpr bool can_check_collectives<LocalComm> = true;
 
 /// Runs fn(comm) on `n` threads, rank i's LocalComm on thread i, and joins them. `fn` is called
 /// concurrently from all threads. When a rank's fn throws, the ranks blocked in an operation are

@@ -118,7 +118,7 @@ class MpiComm : public detail::CollectiveFrontend<MpiComm, host> {
   [[nodiscard]] const MpiCommOptions& options() const { return self().options(); }
   /// The MPI communicator underneath (owned by this MpiComm), for calls tandem does not make.
   [[nodiscard]] MPI_Comm native() const { return self().comm(); }
-  /// Whether every collective is checked first (options().check_agreement, resolved against
+  /// Whether every collective is checked first (options().check_collectives, resolved against
   /// TANDEM_CHECK_COLLECTIVES when the communicator was made; the same on every rank).
   [[nodiscard]] bool checks_collectives() const { return self().checks_collectives(); }
 
@@ -164,7 +164,7 @@ class MpiComm : public detail::CollectiveFrontend<MpiComm, host> {
 
   explicit MpiComm(std::unique_ptr<detail::mpi::Engine> state) : self_(std::move(state)) {}
 
-  /// Resolves options.check_agreement and compares it with every rank's (one MPI_Allgather on
+  /// Resolves options.check_collectives and compares it with every rank's (one MPI_Allgather on
   /// `comm`; detail/check_switch.hpp says why and what each rank raises).
   static bool agree_on_check(detail::mpi::Runtime& runtime, MPI_Comm comm,
                              const MpiCommOptions& options) {
@@ -176,7 +176,7 @@ class MpiComm : public detail::CollectiveFrontend<MpiComm, host> {
       MPI_Comm_size(comm, &size);
     }
     return detail::agree_on_check_switch(
-        rank, "MpiComm", options.check_agreement, true, [&](int mine) {
+        rank, "MpiComm", options.check_collectives, true, [&](int mine) {
           std::vector<int> all(static_cast<std::size_t>(size));
           int code = MPI_SUCCESS;
           {
@@ -266,6 +266,6 @@ static_assert(Communicator<MpiComm>);
 /// MpiComm compares every collective's fingerprints first unless switched off (see
 /// MpiComm::checks_collectives()).
 template <>
-inline constexpr bool detects_mismatched_collectives<MpiComm> = true;
+inline constexpr bool can_check_collectives<MpiComm> = true;
 
 }  // namespace tandem

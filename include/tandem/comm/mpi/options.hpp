@@ -19,7 +19,7 @@ struct MpiCommOptions {
   Timeout timeout = default_timeout;
   /// Exchange and compare every collective's fingerprint first (tandem/comm/checked.hpp).
   /// Unset: TANDEM_CHECK_COLLECTIVES, else on. `= false` or `= true` wins over the variable.
-  CollectiveCheck check_agreement{};
+  CollectiveCheck check_collectives{};
 };
 
 }  // namespace tandem

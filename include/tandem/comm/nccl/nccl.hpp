@@ -44,7 +44,7 @@
 // Groups: `{ tandem::NcclGroup group(comm); comm.all_reduce(a); comm.broadcast(b, 0); }` issues
 // the operations as one ncclGroupStart/ncclGroupEnd; they finish together.
 //
-// Mismatched collectives: with options.check_agreement (or TANDEM_CHECK_COLLECTIVES=1) every
+// Mismatched collectives: with options.check_collectives (or TANDEM_CHECK_COLLECTIVES=1) every
 // collective first all-gathers each rank's fingerprint (comm/checked.hpp) on the communicator's
 // stream and compares them on the host, so ranks that disagree raise the same Error before the
 // collective is queued. The host waits for that all-gather (after the operations already
@@ -182,7 +182,7 @@ class NcclComm : public detail::CollectiveFrontend<NcclComm, device> {
   [[nodiscard]] bool aborted() const { return self().aborted(); }
   /// NCCL's communicator, for calls tandem does not make (null once aborted).
   [[nodiscard]] ncclComm_t native() const { return self().native(); }
-  /// Whether every collective is compared across ranks first (options().check_agreement,
+  /// Whether every collective is compared across ranks first (options().check_collectives,
   /// resolved against TANDEM_CHECK_COLLECTIVES when the communicator was made; the same on
   /// every rank).
   [[nodiscard]] bool checks_collectives() const { return self().checks_collectives(); }
@@ -231,9 +231,9 @@ class NcclComm : public detail::CollectiveFrontend<NcclComm, device> {
 static_assert(Communicator<NcclComm>);
 
 /// NcclComm can compare every collective across ranks (off unless asked for: see
-/// NcclCommOptions::check_agreement and NcclComm::checks_collectives()).
+/// NcclCommOptions::check_collectives and NcclComm::checks_collectives()).
 template <>
-inline constexpr bool detects_mismatched_collectives<NcclComm> = true;
+inline constexpr bool can_check_collectives<NcclComm> = true;
 
 /// Several operations on one or more communicators issued as one NCCL group (ncclGroupStart at
 /// construction, ncclGroupEnd at end() or destruction): they are launched together and finish

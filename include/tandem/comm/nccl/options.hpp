@@ -40,7 +40,7 @@ struct NcclCommOptions {
   /// Error naming both sides instead of a hang or mixed data. Unset: TANDEM_CHECK_COLLECTIVES,
   /// else off - on NCCL each check is an all-gather the host waits for, which stalls the
   /// caller's pipelining (see the top of this header).
-  CollectiveCheck check_agreement{};
+  CollectiveCheck check_collectives{};
 };
 
 }  // namespace tandem

@@ -170,6 +170,6 @@ static_assert(ProcessGroupBackend<ShmComm>);
 
 /// Every rank compares the others' calls in shared memory, so disagreements are always caught.
 template <>
-inline constexpr bool detects_mismatched_collectives<ShmComm> = true;
+inline constexpr bool can_check_collectives<ShmComm> = true;
 
 }  // namespace tandem

@@ -85,7 +85,7 @@ inline std::uint64_t payload_slot(int tag) {
 /// runs beside them, and it touches nothing but its messages and `broken_`.
 class Engine : public IssueOrder {
  public:
-  /// `checks_collectives`: options.check_agreement resolved (the same on every rank: see
+  /// `checks_collectives`: options.check_collectives resolved (the same on every rank: see
   /// rendezvous).
   Engine(Connected connected, std::shared_ptr<::gloo::transport::Device> device, AnyStore store,
          std::string name, GlooCommOptions options, bool checks_collectives)

@@ -232,11 +232,11 @@ class Group {
       inside = inside || d.phase > 0;
     }
     if (!same_step && inside) {
-      broken_ = "ranks lost step inside a collective: " + check_agreement();
+      broken_ = "ranks lost step inside a collective: " + check_collectives();
     } else if (first.phase == 0) {
       auto round = std::make_shared<Round>();
       round->descs = descs_;
-      round->error = check_agreement();
+      round->error = check_collectives();
       if (round->error.empty() && first.op == Op::split) make_split(*round);
       round_ = std::move(round);
     }
@@ -247,7 +247,7 @@ class Group {
 
   /// checked.hpp's comparison of the ranks' calls, with the step inside a collective too. The
   /// sequence number is left out: every rank's call here belongs to the same generation.
-  std::string check_agreement() const {
+  std::string check_collectives() const {
     std::vector<CollectiveFingerprint> calls;
     calls.reserve(descs_.size());
     for (const auto& d : descs_) {

@@ -30,7 +30,7 @@ namespace tandem::detail::mpi {
 /// Heap-allocated and owned by the MpiComm, so their threads may point at it while it moves.
 class Engine {
  public:
-  /// `checks_collectives`: options.check_agreement resolved (the same on every rank: see
+  /// `checks_collectives`: options.check_collectives resolved (the same on every rank: see
   /// duplicate()).
   Engine(Runtime& runtime, MPI_Comm comm, MpiCommOptions options, bool checks_collectives)
       : runtime_(runtime), comm_(comm), options_(options), checks_collectives_(checks_collectives) {

@@ -29,12 +29,12 @@ namespace tandem::detail::nccl {
 template <class Derived>
 class FingerprintCheck {
  public:
-  /// Resolves options.check_agreement and compares it across the ranks (one all-gather, always:
+  /// Resolves options.check_collectives and compares it across the ranks (one all-gather, always:
   /// ranks that differ would otherwise hang at the first check). create() calls it once the
   /// communicator is whole; split's children inherit the parent's.
   void agree_on_checks() {
     checks_collectives_ = detail::agree_on_check_switch(
-        self().rank(), "NcclComm", self().options().check_agreement, false, [&](int mine) {
+        self().rank(), "NcclComm", self().options().check_collectives, false, [&](int mine) {
           detail::CollectiveFingerprint fingerprint;
           fingerprint.op = static_cast<std::int64_t>(detail::CollectiveOp::barrier);
           fingerprint.count = mine;
