@@ -202,7 +202,7 @@ class Engine : public WatchedComm, public FingerprintCheck<Engine> {
       if constexpr (native_rooted_collectives) {
         return ncclGather(in, out, count, data_type<E>(), root, comm, stream);
       } else {
-        return grouped([&] {
+        return grouped_calls([&] {
           ncclResult_t r = ncclSend(in, count, data_type<E>(), root, comm, stream);
           if (r != ncclSuccess || rank_ != root) return r;
           for (int peer = 0; peer < size_ && r == ncclSuccess; ++peer) {
@@ -222,7 +222,7 @@ class Engine : public WatchedComm, public FingerprintCheck<Engine> {
       if constexpr (native_rooted_collectives) {
         return ncclScatter(in, out, count, data_type<E>(), root, comm, stream);
       } else {
-        return grouped([&] {
+        return grouped_calls([&] {
           ncclResult_t r = ncclSuccess;
           if (rank_ == root) {
             for (int peer = 0; peer < size_ && r == ncclSuccess; ++peer) {
@@ -253,7 +253,7 @@ class Engine : public WatchedComm, public FingerprintCheck<Engine> {
       if constexpr (native_rooted_collectives) {
         return ncclAlltoAll(source, out, count, data_type<E>(), comm, stream);
       } else {
-        return grouped([&] {
+        return grouped_calls([&] {
           ncclResult_t r = ncclSuccess;
           for (int peer = 0; peer < size_ && r == ncclSuccess; ++peer) {
             const auto slot = static_cast<std::size_t>(peer) * count;
@@ -529,16 +529,6 @@ class Engine : public WatchedComm, public FingerprintCheck<Engine> {
     if (group_depth_ > 0) return;
     for (void* copy : staging_) (void)cudaFreeAsync(copy, stream);
     staging_.clear();
-  }
-
-  /// The grouped send/recv of NCCL versions without gather, scatter and all-to-all of their own.
-  template <class Calls>
-  ncclResult_t grouped(Calls calls) {
-    ncclResult_t state = ncclGroupStart();
-    if (state != ncclSuccess) return state;
-    const ncclResult_t inner = calls();
-    state = ncclGroupEnd();
-    return inner != ncclSuccess ? inner : state;
   }
 
   /// The end of a communicator: NCCL's orderly ncclCommFinalize (it flushes what is in flight),

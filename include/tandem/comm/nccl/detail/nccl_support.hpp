@@ -64,6 +64,17 @@ constexpr ncclRedOp_t reduce_op(ReduceOp op) noexcept {
   return ncclSum;
 }
 
+/// calls() between ncclGroupStart and ncclGroupEnd: the grouped send/recv of NCCL versions
+/// without gather, scatter and all-to-all of their own. The first failure is returned.
+template <class Calls>
+ncclResult_t grouped_calls(Calls calls) {
+  ncclResult_t state = ncclGroupStart();
+  if (state != ncclSuccess) return state;
+  const ncclResult_t inner = calls();
+  state = ncclGroupEnd();
+  return inner != ncclSuccess ? inner : state;
+}
+
 /// "ncclSystemError (unhandled system error ...)" plus NCCL's own last message where it has one.
 inline std::string error_text(ncclResult_t result, ncclComm_t comm = nullptr) {
   const char* names[] = {"ncclSuccess",       "ncclUnhandledCudaError", "ncclSystemError",
