@@ -1,0 +1,268 @@
+// tandem/ddp/detail/arena_access.hpp - what DistributedDataParallel does to its arena's memory:
+// the per-element kernels of a step (division, 16-bit compression and back, control values), the
+// small control arrays of the registration check, and ArenaAccess, behind which the arena's
+// element type, memory space and executor are the constructor's choice, not the class's.
+//   detail::ddp::ArenaAccessFor<Comm, Config, float, host, host_exec> access(params, exec, layout);
+// Needs: what ddp/ddp.hpp needs; included by it, not by users.
+#pragma once
+
+#include <algorithm>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "tandem/arena/parameters.hpp"
+#include "tandem/comm/communicator.hpp"
+#include "tandem/core/config.hpp"
+#include "tandem/core/error.hpp"
+#include "tandem/ddp/buckets.hpp"
+#include "tandem/ddp/policies.hpp"
+#include "tandem/ddp/shards.hpp"
+#include "tandem/tensor/dtype.hpp"
+#include "tandem/tensor/exec.hpp"
+#include "tandem/tensor/memory.hpp"
+#include "tandem/tensor/tensor.hpp"
+
+namespace tandem::detail::ddp {
+
+/// g[i] /= divisor, computed in opmath_t<T> (how pre-division keeps 16-bit sums in range).
+template <class T>
+struct divide {
+  T* g;
+  opmath_t<T> divisor;
+  TANDEM_HD void operator()(std::size_t i) const {
+    g[i] = static_cast<T>(static_cast<opmath_t<T>>(g[i]) / divisor);
+  }
+};
+
+/// wire[i] = W(g[i] / divisor): the bucket as it travels under compress<W>.
+template <class T, class W>
+struct compress_into {
+  const T* g;
+  W* wire;
+  float divisor;
+  TANDEM_HD void operator()(std::size_t i) const {
+    wire[i] = W(static_cast<float>(g[i]) / divisor);
+  }
+};
+
+/// g[i] = T(wire[i]): the reduced bucket written back in the gradients' precision.
+template <class T, class W>
+struct expand_from {
+  const W* wire;
+  T* g;
+  TANDEM_HD void operator()(std::size_t i) const {
+    g[i] = static_cast<T>(static_cast<float>(wire[i]));
+  }
+};
+
+/// data[i] = value; writes small control values (hashes, names) in any memory space.
+template <class T>
+struct store_value {
+  T* data;
+  T value;
+  TANDEM_HD void operator()(std::size_t) const { *data = value; }
+};
+
+/// Reads data[0] back through a reduction of one element (the executor's way to the host).
+template <class T>
+struct load_value {
+  const T* data;
+  TANDEM_HD T operator()(std::size_t) const { return *data; }
+};
+
+/// Small arrays of control data (registration hashes and texts) in the communicator's memory
+/// space, written and read one element at a time through the executor on devices.
+template <class T, class Space, class Exec>
+class ControlArray {
+ public:
+  ControlArray(const Exec& exec, std::size_t count) : exec_(exec), storage_(count) {
+    if constexpr (!host_accessible<Space>) {
+      for (std::size_t i = 0; i < count; ++i) set(i, T{});
+    }
+  }
+  void set(std::size_t i, T value) {
+    if constexpr (host_accessible<Space>) {
+      storage_[i] = value;
+    } else {
+      for_each_index(exec_, 1, store_value<T>{storage_.data() + i, value});
+    }
+  }
+  [[nodiscard]] T get(std::size_t i) const {
+    if constexpr (host_accessible<Space>) {
+      return storage_[i];
+    } else {
+      exec_.synchronize();
+      return transform_reduce(exec_, 1, T{}, load_value<T>{storage_.data() + i}, plus_combine{});
+    }
+  }
+  [[nodiscard]] View<T, Space> view() { return storage_.view(); }
+  [[nodiscard]] std::size_t size() const noexcept { return storage_.size(); }
+
+ private:
+  const Exec& exec_;
+  Buffer<T, Space> storage_;
+};
+
+/// Stands in for the wire buffer when no compress<W> policy is given.
+struct no_wire {};
+
+/// What DistributedDataParallel does to the arena's memory in a step. Behind this interface the
+/// arena's element type, memory space and executor are chosen by the constructor, not by the
+/// class's type; it is called once per bucket (and once per unused parameter), never per element.
+template <class Comm>
+class ArenaAccess {
+ public:
+  ArenaAccess() = default;
+  ArenaAccess(const ArenaAccess&) = delete;
+  ArenaAccess& operator=(const ArenaAccess&) = delete;
+  virtual ~ArenaAccess() = default;
+
+  /// Writes zeros over `count` gradients from `offset`, on the executor.
+  virtual void zero_grads(std::size_t offset, std::size_t count) = 0;
+  /// Divides bucket `k` by `divisor` (1: leaves it) or compresses it, orders the communicator
+  /// after the executor's writes (order_after) and starts its all_reduce (under shard<2>: its
+  /// reduce_scatter and its tail's all_reduce), adding the Works to `works`.
+  virtual void launch(Comm& comm, const Bucket& bucket, std::size_t k, double divisor,
+                      std::vector<Work>& works) = 0;
+  /// Hands every Work back to the executor (hand_back; after a `failure` of their launch, waits
+  /// for them on the host). Returns the first failure: `failure`, then the Works' in order.
+  virtual std::exception_ptr hand_back(std::vector<Work>& works, std::exception_ptr failure) = 0;
+  /// shard<2>: copies each bucket's reduce-scattered part into the rank's own gradients.
+  virtual void settle_shards() = 0;
+  /// ZeRO: all-gathers the parameter values from every rank's own parts. Collective.
+  virtual void gather_values(Comm& comm) = 0;
+  /// Writes the reduced 16-bit buckets back in the gradients' precision (compress<W> only).
+  virtual void expand(const std::vector<Bucket>& buckets) = 0;
+  /// Broadcasts the buffers from `root`, and the trained values too when `values_too`.
+  virtual void broadcast(Comm& comm, bool values_too, int root) = 0;
+};
+
+/// ArenaAccess for an arena of T in Space, processed on Exec, under the policies of Config.
+/// Holds the arena by address (so it sees the storage EMA swaps in) and the executor by value.
+template <class Comm, class Config, class T, class Space, class Exec>
+class ArenaAccessFor final : public ArenaAccess<Comm> {
+ public:
+  ArenaAccessFor(Parameters<T, Space>& params, const Exec& exec, const ShardLayout& layout)
+      : params_(&params), exec_(exec), layout_(&layout) {
+    if constexpr (Config::compressed) wire_ = Buffer<wire_type, Space>(params.numel());
+    if constexpr (Config::shard_stage > 0) staging_ = Buffer<T, Space>(layout.staging());
+  }
+
+  void zero_grads(std::size_t offset, std::size_t count) override {
+    for_each_index(exec_, count, fill_zero<T>{grads() + offset});
+  }
+
+  void launch(Comm& comm, const Bucket& bucket, std::size_t k, double divisor,
+              std::vector<Work>& works) override {
+    T* g = grads() + bucket.offset;
+    if constexpr (Config::compressed) {
+      wire_type* wire = wire_.data() + bucket.offset;
+      const auto by = static_cast<float>(divisor);
+      for_each_index(exec_, bucket.count, compress_into<T, wire_type>{g, wire, by});
+      order_bucket(comm);
+      works.push_back(
+          comm.all_reduce_async(View<wire_type, Space>(wire, bucket.count), ReduceOp::sum));
+    } else {
+      if (divisor != 1.0) {
+        for_each_index(exec_, bucket.count, divide<T>{g, static_cast<opmath_t<T>>(divisor)});
+      }
+      order_bucket(comm);
+      if constexpr (Config::shard_stage == 2) {
+        // The equal parts straight from the arena into this rank's staging; the tail (fewer
+        // elements than ranks) all-reduced in place, which also leaves its owner its element.
+        const ShardedBucket& b = layout_->buckets()[k];
+        const auto parts = static_cast<std::size_t>(comm.size()) * b.part;
+        if (b.part > 0) {
+          works.push_back(comm.reduce_scatter_async(
+              View<T, Space>(g, parts), View<T, Space>(staging_.data() + b.staging_offset, b.part),
+              ReduceOp::sum));
+        }
+        if (b.tail > 0) {
+          works.push_back(comm.all_reduce_async(View<T, Space>(g + parts, b.tail), ReduceOp::sum));
+        }
+      } else {
+        works.push_back(comm.all_reduce_async(View<T, Space>(g, bucket.count), ReduceOp::sum));
+      }
+    }
+  }
+
+  std::exception_ptr hand_back(std::vector<Work>& works, std::exception_ptr failure) override {
+    return launch_and_hand_back(works, exec_, [&] {
+      if (failure) std::rethrow_exception(failure);
+    });
+  }
+
+  void settle_shards() override {
+    if constexpr (Config::shard_stage == 2) {
+      const std::size_t r = layout_->rank();
+      for (const auto& b : layout_->buckets()) {
+        if (b.part == 0) continue;
+        for_each_index(
+            exec_, b.part,
+            copy_range<T>{staging_.data() + b.staging_offset, grads() + b.offset + r * b.part});
+      }
+    }
+  }
+
+  void gather_values(Comm& comm) override {
+    if constexpr (Config::shard_stage > 0) {
+      all_gather_parts<T, Space>(comm, exec_, *layout_, params_->values().data(), staging_.data(),
+                                 0, params_->numel());
+    } else {
+      (void)comm;
+    }
+  }
+
+  void expand(const std::vector<Bucket>& buckets) override {
+    if constexpr (Config::compressed) {
+      for (const auto& bucket : buckets) {
+        for_each_index(
+            exec_, bucket.count,
+            expand_from<T, wire_type>{wire_.data() + bucket.offset, grads() + bucket.offset});
+      }
+    }
+  }
+
+  void broadcast(Comm& comm, bool values_too, int root) override {
+    tandem::order_after(comm, exec_);  // what the forward (or the caller) queued is written first
+    if (values_too) comm.broadcast(params_->values(), root);
+    if (params_->buffer_numel() > 0) comm.broadcast(params_->buffer_values(), root);
+    tandem::hand_back(comm, exec_);
+  }
+
+ private:
+  using wire_type = std::conditional_t<Config::compressed, typename Config::wire_type, float>;
+  using wire_storage = std::conditional_t<Config::compressed, Buffer<wire_type, Space>, no_wire>;
+
+  [[nodiscard]] T* grads() const { return params_->grads().data(); }
+
+  /// order_after(comm, exec_) before a bucket's collectives: the communicator reads the bucket
+  /// after what the executor wrote into it (the backward, the division). The one place a test
+  /// build (TANDEM_TEST_DROP_ORDER_AFTER, tests only: tests/unit/ddp/stream_order_test.cu) drops
+  /// the contract's call, to show that the simulated GPU catches the race it leaves.
+  void order_bucket(Comm& comm) {
+#if defined(TANDEM_TEST_DROP_ORDER_AFTER)
+    (void)comm;
+#else
+    tandem::order_after(comm, exec_);
+#endif
+  }
+
+  Parameters<T, Space>* params_;
+  Exec exec_;
+  const ShardLayout* layout_;
+  wire_storage wire_;
+  Buffer<T, Space> staging_;  // ZeRO: the own parts on the wire (empty without sharding)
+};
+
+}  // namespace tandem::detail::ddp
