@@ -69,7 +69,7 @@ class WorkState {
   /// The flight recorder's way to see an operation end that a backend hands on; one observer.
   void on_end(std::function<void(const std::exception_ptr&)> observer) {
     std::unique_lock lock(mutex_);
-    if (!done_) {
+    if (!ended_) {
       observer_ = std::move(observer);
       return;
     }
@@ -124,11 +124,13 @@ class WorkState {
     {
       std::lock_guard lock(mutex_);
       error_ = std::move(error);
-      done_ = true;
+      ended_ = true;  // an observer registered from now on runs at once, on its own thread
       observer = std::move(observer_);
       seen = error_;
     }
-    finished_.notify_all();
+    // The observer runs before anyone waiting sees the end: a waiter rethrows the error and
+    // destroys it once handled, while the observer may still be reading it (ThreadSanitizer
+    // reported the flight recorder's what() against a waiter's catch under mpi_comm).
     if (observer) {
       try {
         observer(seen);
@@ -136,11 +138,17 @@ class WorkState {
         // An observer only records; its failure must not change the operation's outcome.
       }
     }
+    {
+      std::lock_guard lock(mutex_);
+      done_ = true;
+    }
+    finished_.notify_all();
   }
 
   mutable std::mutex mutex_;
   std::condition_variable finished_;
   bool done_ = false;
+  bool ended_ = false;  // the outcome is set (the observer may still run)
   bool finishing_ = false;
   std::exception_ptr error_;
   std::function<void()> step_;
