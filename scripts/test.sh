@@ -38,7 +38,8 @@ fi
 # packaging, interop, docs, examples) and every room a later change adds. The CUDA tests of every
 # room build in dev, the one preset with nvcc. The GPU tests on the simulated CUDA runtime and NCCL
 # (label cuda-sim, tests/cuda_sim) build in dev and tsan, whatever their room (ASan+UBSan leaves
-# them out, for CI's time). Presets named on the command line build every room.
+# them out, and tsan their multi-process programs, whose code runs as threads there too, for CI's
+# time). Presets named on the command line build every room and every simulator test.
 tsan_rooms="unit/comm;unit/local;unit/ddp;unit/gloo;unit/mpi;unit/shm;unit/hierarchical;unit/init;unit/launch;unit/data;unit/rendezvous;fault"
 asan_rooms="unit/core;unit/tensor;unit/arena;unit/amp;unit/optim;unit/ema;unit/nn;unit/io;fuzz"
 room_flags() {
@@ -54,11 +55,15 @@ room_flags() {
 }
 
 sim_flags() {
-  if [ "${split_rooms}" = 1 ] && [ "$1" = asan ]; then
-    echo "-DTANDEM_CUDA_SIM=OFF"
-  else
-    echo "-DTANDEM_CUDA_SIM=AUTO"
+  if [ "${split_rooms}" != 1 ]; then
+    echo "-DTANDEM_CUDA_SIM=AUTO -DTANDEM_CUDA_SIM_PROCESSES=ON"
+    return
   fi
+  case "$1" in
+    asan) echo "-DTANDEM_CUDA_SIM=OFF" ;;
+    tsan) echo "-DTANDEM_CUDA_SIM=AUTO -DTANDEM_CUDA_SIM_PROCESSES=OFF" ;;
+    *) echo "-DTANDEM_CUDA_SIM=AUTO -DTANDEM_CUDA_SIM_PROCESSES=ON" ;;
+  esac
 }
 
 for preset in "${presets[@]}"; do
