@@ -24,6 +24,10 @@ if [ ${#presets[@]} -eq 0 ]; then
   split_rooms=1
 fi
 jobs=${TANDEM_JOBS:-$(nproc)}
+# Most tests wait (for ranks to meet, a timeout to pass, processes to start) far more than they
+# compute: at one test a core, CI's tsan tests kept its 2 cores 30 % busy. So tests run two a
+# core; a test that is itself parallel (a build, N ranks) claims its cores (CTest PROCESSORS).
+test_jobs=${TANDEM_TEST_JOBS:-$((jobs * 2))}
 
 debug_flags=()
 if [ "${TANDEM_DEBUG_INFO:-0}" = 1 ]; then
@@ -71,5 +75,5 @@ for preset in "${presets[@]}"; do
   # shellcheck disable=SC2046  # the flags are words without spaces
   cmake --preset "${preset}" "${debug_flags[@]}" $(room_flags "${preset}") $(sim_flags "${preset}")
   cmake --build --preset "${preset}" -j "${jobs}"
-  ctest --preset "${preset}" -j "${jobs}"
+  ctest --preset "${preset}" -j "${test_jobs}"
 done

@@ -85,7 +85,9 @@ if(tandem_docs_result EQUAL 0)
     elseif(group STREQUAL "docs_snippets_cuda")
       list(APPEND labels cuda)
     endif()
-    set_tests_properties(${group} PROPERTIES LABELS "${labels}" TIMEOUT 1500)
+    # PROCESSORS 2: the build runs as many compilers as the machine has cores (as the consumer
+    # tests do).
+    set_tests_properties(${group} PROPERTIES LABELS "${labels}" TIMEOUT 1500 PROCESSORS 2)
   endforeach()
 else()
   # A doc the script cannot read (a block never closed, a fragment without its function head):
