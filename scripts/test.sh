@@ -41,9 +41,11 @@ fi
 # the rooms that parse, index and compute over buffers, dev the rest (CUDA, libtorch, consumers,
 # packaging, interop, docs, examples) and every room a later change adds. The CUDA tests of every
 # room build in dev, the one preset with nvcc. The GPU tests on the simulated CUDA runtime and NCCL
-# (label cuda-sim, tests/cuda_sim) build in dev and tsan, whatever their room (ASan+UBSan leaves
-# them out, and tsan their multi-process programs, whose code runs as threads there too, for CI's
-# time). Presets named on the command line build every room and every simulator test.
+# (label cuda-sim, tests/cuda_sim), whatever their room, are split the same way: those whose ranks
+# are threads of one process (and the simulator's own) in tsan, where ThreadSanitizer sees the
+# ranks meet; those whose ranks are processes (NcclComm under tandemrun and mpirun, the CUDA
+# example) in dev; ASan+UBSan builds none. Presets named on the command line build every room and
+# every simulator test.
 tsan_rooms="unit/comm;unit/local;unit/ddp;unit/gloo;unit/mpi;unit/shm;unit/hierarchical;unit/init;unit/launch;unit/data;unit/rendezvous;fault"
 asan_rooms="unit/core;unit/tensor;unit/arena;unit/amp;unit/optim;unit/ema;unit/nn;unit/io;fuzz"
 room_flags() {
@@ -60,13 +62,13 @@ room_flags() {
 
 sim_flags() {
   if [ "${split_rooms}" != 1 ]; then
-    echo "-DTANDEM_CUDA_SIM=AUTO -DTANDEM_CUDA_SIM_PROCESSES=ON"
+    echo "-DTANDEM_CUDA_SIM=AUTO -DTANDEM_CUDA_SIM_TESTS=all"
     return
   fi
   case "$1" in
     asan) echo "-DTANDEM_CUDA_SIM=OFF" ;;
-    tsan) echo "-DTANDEM_CUDA_SIM=AUTO -DTANDEM_CUDA_SIM_PROCESSES=OFF" ;;
-    *) echo "-DTANDEM_CUDA_SIM=AUTO -DTANDEM_CUDA_SIM_PROCESSES=ON" ;;
+    tsan) echo "-DTANDEM_CUDA_SIM=AUTO -DTANDEM_CUDA_SIM_TESTS=threads" ;;
+    *) echo "-DTANDEM_CUDA_SIM=AUTO -DTANDEM_CUDA_SIM_TESTS=processes" ;;
   esac
 }
 
