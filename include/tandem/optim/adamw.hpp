@@ -465,21 +465,4 @@ class AdamW : public detail::GroupedOptimizer<AdamWOptions, T, Space, E> {
   std::vector<Moments> moments_;
 };
 
-template <class T, class Space>
-AdamW(Parameters<T, Space>&) -> AdamW<T, Space>;
-template <class T, class Space>
-AdamW(Parameters<T, Space>&, AdamWOptions) -> AdamW<T, Space>;
-template <class T, class Space, class E>
-AdamW(Parameters<T, Space>&, AdamWOptions, E) -> AdamW<T, Space, E>;
-template <class T, class Space>
-AdamW(Parameters<T, Space>&, std::initializer_list<ParamGroup<AdamWOptions>>) -> AdamW<T, Space>;
-template <class T, class Space, class E>
-AdamW(Parameters<T, Space>&, std::initializer_list<ParamGroup<AdamWOptions>>, E)
-    -> AdamW<T, Space, E>;
-
-template <class T, class Space>
-AdamW(Parameters<T, Space>&, std::span<const ParamGroup<AdamWOptions>>) -> AdamW<T, Space>;
-template <class T, class Space, class E>
-AdamW(Parameters<T, Space>&, std::span<const ParamGroup<AdamWOptions>>, E) -> AdamW<T, Space, E>;
-
 }  // namespace tandem::optim

@@ -418,14 +418,4 @@ class EMA {
   bool applied_ = false;
 };
 
-/// `tandem::EMA ema(params);` takes the arena's element type and memory space.
-template <element_type T, memory_space Space>
-EMA(Parameters<T, Space>&) -> EMA<T, Space>;
-/// Likewise with settings: the space's default executor.
-template <element_type T, memory_space Space>
-EMA(Parameters<T, Space>&, EMAOptions) -> EMA<T, Space>;
-/// Likewise with an executor, whose type is kept.
-template <element_type T, memory_space Space, class Exec>
-EMA(Parameters<T, Space>&, EMAOptions, Exec) -> EMA<T, Space, Exec>;
-
 }  // namespace tandem
