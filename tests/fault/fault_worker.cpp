@@ -48,25 +48,12 @@
 #include <thread>
 #include <vector>
 
+#include "process_backends.hpp"
 #include "support/mlp.hpp"
 #include "tandem/comm/local/local.hpp"
 #include "tandem/core/env.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/ddp/ddp.hpp"
-#if TANDEM_FAULT_WITH_GLOO
-#include "tandem/comm/gloo/gloo.hpp"
-#include "tandem/comm/init.hpp"
-#endif
-#if TANDEM_FAULT_WITH_MPI
-#include "tandem/comm/mpi/mpi.hpp"
-#endif
-#if TANDEM_FAULT_WITH_SHM
-#include "tandem/comm/init.hpp"
-#include "tandem/comm/shm/shm.hpp"
-#endif
-#if TANDEM_FAULT_WITH_SHM && TANDEM_FAULT_WITH_GLOO
-#include "tandem/comm/hierarchical/hierarchical.hpp"
-#endif
 
 namespace {
 
@@ -326,20 +313,6 @@ int run_process(const Settings& settings, int rank, MakeComm&& make_comm) {
   }
 }
 
-#if TANDEM_FAULT_WITH_GLOO || TANDEM_FAULT_WITH_SHM
-/// A process rank of a job started over env:// (gloo, shm, hierarchical): Comm made by
-/// init_process_group with the collective timeout, the rank read from RANK for the bookkeeping.
-template <class Comm>
-int run_env_process(const Settings& settings, std::chrono::milliseconds timeout) {
-  const auto rank = tandem::parse_int(std::getenv("RANK") ? std::getenv("RANK") : "");
-  return run_process(settings, rank ? static_cast<int>(*rank) : -1, [&] {
-    typename Comm::options_type options;
-    options.timeout = timeout;  // HierarchicalComm: both levels'
-    return tandem::init_process_group<Comm>("env://", options);
-  });
-}
-#endif
-
 int usage() {
   std::fprintf(
       stderr,
@@ -391,29 +364,9 @@ int main(int argc, char** argv) {
   if (argc % 2 == 0) return usage();
   const auto timeout = std::chrono::milliseconds(settings.timeout_ms);
   if (settings.backend == "local") return run_local(settings);
-#if TANDEM_FAULT_WITH_GLOO
-  if (settings.backend == "gloo") return run_env_process<tandem::GlooComm>(settings, timeout);
-#endif
-#if TANDEM_FAULT_WITH_SHM
-  if (settings.backend == "shm") return run_env_process<tandem::ShmComm>(settings, timeout);
-#endif
-#if TANDEM_FAULT_WITH_SHM && TANDEM_FAULT_WITH_GLOO
-  if (settings.backend == "hierarchical") {
-    return run_env_process<tandem::HierarchicalComm<tandem::ShmComm, tandem::GlooComm>>(settings,
-                                                                                        timeout);
-  }
-#endif
-#if TANDEM_FAULT_WITH_MPI
-  if (settings.backend == "mpi") {
-    const char* rank_text = std::getenv("OMPI_COMM_WORLD_RANK");
-    const auto rank = tandem::parse_int(rank_text ? rank_text : "");
-    return run_process(settings, rank ? static_cast<int>(*rank) : -1, [&] {
-      tandem::MpiCommOptions options;
-      options.timeout = timeout;
-      return tandem::MpiComm::world(options);
-    });
-  }
-#endif
-  std::fprintf(stderr, "fault_worker: backend '%s' is not built in\n", settings.backend.c_str());
-  return 77;
+  return tandem::test::fault::with_process_comm(
+      "fault_worker", settings.backend, timeout, [&](auto make_comm) {
+        return run_process(settings, tandem::test::fault::launcher_rank(settings.backend),
+                           make_comm);
+      });
 }

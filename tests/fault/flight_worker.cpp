@@ -24,24 +24,11 @@
 #include <thread>
 #include <vector>
 
+#include "process_backends.hpp"
 #include "tandem/comm/local/local.hpp"
 #include "tandem/core/env.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/launch/elastic.hpp"
-#if TANDEM_FAULT_WITH_GLOO
-#include "tandem/comm/gloo/gloo.hpp"
-#include "tandem/comm/init.hpp"
-#endif
-#if TANDEM_FAULT_WITH_MPI
-#include "tandem/comm/mpi/mpi.hpp"
-#endif
-#if TANDEM_FAULT_WITH_SHM
-#include "tandem/comm/init.hpp"
-#include "tandem/comm/shm/shm.hpp"
-#endif
-#if TANDEM_FAULT_WITH_SHM && TANDEM_FAULT_WITH_GLOO
-#include "tandem/comm/hierarchical/hierarchical.hpp"
-#endif
 
 namespace {
 
@@ -130,17 +117,6 @@ void run_case(Comm& comm, const Settings& settings, bool threads) {
   }
 }
 
-template <class Comm>
-int run_env(const Settings& settings) {
-  return tandem::run_main([&] {
-    typename Comm::options_type options;
-    options.timeout = std::chrono::milliseconds(settings.timeout_ms);
-    auto comm = tandem::init_process_group<Comm>("env://", options);
-    run_case(comm, settings, false);
-    return 0;
-  });
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -181,28 +157,13 @@ int main(int argc, char** argv) {
       return 0;
     });
   }
-#if TANDEM_FAULT_WITH_GLOO
-  if (settings.backend == "gloo") return run_env<tandem::GlooComm>(settings);
-#endif
-#if TANDEM_FAULT_WITH_SHM
-  if (settings.backend == "shm") return run_env<tandem::ShmComm>(settings);
-#endif
-#if TANDEM_FAULT_WITH_SHM && TANDEM_FAULT_WITH_GLOO
-  if (settings.backend == "hierarchical") {
-    return run_env<tandem::HierarchicalComm<tandem::ShmComm, tandem::GlooComm>>(settings);
-  }
-#endif
-#if TANDEM_FAULT_WITH_MPI
-  if (settings.backend == "mpi") {
-    return tandem::run_main([&] {
-      tandem::MpiCommOptions options;
-      options.timeout = std::chrono::milliseconds(settings.timeout_ms);
-      auto comm = tandem::MpiComm::world(options);
-      run_case(comm, settings, false);
-      return 0;
-    });
-  }
-#endif
-  std::fprintf(stderr, "flight_worker: backend '%s' is not built in\n", settings.backend.c_str());
-  return 77;
+  return tandem::test::fault::with_process_comm("flight_worker", settings.backend,
+                                                std::chrono::milliseconds(settings.timeout_ms),
+                                                [&](auto make_comm) {
+                                                  return tandem::run_main([&] {
+                                                    auto comm = make_comm();
+                                                    run_case(comm, settings, false);
+                                                    return 0;
+                                                  });
+                                                });
 }
