@@ -48,12 +48,12 @@
 #include <thread>
 #include <vector>
 
-#include "process_backends.hpp"
 #include "support/mlp.hpp"
 #include "tandem/comm/local/local.hpp"
 #include "tandem/core/env.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/ddp/ddp.hpp"
+#include "worker.hpp"
 
 namespace {
 
@@ -326,42 +326,42 @@ int usage() {
 
 int main(int argc, char** argv) {
   Settings settings;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string_view flag = argv[i];
-    const std::string value = argv[i + 1];
-    const auto number = [&] {
-      const auto parsed = tandem::parse_int(value);
-      if (!parsed || *parsed < -1 || *parsed > 1000000) throw std::invalid_argument(value);
-      return static_cast<int>(*parsed);
-    };
-    try {
-      if (flag == "--backend")
-        settings.backend = value;
-      else if (flag == "--dir")
-        settings.dir = value;
-      else if (flag == "--ranks")
-        settings.ranks = number();
-      else if (flag == "--steps")
-        settings.steps = number();
-      else if (flag == "--timeout-ms")
-        settings.timeout_ms = number();
-      else if (flag == "--fault-step")
-        settings.fault_step = number();
-      else if (flag == "--point")
-        settings.point = value;
-      else if (flag == "--target")
-        settings.target = value;
-      else if (flag == "--fault")
-        settings.fault = value;
-      else if (flag == "--victim")
-        settings.victim = number();
-      else
-        return usage();
-    } catch (const std::invalid_argument&) {
-      return usage();
-    }
+  const auto number = [](const std::string& value) {
+    const auto parsed = tandem::parse_int(value);
+    if (!parsed || *parsed < -1 || *parsed > 1000000) throw std::invalid_argument(value);
+    return static_cast<int>(*parsed);
+  };
+  try {
+    const bool read = tandem::test::fault::read_flags(
+        argc, argv, [&](std::string_view flag, const std::string& value) {
+          if (flag == "--backend")
+            settings.backend = value;
+          else if (flag == "--dir")
+            settings.dir = value;
+          else if (flag == "--ranks")
+            settings.ranks = number(value);
+          else if (flag == "--steps")
+            settings.steps = number(value);
+          else if (flag == "--timeout-ms")
+            settings.timeout_ms = number(value);
+          else if (flag == "--fault-step")
+            settings.fault_step = number(value);
+          else if (flag == "--point")
+            settings.point = value;
+          else if (flag == "--target")
+            settings.target = value;
+          else if (flag == "--fault")
+            settings.fault = value;
+          else if (flag == "--victim")
+            settings.victim = number(value);
+          else
+            return false;
+          return true;
+        });
+    if (!read) return usage();
+  } catch (const std::invalid_argument&) {
+    return usage();
   }
-  if (argc % 2 == 0) return usage();
   const auto timeout = std::chrono::milliseconds(settings.timeout_ms);
   if (settings.backend == "local") return run_local(settings);
   return tandem::test::fault::with_process_comm(

@@ -24,11 +24,11 @@
 #include <thread>
 #include <vector>
 
-#include "process_backends.hpp"
 #include "tandem/comm/local/local.hpp"
 #include "tandem/core/env.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/launch/elastic.hpp"
+#include "worker.hpp"
 
 namespace {
 
@@ -121,29 +121,33 @@ void run_case(Comm& comm, const Settings& settings, bool threads) {
 
 int main(int argc, char** argv) {
   Settings settings;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string_view flag = argv[i];
-    const std::string value = argv[i + 1];
-    const auto number = [&] {
-      const auto parsed = tandem::parse_int(value);
-      return parsed ? static_cast<int>(*parsed) : -1;
-    };
-    if (flag == "--backend") {
-      settings.backend = value;
-    } else if (flag == "--case") {
-      settings.scenario = value;
-    } else if (flag == "--dir") {
-      settings.dir = value;
-    } else if (flag == "--victim") {
-      settings.victim = number();
-    } else if (flag == "--ranks") {
-      settings.ranks = number();
-    } else if (flag == "--timeout-ms") {
-      settings.timeout_ms = number();
-    } else {
-      std::fprintf(stderr, "flight_worker: unknown flag %s\n", argv[i]);
-      return 2;
-    }
+  const auto number = [](const std::string& value) {
+    const auto parsed = tandem::parse_int(value);
+    return parsed ? static_cast<int>(*parsed) : -1;
+  };
+  const bool read = tandem::test::fault::read_flags(
+      argc, argv, [&](std::string_view flag, const std::string& value) {
+        if (flag == "--backend") {
+          settings.backend = value;
+        } else if (flag == "--case") {
+          settings.scenario = value;
+        } else if (flag == "--dir") {
+          settings.dir = value;
+        } else if (flag == "--victim") {
+          settings.victim = number(value);
+        } else if (flag == "--ranks") {
+          settings.ranks = number(value);
+        } else if (flag == "--timeout-ms") {
+          settings.timeout_ms = number(value);
+        } else {
+          std::fprintf(stderr, "flight_worker: unknown flag %s\n", std::string(flag).c_str());
+          return false;
+        }
+        return true;
+      });
+  if (!read) {
+    std::fprintf(stderr, "flight_worker: usage: --flag value pairs (see the top of the source)\n");
+    return 2;
   }
   const char* rank_text = std::getenv("RANK");
   if (rank_text == nullptr) rank_text = std::getenv("OMPI_COMM_WORLD_RANK");

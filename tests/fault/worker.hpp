@@ -1,6 +1,8 @@
-// tests/fault/process_backends.hpp - the process backends a fault worker was built with
-// (TANDEM_FAULT_WITH_GLOO, _SHM, _MPI: tests/fault/CMakeLists.txt) and the one way both workers
-// (fault_worker, flight_worker) make a rank's communicator from the backend's name.
+// tests/fault/worker.hpp - what the fault workers (fault_worker, flight_worker) share: their
+// command line's "--flag value" pairs, the process backends they were built with
+// (TANDEM_FAULT_WITH_GLOO, _SHM, _MPI: tests/fault/CMakeLists.txt), and the one way they make a
+// rank's communicator from the backend's name.
+//   if (!tandem::test::fault::read_flags(argc, argv, on_flag)) return usage();
 //   return tandem::test::fault::with_process_comm("fault_worker", backend, timeout,
 //                                                  [&](auto make_comm) { return run(make_comm); });
 // Needs: tandem/comm/init.hpp and the backends' headers (included here as built).
@@ -29,6 +31,18 @@
 #endif
 
 namespace tandem::test::fault {
+
+/// Reads the command line as "--flag value" pairs, calling on_flag(flag, value) for each in
+/// order. False, at once, when on_flag returns false (a flag it does not know, a bad value), and
+/// for a flag left without its value.
+template <class OnFlag>
+bool read_flags(int argc, char** argv, OnFlag&& on_flag) {
+  if (argc % 2 == 0) return false;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!on_flag(std::string_view(argv[i]), std::string(argv[i + 1]))) return false;
+  }
+  return true;
+}
 
 /// This process's rank as its launcher gives it: OMPI_COMM_WORLD_RANK under mpirun (backend
 /// "mpi"), RANK otherwise (env://); -1 when it is not set or not a number.
