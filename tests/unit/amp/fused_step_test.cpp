@@ -27,6 +27,13 @@ namespace {
 using tandem::optim::AdamW;
 using tandem::optim::AdamWOptions;
 
+// FusedStep takes GradScaler through FusedStepScaler (optim/ includes no amp/ header): a scaler of
+// the optimizer's memory space models it; one of another space, or an optimizer, does not.
+static_assert(tandem::amp::FusedStepScaler<tandem::GradScaler<>, AdamW<float>>);
+static_assert(tandem::amp::FusedStepScaler<tandem::GradScaler<>, AdamW<double>>);
+static_assert(!tandem::amp::FusedStepScaler<tandem::GradScaler<tandem::device>, AdamW<float>>);
+static_assert(!tandem::amp::FusedStepScaler<AdamW<float>, AdamW<float>>);
+
 /// Bitwise equality of two arrays (NaN equals NaN with the same bits); names the first mismatch.
 template <class T>
 void require_same_bits(const T* a, const T* b, std::size_t n, const std::string& what) {
