@@ -4,7 +4,9 @@
 // Needs: the standard library and a Communicator; device memory needs tandem/cuda.hpp (nvcc).
 // Inputs are contiguous (N, C, ...) tensors given as shaped Views (dimensions after C flattened).
 // How it works, where it differs from PyTorch, its arithmetic and memory spaces: docs/ddp.md,
-// "SyncBatchNorm in detail". Its per-channel kernels: nn/detail/batch_norm_kernels.hpp.
+// "SyncBatchNorm in detail". Its per-channel kernels: nn/detail/batch_norm_kernels.hpp; the core
+// it shares with tandem::torch::SyncBatchNorm (wire format, merge, checks, commit):
+// nn/detail/sync_statistics.hpp.
 #pragma once
 
 #include <algorithm>
@@ -194,7 +196,9 @@ class SyncBatchNorm {
   [[nodiscard]] const Exec& executor() const noexcept { return exec_; }
 
   /// Normalises `input` (shape (N, C, ...), N may be 0) into `output` (the same shape, not
-  /// overlapping the input). Collective in training mode on more than one rank.
+  /// overlapping the input). Collective in training mode on more than one rank. A forward that
+  /// throws (a failed collective, too few values) leaves the running statistics and
+  /// num_batches_tracked as they were, and nothing for backward.
   void forward(View<const T, Space> input, View<T, Space> output) {
     const Slots slots = this->slots();
     const auto layout = check_input("forward", input.shape());
@@ -434,14 +438,9 @@ class SyncBatchNorm {
   }
 
   detail::batch_norm::Layout check_input(const char* operation, const Shape& shape) const {
-    if (shape.rank() < 2) {
-      fail(operation, "expected an (N, C, ...) input of at least 2 dimensions, got shape " +
-                          shape.to_string() + " (pass a shaped View)");
-    }
-    if (static_cast<std::size_t>(shape[1]) != channels_) {
-      fail(operation, "input of shape " + shape.to_string() + " has " + std::to_string(shape[1]) +
-                          " channels, this SyncBatchNorm has " + std::to_string(channels_));
-    }
+    detail::batch_norm::check_input(comm_->rank(), operation, shape.rank(),
+                                    shape.rank() < 2 ? 0 : shape[1], channels_, shape.to_string(),
+                                    " (pass a shaped View)");
     detail::batch_norm::Layout layout;
     layout.batch = static_cast<std::size_t>(shape[0]);
     layout.channels = channels_;

@@ -8,6 +8,7 @@
 // docs/libtorch.md, "SyncBatchNorm in detail".
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -108,15 +109,10 @@ class SyncBatchNormImpl : public ::torch::nn::Cloneable<SyncBatchNormImpl> {
   /// forward that throws (a failed collective, too few values) leaves the running statistics
   /// and num_batches_tracked as they were.
   at::Tensor forward(const at::Tensor& input) {
-    if (input.dim() < 2) {
-      group_->fail("forward", "expected an (N, C, ...) input of at least 2 dimensions, got " +
-                                  std::to_string(input.dim()));
-    }
-    if (input.size(1) != options.num_features()) {
-      group_->fail("forward", "input has " + std::to_string(input.size(1)) +
-                                  " channels, this SyncBatchNorm has " +
-                                  std::to_string(options.num_features()));
-    }
+    tandem::detail::batch_norm::check_input(
+        group_->rank(), "forward", static_cast<std::size_t>(input.dim()),
+        input.dim() < 2 ? 0 : input.size(1), static_cast<std::size_t>(options.num_features()),
+        shape_string(input));
     const bool batch_statistics = is_training() || !options.track_running_stats();
     const bool update_running = is_training() && options.track_running_stats();
     if (!is_training() || group_->size() == 1) {

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "instrumented_comm.hpp"
 #include "support/collective_suite.hpp"
 #include "support/error_of.hpp"
 #include "sync_batch_norm_suite.hpp"
@@ -37,31 +38,7 @@ using tandem::test::syncbn::GoldenCase;
 
 namespace {
 
-/// A LocalComm that counts the collectives it runs (SyncBatchNorm uses all_gather and
-/// all_reduce), to see which calls communicate.
-class CountingComm : public LocalComm {
- public:
-  explicit CountingComm(LocalComm&& comm) : LocalComm(std::move(comm)) {}
-
-  template <class... Args>
-  void all_gather(Args&&... args) {
-    ++collectives;
-    LocalComm::all_gather(std::forward<Args>(args)...);
-  }
-  template <class... Args>
-  void all_reduce(Args&&... args) {
-    ++collectives;
-    LocalComm::all_reduce(std::forward<Args>(args)...);
-  }
-  [[nodiscard]] std::optional<CountingComm> split(int color, int key = 0) {
-    auto part = LocalComm::split(color, key);
-    if (!part) return std::nullopt;
-    return CountingComm(std::move(*part));
-  }
-
-  int collectives = 0;
-};
-static_assert(tandem::Communicator<CountingComm>);
+using CountingComm = tandem::test::InstrumentedComm;
 
 /// Runs fn(comm) with a CountingComm on each of n threads.
 template <class Fn>

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "instrumented_comm.hpp"
 #include "support/collective_suite.hpp"
 #include "support/error_of.hpp"
 #include "syncbn_golden.hpp"
@@ -89,37 +90,6 @@ std::size_t check_errors_across_ranks(Failures& failures, Timeout timeout) {
   return checked;
 }
 
-/// A LocalComm whose collectives throw while `failing` is set, as a collective that finds its
-/// peer gone does (without reaching the other ranks: every rank's double fails alike).
-class FailingComm : public LocalComm {
- public:
-  explicit FailingComm(LocalComm&& comm) : LocalComm(std::move(comm)) {}
-
-  template <class... Args>
-  void all_gather(Args&&... args) {
-    fail_if_set("all_gather");
-    LocalComm::all_gather(std::forward<Args>(args)...);
-  }
-  template <class... Args>
-  void all_reduce(Args&&... args) {
-    fail_if_set("all_reduce");
-    LocalComm::all_reduce(std::forward<Args>(args)...);
-  }
-  [[nodiscard]] std::optional<FailingComm> split(int color, int key = 0) {
-    auto part = LocalComm::split(color, key);
-    if (!part) return std::nullopt;
-    return FailingComm(std::move(*part));
-  }
-
-  bool failing = false;
-
- private:
-  void fail_if_set(const char* operation) const {
-    if (failing) throw Error(rank(), operation, "the test's peer is gone");
-  }
-};
-static_assert(Communicator<FailingComm>);
-
 /// On 2 ranks, after a good training step: a forward whose statistics all_gather throws passes
 /// that Error on and leaves running_mean, running_var and num_batches_tracked exactly as they
 /// were (bit for bit) and nothing for backward; the next forward works and counts one batch more.
@@ -130,12 +100,12 @@ std::size_t check_failed_collective(Failures& failures, Timeout timeout) {
   run_local(
       2,
       [&](LocalComm& local) {
-        FailingComm comm(std::move(local));
+        InstrumentedComm comm(std::move(local));
         for (const std::optional<double> momentum :
              {std::optional<double>(0.1), std::optional<double>()}) {
           const std::string where =
               "rank " + std::to_string(comm.rank()) + (momentum ? ", momentum" : ", cumulative");
-          SyncBatchNorm<FailingComm, float, Space, Exec> bn(comm, 3, {.momentum = momentum});
+          SyncBatchNorm<InstrumentedComm, float, Space, Exec> bn(comm, 3, {.momentum = momentum});
           Buffer<float> values(Shape{2 + comm.rank(), 3, 2});
           for (std::size_t i = 0; i < values.size(); ++i) {
             values[i] = static_cast<float>((i * 5 + static_cast<std::size_t>(comm.rank())) % 7);

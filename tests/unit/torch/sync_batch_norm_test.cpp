@@ -39,6 +39,7 @@
 #include "support/golden.hpp"
 #include "tandem/comm/local/local.hpp"
 #include "tandem/torch/sync_batch_norm.hpp"
+#include "unit/nn/instrumented_comm.hpp"
 
 using namespace std::chrono_literals;
 using tandem::LocalComm;
@@ -524,37 +525,6 @@ TEST_CASE("a BatchNorm held by a struct member: a clear Error, or skipped when a
 
 namespace {
 
-/// A LocalComm whose collectives throw while `failing` is set, as a collective that finds its
-/// peer gone does (without reaching the other ranks: every rank's double fails alike).
-class FailingComm : public LocalComm {
- public:
-  explicit FailingComm(LocalComm&& comm) : LocalComm(std::move(comm)) {}
-
-  template <class... Args>
-  void all_gather(Args&&... args) {
-    fail_if_set("all_gather");
-    LocalComm::all_gather(std::forward<Args>(args)...);
-  }
-  template <class... Args>
-  void all_reduce(Args&&... args) {
-    fail_if_set("all_reduce");
-    LocalComm::all_reduce(std::forward<Args>(args)...);
-  }
-  [[nodiscard]] std::optional<FailingComm> split(int color, int key = 0) {
-    auto part = LocalComm::split(color, key);
-    if (!part) return std::nullopt;
-    return FailingComm(std::move(*part));
-  }
-
-  bool failing = false;
-
- private:
-  void fail_if_set(const char* operation) const {
-    if (failing) throw tandem::Error(rank(), operation, "the test's peer is gone");
-  }
-};
-static_assert(tandem::Communicator<FailingComm>);
-
 /// The running statistics and the counter, copied.
 std::vector<torch::Tensor> running_state(const tt::SyncBatchNorm& bn) {
   return {bn->running_mean.clone(), bn->running_var.clone(), bn->num_batches_tracked.clone()};
@@ -588,7 +558,7 @@ TEST_CASE("a forward that fails leaves the running statistics and num_batches_tr
   tandem::run_local(
       2,
       [&](LocalComm& local) {
-        FailingComm comm(std::move(local));
+        tandem::test::InstrumentedComm comm(std::move(local));
         for (const bool cumulative : {false, true}) {
           const std::string where =
               "rank " + std::to_string(comm.rank()) + (cumulative ? ", cumulative" : ", momentum");
@@ -654,5 +624,13 @@ TEST_CASE("SyncBatchNorm misuse is a tandem::Error on every rank") {
     tt::SyncBatchNorm bn(comm, 3);
     CHECK_THROWS_AS(bn(torch::randn({2, 4})), tandem::Error);
     CHECK_THROWS_AS(bn(torch::randn({3})), tandem::Error);
+    // nn's SyncBatchNorm's messages (the check both share).
+    DOCTEST_CHECK(error_of([&] {
+                    (void)bn(torch::randn({2, 4}));
+                  }).find("input of shape [2, 4] has 4 channels, this SyncBatchNorm has 3") !=
+                  std::string::npos);
+    DOCTEST_CHECK(error_of([&] {
+                    (void)bn(torch::randn({3}));
+                  }).find("at least 2 dimensions, got shape [3]") != std::string::npos);
   });
 }

@@ -141,6 +141,24 @@ void commit_step(const Exec& exec, std::size_t channels, T* running_mean, T* run
   throw Error(rank, "SyncBatchNorm::" + operation, cause);
 }
 
+/// An input of shape `shape` (its text, as "[2, 3, 4]") must be (N, C, ...) with this module's
+/// C = `channels`: an Error naming `operation` and the cause otherwise. `dims` is its number of
+/// dimensions and `input_channels` its extent 1 (read only when dims >= 2); `hint` ends the first
+/// message.
+inline void check_input(int rank, const std::string& operation, std::size_t dims,
+                        std::int64_t input_channels, std::size_t channels, const std::string& shape,
+                        const std::string& hint = "") {
+  if (dims < 2) {
+    fail(rank, operation,
+         "expected an (N, C, ...) input of at least 2 dimensions, got shape " + shape + hint);
+  }
+  if (input_channels != static_cast<std::int64_t>(channels)) {
+    fail(rank, operation,
+         "input of shape " + shape + " has " + std::to_string(input_channels) +
+             " channels, this SyncBatchNorm has " + std::to_string(channels));
+  }
+}
+
 /// After the first synchronised forward's all_gather of every rank's num_features (as doubles,
 /// `counts[r]` for rank r): an Error naming the first rank that differs from this one, since the
 /// statistics' all_gather would otherwise be a mismatched collective (undefined on MPI and NCCL).
