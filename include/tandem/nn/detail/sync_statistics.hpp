@@ -3,8 +3,7 @@
 // a rank's statistics, their merge across ranks, the checks and their Errors, and the commit of a
 // training step (running statistics, then num_batches_tracked). TANDEM_HD functors run through
 // any executor (host, GPU); the checks run on the host.
-//   for_each_index(exec, C, detail::batch_norm::merge_statistics<double>{records, world, {C},
-//   ...});
+//   for_each_index(exec, C, detail::batch_norm::merge_statistics<double>{all, world, wire, ...});
 // Needs: tandem/tensor and core/error.hpp; no Communicator (each face runs its own collectives).
 // One step's order, on both faces: check the input; gather every rank's record; merge; check the
 // values per channel; commit. A step that throws before its commit (a collective that fails, a
