@@ -38,6 +38,8 @@ CONCEPT_HEADERS = {
     "arena/parameters.hpp": "the arena of parameters the training rooms (ddp/, optim/) share",
     "optim/optimizer.hpp": "the Optimizer concept",
     "data/dataset.hpp": "the Dataset concept",
+    "nn/detail/sync_statistics.hpp": "SyncBatchNorm's per-channel core (wire format, merge, "
+    "checks, commit), which torch/'s SyncBatchNorm shares: on core/ and tensor/ alone",
 }
 
 # The room whose library a backend drives.
