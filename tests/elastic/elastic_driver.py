@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""Elastic training under faults: runs elastic_worker (a short DDP training under tandem::Elastic)
+and loses one rank; the survivors must heal and finish.
+
+Each trial draws, from --seed, a victim rank, a step, a collective (the step's gradient sync or
+its loss all_reduce) and a point (before, inside or after it), starts the job, waits for the
+victim to announce the point (DIR/rank<V>.at) and sends it SIGKILL or SIGSTOP (threads: the
+victim thread leaves, --signal exit, or blocks, --signal stop). The protocol and the helpers are
+tests/fault's (fault_driver.py): inside, the signal lands 20-300 ms after the victim entered the
+collective, which the survivors enter only once the signal is sent. No step waits on the clock;
+the bounds here only end a hang and are generous for a loaded machine.
+
+A trial passes when every survivor exits 0 within its bound, each wrote DIR/rank<R>.result, and
+they all say: every step was taken (steps), each exactly once (applied optimizer steps = steps),
+one heal into generation 1 of world-1 members, and the same parameters (their hash) on every
+survivor. Processes are started here by hand over file:// (a FileStore in the trial's directory,
+which outlives any rank, so the victim may be rank 0), as fault_driver.py's env mode does.
+
+  elastic_driver.py --worker build/x/tests/elastic/elastic_worker --backend shm --signal kill \\
+                    --world 3 --trials 3 --seed 1
+Exit status: 0 when every trial passed, 1 when one failed.
+"""
+
+import argparse
+import importlib.util
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+_spec = importlib.util.spec_from_file_location(
+    "fault_driver", os.path.join(HERE, "..", "fault", "fault_driver.py"))
+fault = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(fault)
+
+STEPS = 24
+SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
+
+
+def plan_trial(rng, world):
+    point = rng.choice(["before", "inside", "after"])
+    return {
+        "victim": rng.randrange(world),
+        "step": rng.randint(1, STEPS - 3),
+        "target": rng.choice(["grads", "loss"]),
+        "point": point,
+        "delay": rng.uniform(0.02, 0.3) if point == "inside" else 0.0,
+    }
+
+
+def start(args, trial, directory):
+    wargs = ["--backend", args.backend, "--dir", directory, "--ranks", str(args.world),
+             "--steps", str(STEPS), "--timeout-ms", str(args.timeout_ms),
+             "--window-ms", str(args.window_ms), "--fault-step", str(trial["step"]),
+             "--point", trial["point"], "--target", trial["target"],
+             "--victim", str(trial["victim"]),
+             "--fault", args.signal if args.backend == "local" else "exit"]
+
+    def out(name):
+        return open(os.path.join(directory, name), "wb")
+
+    if args.backend == "local":
+        proc = subprocess.Popen([args.worker] + wargs, stdout=out("out0"), stderr=out("err0"),
+                                start_new_session=True)
+        return {"launcher": proc, "ranks": {}}
+    ranks = {}
+    for r in range(args.world):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(args.world), LOCAL_RANK=str(r),
+                   LOCAL_WORLD_SIZE=str(args.world))
+        if args.backend == "hierarchical":
+            node, nodes = r // 2, (args.world + 1) // 2
+            env.update(LOCAL_RANK=str(r % 2), LOCAL_WORLD_SIZE=str(min(2, args.world - 2 * node)),
+                       GROUP_RANK=str(node), GROUP_WORLD_SIZE=str(nodes))
+        ranks[r] = subprocess.Popen([args.worker] + wargs, env=env, stdout=out(f"out{r}"),
+                                    stderr=out(f"err{r}"), start_new_session=True)
+    return {"launcher": None, "ranks": ranks}
+
+
+def run_trial(args, trial, directory):
+    victim = trial["victim"]
+    survivors = [r for r in range(args.world) if r != victim]
+    failures = []
+    job = start(args, trial, directory)
+    pids = []
+    try:
+        at = fault.wait_for(os.path.join(directory, f"rank{victim}.at"), job,
+                            time.monotonic() + args.startup_s)
+        if at is None:
+            return ["the victim never reached its point; stderr ends: " +
+                    fault.error_tail(directory)], None
+        if args.backend != "local":
+            for r in range(args.world):
+                text = fault.read(os.path.join(directory, f"rank{r}.pid"))
+                if text:
+                    pids.append(int(text.split()[0]))
+            victim_pid = int(fault.read(os.path.join(directory, f"rank{victim}.pid")).split()[0])
+            if trial["delay"] > 0:
+                time.sleep(trial["delay"])  # where the signal lands, not a synchronisation
+            os.kill(victim_pid, SIGNALS[args.signal])
+            fault.publish(os.path.join(directory, "signalled"), "1\n")
+        fault_time = time.monotonic()
+        now_at = fault.read(os.path.join(directory, f"rank{victim}.at")) or at
+        landed = "after (it had returned)" if now_at.startswith("passed") else now_at.split()[0]
+
+        # Wait for the survivors (threads: the process) to end.
+        limit = fault_time + args.bound_s
+        procs = [job["launcher"]] if job["launcher"] else [job["ranks"][r] for r in survivors]
+        while time.monotonic() < limit and any(p.poll() is None for p in procs):
+            time.sleep(0.01)
+        ended_after = time.monotonic() - fault_time
+        for p in procs:
+            if p.poll() is None:
+                failures.append(f"still running {args.bound_s:g} s after the fault")
+                break
+        for r in (survivors if args.backend != "local" else [None]):
+            p = job["launcher"] if r is None else job["ranks"][r]
+            if p.poll() not in (None, 0):
+                who = "the process" if r is None else f"rank {r}"
+                failures.append(f"{who} exited {p.poll()}")
+        results = {}
+        for r in survivors:
+            text = fault.read(os.path.join(directory, f"rank{r}.result"))
+            if not text:
+                failures.append(f"rank {r} wrote no result")
+                continue
+            steps, applied, generation, size, digest, heals = text.split()
+            results[r] = (int(steps), int(applied), int(generation), int(size), digest, int(heals))
+        for r, (steps, applied, generation, size, digest, heals) in results.items():
+            if steps != STEPS or applied != STEPS:
+                failures.append(f"rank {r}: {steps} steps done, {applied} applied (want {STEPS})")
+            if generation != 1 or size != args.world - 1 or heals != 1:
+                failures.append(f"rank {r}: generation {generation}, {size} members, {heals} "
+                                f"heals (want 1, {args.world - 1}, 1)")
+        if len({v[4] for v in results.values()}) > 1:
+            failures.append("the survivors' parameters differ: " +
+                            ", ".join(f"rank {r} {v[4]}" for r, v in results.items()))
+        text = "".join(fault.read(os.path.join(directory, n)) or ""
+                       for n in sorted(os.listdir(directory)) if n.startswith("err"))
+        sanitizer = re.search(r"(ERROR: \w+Sanitizer[^\n]*|WARNING: ThreadSanitizer[^\n]*|"
+                              r"runtime error:[^\n]*)", text)
+        if sanitizer:
+            failures.append(f"a sanitizer reported: {sanitizer.group(1)}")
+        if failures:
+            failures.append("stderr ends: " + fault.error_tail(directory))
+        return failures, {"landed": landed, "ended_after": ended_after}
+    finally:
+        fault.kill_everything(job, pids)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--worker", required=True)
+    parser.add_argument("--backend", required=True,
+                        choices=["local", "gloo", "shm", "hierarchical"])
+    parser.add_argument("--signal", required=True, choices=["kill", "stop", "exit"])
+    parser.add_argument("--world", type=int, default=3)
+    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--timeout-ms", type=int, default=2000,
+                        help="the collective timeout (how a stopped rank is found)")
+    parser.add_argument("--window-ms", type=int, default=10000, help="the heal's window")
+    parser.add_argument("--startup-s", type=float, default=120.0)
+    parser.add_argument("--bound-s", type=float, default=90.0,
+                        help="how long the survivors may take to finish after the fault")
+    parser.add_argument("--keep", action="store_true", help="keep each trial's directory")
+    args = parser.parse_args()
+    if (args.backend == "local") != (args.signal != "kill") and args.signal != "stop":
+        parser.error("local takes --signal exit|stop; processes take kill|stop")
+
+    failed = 0
+    for i in range(args.trials):
+        trial = plan_trial(random.Random(args.seed * 1000003 + i), args.world)
+        directory = tempfile.mkdtemp(prefix="tandem-elastic-")
+        try:
+            failures, info = run_trial(args, trial, directory)
+        finally:
+            if not args.keep:
+                subprocess.run(["rm", "-rf", directory], check=False)
+        failed += bool(failures)
+        status = "FAIL" if failures else "PASS"
+        where = f"landed: {info['landed']}; survivors done {info['ended_after']:.2f} s after" \
+            if info else "no fault"
+        print(f"[{status}] {args.backend}/{args.signal} trial {i}: {args.world} ranks, victim "
+              f"rank {trial['victim']}, step {trial['step']}, {trial['point']} the "
+              f"{trial['target']} collective ({where})" + (f" [{directory}]" if args.keep else ""))
+        for failure in failures:
+            print(f"    - {failure}")
+        sys.stdout.flush()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
