@@ -128,9 +128,10 @@ def run_trial(args, trial, directory):
             if not text:
                 failures.append(f"rank {r} wrote no result")
                 continue
-            steps, applied, generation, size, digest, heals = text.split()
-            results[r] = (int(steps), int(applied), int(generation), int(size), digest, int(heals))
-        for r, (steps, applied, generation, size, digest, heals) in results.items():
+            steps, applied, generation, size, digest, heals, heal_us = text.split()
+            results[r] = (int(steps), int(applied), int(generation), int(size), digest, int(heals),
+                          int(heal_us))
+        for r, (steps, applied, generation, size, digest, heals, _) in results.items():
             if steps != STEPS or applied != STEPS:
                 failures.append(f"rank {r}: {steps} steps done, {applied} applied (want {STEPS})")
             if generation != 1 or size != args.world - 1 or heals != 1:
@@ -147,7 +148,8 @@ def run_trial(args, trial, directory):
             failures.append(f"a sanitizer reported: {sanitizer.group(1)}")
         if failures:
             failures.append("stderr ends: " + fault.error_tail(directory))
-        return failures, {"landed": landed, "ended_after": ended_after}
+        heal_s = max((v[6] for v in results.values()), default=0) / 1e6
+        return failures, {"landed": landed, "ended_after": ended_after, "heal_s": heal_s}
     finally:
         fault.kill_everything(job, pids)
 
@@ -184,8 +186,8 @@ def main():
                 subprocess.run(["rm", "-rf", directory], check=False)
         failed += bool(failures)
         status = "FAIL" if failures else "PASS"
-        where = f"landed: {info['landed']}; survivors done {info['ended_after']:.2f} s after" \
-            if info else "no fault"
+        where = f"landed: {info['landed']}; longest heal {info['heal_s']:.3f} s; survivors done " \
+            f"{info['ended_after']:.2f} s after the fault" if info else "no fault"
         print(f"[{status}] {args.backend}/{args.signal} trial {i}: {args.world} ranks, victim "
               f"rank {trial['victim']}, step {trial['step']}, {trial['point']} the "
               f"{trial['target']} collective ({where})" + (f" [{directory}]" if args.keep else ""))

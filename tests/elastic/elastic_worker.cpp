@@ -15,8 +15,9 @@
 //
 // The ranks meet in a FileStore in DIR (file://), which outlives any rank, so any rank may be the
 // victim. Every rank that finishes writes DIR/rank<R>.result: "steps applied generation size
-// hash heals" (R its first rank; applied counts the optimizer steps it took; hash is FNV-1a of its
-// parameters' bytes) and exits 0 when the loss fell; a rank that fails prints its tandem::Error.
+// hash heals heal_us" (R its first rank; applied counts the optimizer steps it took; hash is
+// FNV-1a of its parameters' bytes; heal_us how long its last heal took) and exits 0 when the loss
+// fell; a rank that fails prints its tandem::Error.
 #include <signal.h>
 #include <time.h>
 #include <unistd.h>
@@ -213,7 +214,11 @@ bool train(tandem::Elastic<Comm>& elastic, const Settings& settings, FaultPlan& 
           std::to_string(elastic.steps_done()) + " " + std::to_string(applied) + " " +
               std::to_string(elastic.generation()) + " " +
               std::to_string(elastic.members().size()) + " " + std::to_string(hash) + " " +
-              std::to_string(elastic.heals()) + "\n");
+              std::to_string(elastic.heals()) + " " +
+              std::to_string(
+                  std::chrono::duration_cast<std::chrono::microseconds>(elastic.last_heal_time())
+                      .count()) +
+              "\n");
   return last_loss < first_loss;
 }
 

@@ -103,6 +103,11 @@ class Elastic {
   [[nodiscard]] std::int64_t steps_done() const noexcept { return steps_done_; }
   /// Heals so far.
   [[nodiscard]] int heals() const noexcept { return heals_; }
+  /// How long the last heal took, from the failure this rank caught to the rebuilt group (the
+  /// rebuild callback included); zero before the first.
+  [[nodiscard]] std::chrono::steady_clock::duration last_heal_time() const noexcept {
+    return last_heal_time_;
+  }
 
   /// What a heal calls: `release()` first, while the old communicator still exists (drop what
   /// holds it: DDP, SyncBatchNorm, anything with work in flight), and `rebuild(comm)` once the
@@ -177,6 +182,7 @@ class Elastic {
   /// cannot go on (too many heals, too few members, this rank left behind, nobody lost).
   template <class Apply>
   void heal(const Error& cause, Apply& apply) {
+    const auto started = std::chrono::steady_clock::now();
     for (;;) {
       if (heals_ >= elastic_.max_heals) {
         throw Error(member_, "elastic heal",
@@ -212,6 +218,7 @@ class Elastic {
         comm_.emplace(
             B::rendezvous(elastic::world_of(members_, node_of, member_), scoped, options_));
         if (rebuild_) rebuild_(*comm_);
+        last_heal_time_ = std::chrono::steady_clock::now() - started;
         return;
       } catch (const Error& again) {  // another loss while re-forming: heal again
         reduced_ = false;
@@ -245,6 +252,7 @@ class Elastic {
   std::int64_t steps_done_ = 0;
   bool reduced_ = false;
   int heals_ = 0;
+  std::chrono::steady_clock::duration last_heal_time_{};
   std::optional<B> comm_;
   std::function<void()> release_;
   std::function<void(B&)> rebuild_;
