@@ -28,9 +28,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -297,42 +297,25 @@ int usage() {
 int main(int argc, char** argv) {
   Settings settings;
   if (argc % 2 == 0) return usage();
+  const std::map<std::string_view, std::string*> words{{"--backend", &settings.backend},
+                                                       {"--dir", &settings.dir},
+                                                       {"--point", &settings.point},
+                                                       {"--target", &settings.target},
+                                                       {"--fault", &settings.fault}};
+  const std::map<std::string_view, int*> numbers{
+      {"--ranks", &settings.ranks},           {"--steps", &settings.steps},
+      {"--timeout-ms", &settings.timeout_ms}, {"--window-ms", &settings.window_ms},
+      {"--fault-step", &settings.fault_step}, {"--victim", &settings.victim}};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string_view flag = argv[i];
-    const std::string value = argv[i + 1];
-    const auto number = [&] {
-      const auto parsed = tandem::parse_int(value);
-      if (!parsed || *parsed < -1 || *parsed > 10000000) throw std::invalid_argument(value);
-      return static_cast<int>(*parsed);
-    };
-    try {
-      if (flag == "--backend")
-        settings.backend = value;
-      else if (flag == "--dir")
-        settings.dir = value;
-      else if (flag == "--ranks")
-        settings.ranks = number();
-      else if (flag == "--steps")
-        settings.steps = number();
-      else if (flag == "--timeout-ms")
-        settings.timeout_ms = number();
-      else if (flag == "--window-ms")
-        settings.window_ms = number();
-      else if (flag == "--fault-step")
-        settings.fault_step = number();
-      else if (flag == "--point")
-        settings.point = value;
-      else if (flag == "--target")
-        settings.target = value;
-      else if (flag == "--fault")
-        settings.fault = value;
-      else if (flag == "--victim")
-        settings.victim = number();
-      else
-        return usage();
-    } catch (const std::invalid_argument&) {
-      return usage();
+    if (const auto word = words.find(flag); word != words.end()) {
+      *word->second = argv[i + 1];
+      continue;
     }
+    const auto number = numbers.find(flag);
+    const auto parsed = tandem::parse_int(argv[i + 1]);
+    if (number == numbers.end() || !parsed || *parsed < -1 || *parsed > 10000000) return usage();
+    *number->second = static_cast<int>(*parsed);
   }
   if (settings.backend == "local") return run_threads(settings);
 #if TANDEM_ELASTIC_WITH_GLOO
