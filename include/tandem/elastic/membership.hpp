@@ -102,9 +102,11 @@ struct Arrival {
   std::int64_t steps_done = 0;  ///< steps it has applied
   bool reduced = false;         ///< the step in flight had its gradients reduced on this rank
 
+  /// "member steps_done reduced" (reduced: 0 or 1), as the round's store keeps it.
   [[nodiscard]] std::string text() const {
     return std::to_string(member) + " " + std::to_string(steps_done) + " " + (reduced ? "1" : "0");
   }
+  /// The arrival text() wrote; nullopt when it is not one.
   static std::optional<Arrival> parse(const std::string& text) {
     std::istringstream in(text);
     Arrival arrival;
