@@ -18,6 +18,9 @@ which outlives any rank, so the victim may be rank 0), as fault_driver.py's env 
 
   elastic_driver.py --worker build/x/tests/elastic/elastic_worker --backend shm --signal kill \\
                     --world 3 --trials 3 --seed 1
+With --tandemrun, the process ranks are started by `tandemrun --standalone --elastic` instead, and
+tandemrun must exit 0 and report the victim lost (a stopped victim: ended once the survivors
+finished).
 Exit status: 0 when every trial passed, 1 when one failed.
 """
 
@@ -68,6 +71,11 @@ def start(args, trial, directory):
         proc = subprocess.Popen([args.worker] + wargs, stdout=out("out0"), stderr=out("err0"),
                                 start_new_session=True)
         return {"launcher": proc, "ranks": {}}
+    if args.tandemrun:
+        proc = subprocess.Popen([args.tandemrun, "--standalone", "--elastic", "--nproc-per-node",
+                                 str(args.world), args.worker] + wargs,
+                                stdout=out("out"), stderr=out("err"), start_new_session=True)
+        return {"launcher": proc, "ranks": {}}
     ranks = {}
     for r in range(args.world):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(args.world), LOCAL_RANK=str(r),
@@ -110,6 +118,7 @@ def run_trial(args, trial, directory):
         # Wait for the survivors (threads: the process) to end.
         limit = fault_time + args.bound_s
         procs = [job["launcher"]] if job["launcher"] else [job["ranks"][r] for r in survivors]
+        launched = job["launcher"] is not None
         while time.monotonic() < limit and any(p.poll() is None for p in procs):
             time.sleep(0.01)
         ended_after = time.monotonic() - fault_time
@@ -117,11 +126,16 @@ def run_trial(args, trial, directory):
             if p.poll() is None:
                 failures.append(f"still running {args.bound_s:g} s after the fault")
                 break
-        for r in (survivors if args.backend != "local" else [None]):
+        for r in ([None] if launched else survivors):
             p = job["launcher"] if r is None else job["ranks"][r]
             if p.poll() not in (None, 0):
-                who = "the process" if r is None else f"rank {r}"
+                who = f"rank {r}" if r is not None else \
+                    "tandemrun" if args.tandemrun else "the process"
                 failures.append(f"{who} exited {p.poll()}")
+        if args.tandemrun and not re.search(
+                rf"tandemrun: rank {victim} was lost \(signal SIGKILL",
+                fault.read(os.path.join(directory, "err")) or ""):
+            failures.append(f"tandemrun did not report rank {victim} lost")
         results = {}
         for r in survivors:
             text = fault.read(os.path.join(directory, f"rank{r}.result"))
@@ -158,6 +172,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worker", required=True)
+    parser.add_argument("--tandemrun", help="start the ranks with tandemrun --elastic (processes)")
     parser.add_argument("--backend", required=True,
                         choices=["local", "gloo", "shm", "hierarchical"])
     parser.add_argument("--signal", required=True, choices=["kill", "stop", "exit"])
