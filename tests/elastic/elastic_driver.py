@@ -100,7 +100,7 @@ def run_trial(args, trial, directory):
                             time.monotonic() + args.startup_s)
         if at is None:
             return ["the victim never reached its point; stderr ends: " +
-                    fault.error_tail(directory)], None
+                    fault.error_tail(directory)], {"setup_error": True}
         if args.backend != "local":
             for r in range(args.world):
                 text = fault.read(os.path.join(directory, f"rank{r}.pid"))
@@ -193,12 +193,25 @@ def main():
     failed = 0
     for i in range(args.trials):
         trial = plan_trial(random.Random(args.seed * 1000003 + i), args.world)
-        directory = tempfile.mkdtemp(prefix="tandem-elastic-")
-        try:
-            failures, info = run_trial(args, trial, directory)
-        finally:
-            if not args.keep:
-                subprocess.run(["rm", "-rf", directory], check=False)
+        retried = []
+        for _ in range(3):
+            directory = tempfile.mkdtemp(prefix="tandem-elastic-")
+            try:
+                failures, info = run_trial(args, trial, directory)
+            finally:
+                if not args.keep:
+                    subprocess.run(["rm", "-rf", directory], check=False)
+            # A job the machine stopped before its fault (a collective starved past the short
+            # timeout on a loaded machine) is no trial of the fault: start again, twice at most,
+            # as fault_driver.py does.
+            if not (info.get("setup_error") and re.search(fault.ENVIRONMENTAL, failures[0])):
+                break
+            retried.append(failures[0])
+        failures = failures + [f"(started again after: {why})" for why in retried] \
+            if failures else failures
+        if retried and not failures:
+            print(f"    note: started again {len(retried)} time(s) after: {retried[0]}")
+        info = None if info.get("setup_error") else info
         failed += bool(failures)
         status = "FAIL" if failures else "PASS"
         where = f"landed: {info['landed']}; longest heal {info['heal_s']:.3f} s; survivors done " \
