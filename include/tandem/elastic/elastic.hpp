@@ -45,6 +45,8 @@ struct ElasticOptions {
   /// How long a survivor waits in a membership round for members that neither arrived nor are
   /// known lost (members on another host; a live one that does not come) before the group goes
   /// on without them. Members on this host whose process is gone or stopped are not waited for.
+  /// Make it longer than a live survivor can take to arrive (its longest step's local work plus
+  /// the detection): one that arrives later is left out and raises.
   Timeout window = std::chrono::seconds(10);
   /// Heals allowed over the whole run; one more loss is the job's end (an Error).
   int max_heals = 16;
@@ -121,10 +123,12 @@ class Elastic {
 
   /// Takes one step: compute(comm) runs every collective of the step (forward, backward and
   /// the gradient reduction, metrics), then the group passes the step's commit point (a
-  /// barrier), then apply() updates the model (local work only: no collectives). When a rank is
-  /// lost before the commit point, the survivors heal and call compute again; when some passed
-  /// it and others did not, the others apply the committed step during the heal. Returns once
-  /// this step is applied on every member; steps_done() has grown by one.
+  /// barrier), then apply() updates the model: local work only, no collectives, and nothing that
+  /// release() dropped (opt.step(), not ddp.step(opt): a survivor may apply a step committed
+  /// elsewhere during the heal, between release and rebuild). When a rank is lost before the
+  /// commit point, the survivors heal and call compute again; when some passed it and others did
+  /// not, the others apply the committed step during the heal. Returns once this step is
+  /// applied on every member; steps_done() has grown by one.
   template <class Compute, class Apply>
   void step(Compute&& compute, Apply&& apply) {
     const std::int64_t target = steps_done_ + 1;
