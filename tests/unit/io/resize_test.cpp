@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -351,4 +352,63 @@ TEST_CASE("the two-argument sampler resumes at its own world size only, and says
     CHECK(batches_done == 0);
   });
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a saved sampler position outside its epoch is refused, naming the field") {
+  const tandem::CheckpointRanks one{
+      0, 1, [](const std::string& mine) { return std::vector<std::string>{mine}; }};
+  nlohmann::json good;
+  {
+    tandem::DistributedSampler sampler(samples, 2, 0, {.seed = 3});
+    std::size_t batches_done = 3;
+    tandem::TrainingState state;
+    state.sampler(sampler, batches_done, batch);
+    tandem::SafetensorsWriter writer;
+    state.save_to(writer, one);
+    const auto bytes = writer.serialize();
+    good = nlohmann::json::parse(tandem::SafetensorsFile::parse(bytes, "x")
+                                     .metadata()
+                                     .at(tandem::TrainingState::metadata_key));
+  }
+  CHECK(good["sampler"]["consumed"] == 24);  // 3 batches of 4 on each of 2 ranks
+  const auto load = [&](const nlohmann::json& meta) -> std::string {
+    tandem::SafetensorsWriter writer;
+    writer.metadata(tandem::TrainingState::metadata_key, meta.dump());
+    const auto bytes = writer.serialize();
+    tandem::DistributedSampler sampler(samples, 3, 1, {.seed = 3});
+    std::size_t batches_done = 7;
+    tandem::TrainingState state;
+    state.sampler(sampler, batches_done, batch);
+    try {
+      state.load_from(tandem::SafetensorsFile::parse(bytes, "made.safetensors"), one);
+    } catch (const tandem::Error& error) {
+      return error.what();
+    }
+    CHECK(sampler.offset() == 24);
+    CHECK(batches_done == 0);
+    return "";
+  };
+  CHECK(load(good).empty());
+  auto beyond = good;
+  beyond["sampler"]["consumed"] = samples + 1;
+  CHECK(load(beyond).find("'sampler.consumed' is 61, outside the epoch's positions 0 .. 60") !=
+        std::string::npos);
+  auto before = good;
+  before["sampler"]["offset"] = 30;
+  CHECK(load(before).find("'sampler.consumed' is 24, outside the epoch's positions 30") !=
+        std::string::npos);
+  auto negative = good;
+  negative["sampler"]["consumed"] = -1;
+  CHECK(load(negative).find("'sampler.consumed' is -1, out of range") != std::string::npos);
+  auto nobody = good;
+  nobody["sampler"]["num_replicas"] = 0;
+  CHECK(load(nobody).find("at least 1 rank") != std::string::npos);
+  CHECK_THROWS_WITH_AS(
+      [] {
+        tandem::DistributedSampler sampler(samples, 1, 0);
+        std::size_t batches_done = 0;
+        tandem::TrainingState state;
+        state.sampler(sampler, batches_done, 0);
+      }(),
+      doctest::Contains("batch_size = 0"), tandem::Error);
 }
