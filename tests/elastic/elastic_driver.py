@@ -11,9 +11,10 @@ collective, which the survivors enter only once the signal is sent. No step wait
 the bounds here only end a hang and are generous for a loaded machine.
 
 A trial passes when every survivor exits 0 within its bound, each wrote DIR/rank<R>.result, and
-they all say: every step was taken (steps), each exactly once (applied optimizer steps = steps),
-one heal into generation 1 of world-1 members, and the same parameters (their hash) on every
-survivor. Processes are started here by hand over file:// (a FileStore in the trial's directory,
+they all say: each step applied exactly once (applied optimizer steps = steps, the same number on
+every survivor), one heal into generation 1 of world-1 members, the same parameters (their hash)
+on every survivor, and every sample of the epoch used exactly once in an applied step (the epoch's
+rest is re-split over the survivors; at most world-2 samples repeated, the last split's padding). Processes are started here by hand over file:// (a FileStore in the trial's directory,
 which outlives any rank, so the victim may be rank 0), as fault_driver.py's env mode does.
 
   elastic_driver.py --worker build/x/tests/elastic/elastic_worker --backend shm --signal kill \\
@@ -146,14 +147,34 @@ def run_trial(args, trial, directory):
             results[r] = (int(steps), int(applied), int(generation), int(size), digest, int(heals),
                           int(heal_us))
         for r, (steps, applied, generation, size, digest, heals, _) in results.items():
-            if steps != STEPS or applied != STEPS:
-                failures.append(f"rank {r}: {steps} steps done, {applied} applied (want {STEPS})")
+            if steps != applied:
+                failures.append(f"rank {r}: {steps} steps done, {applied} optimizer steps applied")
             if generation != 1 or size != args.world - 1 or heals != 1:
                 failures.append(f"rank {r}: generation {generation}, {size} members, {heals} "
                                 f"heals (want 1, {args.world - 1}, 1)")
+        if len({v[0] for v in results.values()}) > 1:
+            failures.append("the survivors took different numbers of steps: " +
+                            ", ".join(f"rank {r} {v[0]}" for r, v in results.items()))
         if len({v[4] for v in results.values()}) > 1:
             failures.append("the survivors' parameters differ: " +
                             ", ".join(f"rank {r} {v[4]}" for r, v in results.items()))
+        # Every sample of the epoch went into an applied step exactly once, but for the padding of
+        # the last split (at most members - 1 samples repeated, the sampler's rule).
+        counted = {}
+        for r in survivors:
+            text = fault.read(os.path.join(directory, f"rank{r}.samples"))
+            if text:
+                counted[r] = [int(c) for c in text.split()]
+        if len({tuple(c) for c in counted.values()}) > 1:
+            failures.append("the survivors counted different samples")
+        for r, counts in list(counted.items())[:1]:
+            unused = [i for i, c in enumerate(counts) if c == 0]
+            extra = sum(counts) - len(counts)
+            if len(counts) != args.world * STEPS * 16 or unused or extra > args.world - 2 or \
+                    extra < 0:
+                failures.append(f"rank {r}: of {len(counts)} samples, {len(unused)} never used "
+                                f"(first {unused[:5]}), {extra} used more than once (at most "
+                                f"{args.world - 2} may be, the last split's padding)")
         text = "".join(fault.read(os.path.join(directory, n)) or ""
                        for n in sorted(os.listdir(directory)) if n.startswith("err"))
         sanitizer = re.search(r"(ERROR: \w+Sanitizer[^\n]*|WARNING: ThreadSanitizer[^\n]*|"

@@ -5,23 +5,28 @@
 //
 // The training is tests/fault's (tests/support/mlp.hpp's perceptron, DistributedDataParallel
 // overlapping small bucket all_reduces with the backward, plain SGD, the loss averaged over the
-// ranks), and so is the fault protocol (the files DIR/rank<R>.pid, DIR/rank<V>.at, DIR/signalled,
-// read by the helpers tests/fault/fault_driver.py has): the victim announces its point, and the
-// driver sends it SIGKILL or SIGSTOP (before: before the step's forward; inside: with the
-// collective in flight, the survivors entering it only once the signal is sent; after: once the
-// collective returned, before the step's commit). A thread victim (local) leaves its rank function
+// ranks), over one shuffled epoch that a DistributedSampler splits, re-split over the survivors
+// in Elastic's rebuild callback (DistributedSampler::resplit); the fault protocol is tests/fault's
+// (the files DIR/rank<R>.pid, DIR/rank<V>.at, DIR/signalled, read by the helpers
+// tests/fault/fault_driver.py has): the victim announces its point, and the driver sends it SIGKILL
+// or SIGSTOP (before: before the step's forward; inside: with the collective in flight, the
+// survivors entering it only once the signal is sent; after: once the collective returned, before
+// the step's commit). A thread victim (local) leaves its rank function
 // (--fault exit) or blocks for good (--fault stop) itself. The fault fires in generation 0 only:
 // the step taken again after the heal runs clean.
 //
 // The ranks meet in a FileStore in DIR (file://), which outlives any rank, so any rank may be the
 // victim. Every rank that finishes writes DIR/rank<R>.result: "steps applied generation size
 // hash heals heal_us" (R its first rank; applied counts the optimizer steps it took; hash is
-// FNV-1a of its parameters' bytes; heal_us how long its last heal took) and exits 0 when the loss
-// fell; a rank that fails prints its tandem::Error.
+// FNV-1a of its parameters' bytes; heal_us how long its last heal took) and DIR/rank<R>.samples
+// (how often each sample of the epoch went into an applied step, counted for every member of the
+// group that reduced the step), and exits 0 when the loss fell; a rank that fails prints its
+// tandem::Error.
 #include <signal.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -41,6 +46,7 @@
 #include "tandem/core/env.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/core/hash.hpp"
+#include "tandem/data/sampler.hpp"
 #include "tandem/ddp/ddp.hpp"
 #include "tandem/elastic/elastic.hpp"
 #include "tandem/rendezvous/file_store.hpp"
@@ -163,32 +169,58 @@ class FaultPlan {
   LocalStop* stop_;
 };
 
-/// One rank's training under Elastic; writes its result file. Returns whether the loss fell.
+/// Samples `indices` of the synthetic data set (each sample a function of its index alone).
+tandem::test::Batch batch_of(const std::vector<std::int64_t>& indices) {
+  tandem::test::Batch batch;
+  batch.count = indices.size();
+  for (const auto index : indices) {
+    const auto one = tandem::test::make_batch(3, 0, static_cast<std::size_t>(index), 1, 8, 4);
+    batch.x.insert(batch.x.end(), one.x.begin(), one.x.end());
+    batch.y.insert(batch.y.end(), one.y.begin(), one.y.end());
+  }
+  return batch;
+}
+
+/// One epoch of ranks * steps * 16 samples under Elastic (steps per rank at the full size: more
+/// after a loss, the epoch's rest re-split over the survivors in the rebuild callback); writes
+/// its result file and the samples each applied step used, every member's. Returns whether the
+/// loss fell.
 template <class Comm>
 bool train(tandem::Elastic<Comm>& elastic, const Settings& settings, FaultPlan& plan) {
   using Ddp = tandem::DistributedDataParallel<Comm, tandem::overlap, tandem::bucket_cap<4096>>;
   constexpr std::size_t local_batch = 16;
+  const auto samples = static_cast<std::size_t>(settings.ranks * settings.steps) * local_batch;
   tandem::test::Mlp<float> model({8, 48, 48, 4}, /*seed=*/7);
+  tandem::DistributedSampler sampler(samples, elastic.comm(), {.shuffle = true, .seed = 11});
+  sampler.set_epoch(0);
+  std::size_t taken = 0;  // positions of this rank's list (of the current split) applied
+  std::vector<int> used(samples, 0);  // by every member, in the applied steps
   std::optional<Ddp> ddp;
   ddp.emplace(elastic.comm(), model.params());
-  elastic.on_heal([&] { ddp.reset(); }, [&](Comm& comm) { ddp.emplace(comm, model.params()); });
+  elastic.on_heal([&] { ddp.reset(); },
+                  [&](Comm& comm) {
+                    ddp.emplace(comm, model.params());
+                    sampler.resplit(comm, taken);  // the epoch's rest over the new members
+                    taken = 0;
+                  });
   std::int64_t applied = 0;
-  double first_loss = 0.0;
-  double last_loss = 0.0;
-  while (elastic.steps_done() < settings.steps) {
+  std::vector<double> losses;
+  while (taken < sampler.size()) {
     const std::int64_t step = elastic.steps_done();
     double mean_loss = 0.0;
+    std::size_t count = 0;
     elastic.step(
         [&](Comm& comm) {
           const int generation = elastic.generation();
           ddp->before_forward();
           model.params().zero_grad();
           plan.at(generation, step, "grads", "before");
-          const auto rank = static_cast<std::size_t>(comm.rank());
-          const auto batch = tandem::test::make_batch(3, static_cast<std::size_t>(step) % 8,
-                                                      rank * local_batch, local_batch, 8, 4);
-          const double loss = model.forward_backward(batch, 1.0 / static_cast<double>(local_batch),
-                                                     [&](auto& param) { ddp->grad_ready(param); });
+          count = std::min(local_batch, sampler.size() - taken);
+          std::vector<std::int64_t> mine;
+          for (std::size_t k = taken; k < taken + count; ++k) mine.push_back(sampler[k]);
+          const double loss =
+              model.forward_backward(batch_of(mine), 1.0 / static_cast<double>(count),
+                                     [&](auto& param) { ddp->grad_ready(param); });
           plan.at(generation, step, "grads", "inside");
           ddp->finish_gradient_sync();
           plan.at(generation, step, "grads", "passed");
@@ -204,12 +236,24 @@ bool train(tandem::Elastic<Comm>& elastic, const Settings& settings, FaultPlan& 
         [&] {
           model.sgd_step(0.05f);
           ++applied;
+          // The samples of the step, every member's: members() is the group that reduced it.
+          const int members = static_cast<int>(elastic.members().size());
+          for (int m = 0; m < members; ++m) {
+            auto theirs = sampler;
+            theirs.resplit(members, m, 0);  // the same split, seen from member m
+            for (std::size_t k = taken; k < taken + count; ++k) {
+              ++used[static_cast<std::size_t>(theirs[k])];
+            }
+          }
+          taken += count;
         });
-    if (step == 0) first_loss = mean_loss;
-    last_loss = mean_loss;
+    losses.push_back(mean_loss);
   }
   const auto values = model.params().values();
   const auto hash = tandem::fnv1a(std::as_bytes(std::span(values.data(), values.size())));
+  std::string counts;
+  for (int n : used) counts += std::to_string(n) + " ";
+  publish(settings, "rank" + std::to_string(elastic.first_rank()) + ".samples", counts + "\n");
   publish(settings, "rank" + std::to_string(elastic.first_rank()) + ".result",
           std::to_string(elastic.steps_done()) + " " + std::to_string(applied) + " " +
               std::to_string(elastic.generation()) + " " +
@@ -219,7 +263,14 @@ bool train(tandem::Elastic<Comm>& elastic, const Settings& settings, FaultPlan& 
                   std::chrono::duration_cast<std::chrono::microseconds>(elastic.last_heal_time())
                       .count()) +
               "\n");
-  return last_loss < first_loss;
+  // The first steps' mean loss against the last ones' (single batches are noisy).
+  const auto mean_of = [&](std::size_t from, std::size_t to) {
+    double total = 0.0;
+    for (std::size_t i = from; i < to; ++i) total += losses[i];
+    return total / static_cast<double>(to - from);
+  };
+  const std::size_t few = std::min<std::size_t>(4, losses.size() / 2);
+  return few == 0 || mean_of(losses.size() - few, losses.size()) < mean_of(0, few);
 }
 
 std::string store_url(const Settings& settings) {
