@@ -136,11 +136,11 @@ class FaultPlan {
     }
     // A thread cannot be inside a synchronous collective and leave it: it leaves at "inside"
     // with the step's buckets in flight (grads), or before the collective (loss).
-    const std::string_view point =
-        threads_ && settings_.point == "inside" && settings_.target == "loss" ? "before"
-                                                                              : settings_.point;
+    const std::string point = threads_ && settings_.point == "inside" && settings_.target == "loss"
+                                  ? "before"
+                                  : settings_.point;
     if (where != point) return;
-    announce(std::string(point), step);
+    announce(point, step);
     if (!threads_) {
       if (point != "inside") {
         for (int i = 0; i < 6000; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
