@@ -14,8 +14,10 @@ A trial passes when every survivor exits 0 within its bound, each wrote DIR/rank
 they all say: each step applied exactly once (applied optimizer steps = steps, the same number on
 every survivor), one heal into generation 1 of world-1 members, the same parameters (their hash)
 on every survivor, and every sample of the epoch used exactly once in an applied step (the epoch's
-rest is re-split over the survivors; at most world-2 samples repeated, the last split's padding). Processes are started here by hand over file:// (a FileStore in the trial's directory,
-which outlives any rank, so the victim may be rank 0), as fault_driver.py's env mode does.
+rest is re-split over the survivors; at most world-2 samples repeated, the last split's padding).
+Processes are started here by hand over file:// (a FileStore in the trial's directory, which
+outlives any rank, so the victim may be rank 0), as fault_driver.py's env mode does; with
+--env-store over env:// (rank 0 hosts a TcpStore), the victim never being rank 0.
 
   elastic_driver.py --worker build/x/tests/elastic/elastic_worker --backend shm --signal kill \\
                     --world 3 --trials 3 --seed 1
@@ -46,10 +48,10 @@ STEPS = 24
 SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
 
 
-def plan_trial(rng, world):
+def plan_trial(rng, world, spare_rank0=False):
     point = rng.choice(["before", "inside", "after"])
     return {
-        "victim": rng.randrange(world),
+        "victim": rng.randrange(1, world) if spare_rank0 else rng.randrange(world),
         "step": rng.randint(1, STEPS - 3),
         "target": rng.choice(["grads", "loss"]),
         "point": point,
@@ -64,6 +66,9 @@ def start(args, trial, directory):
              "--point", trial["point"], "--target", trial["target"],
              "--victim", str(trial["victim"]),
              "--fault", args.signal if args.backend == "local" else "exit"]
+    port = fault.free_port()
+    if args.env_store:
+        wargs += ["--url", "env://"]
 
     def out(name):
         return open(os.path.join(directory, name), "wb")
@@ -80,7 +85,8 @@ def start(args, trial, directory):
     ranks = {}
     for r in range(args.world):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(args.world), LOCAL_RANK=str(r),
-                   LOCAL_WORLD_SIZE=str(args.world))
+                   LOCAL_WORLD_SIZE=str(args.world), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port))
         if args.backend == "hierarchical":
             node, nodes = r // 2, (args.world + 1) // 2
             env.update(LOCAL_RANK=str(r % 2), LOCAL_WORLD_SIZE=str(min(2, args.world - 2 * node)),
@@ -207,13 +213,16 @@ def main():
     parser.add_argument("--bound-s", type=float, default=90.0,
                         help="how long the survivors may take to finish after the fault")
     parser.add_argument("--keep", action="store_true", help="keep each trial's directory")
+    parser.add_argument("--env-store", action="store_true",
+                        help="meet over env:// (rank 0 hosts a TcpStore) instead of file://; the "
+                             "victim is then never rank 0, whose loss takes the store with it")
     args = parser.parse_args()
     if (args.backend == "local") != (args.signal != "kill") and args.signal != "stop":
         parser.error("local takes --signal exit|stop; processes take kill|stop")
 
     failed = 0
     for i in range(args.trials):
-        trial = plan_trial(random.Random(args.seed * 1000003 + i), args.world)
+        trial = plan_trial(random.Random(args.seed * 1000003 + i), args.world, args.env_store)
         retried = []
         for _ in range(3):
             directory = tempfile.mkdtemp(prefix="tandem-elastic-")

@@ -74,6 +74,7 @@ struct Settings {
   std::string fault = "exit";    // local: exit | stop
   int victim = 1;
   std::string dir = ".";
+  std::string url;  // empty: file://DIR/store
 };
 
 void publish(const Settings& settings, const std::string& name, const std::string& text) {
@@ -274,7 +275,7 @@ bool train(tandem::Elastic<Comm>& elastic, const Settings& settings, FaultPlan& 
 }
 
 std::string store_url(const Settings& settings) {
-  return "file://" + settings.dir + "/store";
+  return settings.url.empty() ? "file://" + settings.dir + "/store" : settings.url;
 }
 
 int run_threads(const Settings& settings) {
@@ -348,11 +349,9 @@ int usage() {
 int main(int argc, char** argv) {
   Settings settings;
   if (argc % 2 == 0) return usage();
-  const std::map<std::string_view, std::string*> words{{"--backend", &settings.backend},
-                                                       {"--dir", &settings.dir},
-                                                       {"--point", &settings.point},
-                                                       {"--target", &settings.target},
-                                                       {"--fault", &settings.fault}};
+  const std::map<std::string_view, std::string*> words{
+      {"--backend", &settings.backend}, {"--dir", &settings.dir},     {"--point", &settings.point},
+      {"--target", &settings.target},   {"--fault", &settings.fault}, {"--url", &settings.url}};
   const std::map<std::string_view, int*> numbers{
       {"--ranks", &settings.ranks},           {"--steps", &settings.steps},
       {"--timeout-ms", &settings.timeout_ms}, {"--window-ms", &settings.window_ms},

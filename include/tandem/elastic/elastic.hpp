@@ -191,15 +191,15 @@ class Elastic {
       if (heals_ >= elastic_.max_heals) {
         throw Error(member_, "elastic heal",
                     "gave up after " + std::to_string(heals_) +
-                        " heals (ElasticOptions::max_heals); the last failure: " + cause.what());
+                        " heals (ElasticOptions::max_heals); the last failure: " + told(cause));
       }
       ++heals_;
       abandon(cause);
-      const auto arrivals = round_.run(generation_ + 1, members_, {member_, steps_done_, reduced_});
+      const auto arrivals = agree(cause);
       if (arrivals.size() == members_.size()) {
         throw Error(member_, "elastic heal",
                     "every member failed the step and none was lost, so this is no lost rank: " +
-                        std::string(cause.what()));
+                        told(cause));
       }
       const auto plan = elastic::plan_heal(arrivals, member_);
       if (static_cast<int>(plan.members.size()) < elastic_.min_world_size) {
@@ -207,7 +207,7 @@ class Elastic {
                     std::to_string(plan.members.size()) +
                         " members are left, fewer than ElasticOptions::min_world_size (" +
                         std::to_string(elastic_.min_world_size) +
-                        "); the first failure: " + cause.what());
+                        "); the first failure: " + told(cause));
       }
       if (steps_done_ < plan.steps_done) {  // the step in flight was committed elsewhere
         apply();                            // members() is still the group that reduced it
@@ -228,6 +228,28 @@ class Elastic {
         reduced_ = false;
         (void)again;
       }
+    }
+  }
+
+  /// An Error's text inside another's ("rank 1: all_reduce: ..."): "tandem: " once per message.
+  static std::string told(const Error& error) {
+    const std::string_view text = error.what();
+    constexpr std::string_view prefix = "tandem: ";
+    return std::string(text.starts_with(prefix) ? text.substr(prefix.size()) : text);
+  }
+
+  /// This rank's side of the next generation's round; a store that fails is named as the cause.
+  std::vector<elastic::Arrival> agree(const Error& cause) {
+    try {
+      return round_.run(generation_ + 1, members_, {member_, steps_done_, reduced_});
+    } catch (const Error& e) {
+      if (e.operation().starts_with("elastic")) throw;
+      throw Error(member_, "elastic heal",
+                  "the survivors cannot meet: the job's store failed (" + told(e) +
+                      "); it must outlive every rank that may be lost (env:// and tcp:// keep it "
+                      "in rank 0: use file:// or torchrun's agent store). The step had failed "
+                      "with: " +
+                      told(cause));
     }
   }
 
