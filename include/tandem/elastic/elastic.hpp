@@ -115,7 +115,8 @@ class Elastic {
   /// holds it: DDP, SyncBatchNorm, anything with work in flight), and `rebuild(comm)` once the
   /// new communicator is up (build them again over it; re-split the sampler over
   /// comm.size() and comm.rank() there). rebuild may run collectives on `comm`; a loss during
-  /// it heals again.
+  /// it heals again, and then release() runs again: it must accept having nothing to drop
+  /// (std::optional::reset does). Needed whenever anything holds comm().
   void on_heal(std::function<void()> release, std::function<void(B&)> rebuild) {
     release_ = std::move(release);
     rebuild_ = std::move(rebuild);
@@ -253,8 +254,9 @@ class Elastic {
     }
   }
 
-  /// Tells the old group this rank is gone (a backend that can abort does so at once; the others
-  /// see the communicator's end), after the user released what holds it.
+  /// Tells the old group this rank is gone: a backend that can abort does so first (the work in
+  /// flight then ends at once), the user releases what holds the communicator, and it is
+  /// destroyed (the others see its end).
   void abandon(const Error& cause) {
     if (!comm_) return;
     if constexpr (requires(B & c) { c.abort(std::string()); }) {
