@@ -7,7 +7,9 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -24,6 +26,18 @@ namespace {
 thread_local int lose_barrier_end_at = -1;
 thread_local int barriers_seen = 0;
 
+/// The order of events the test needs, without timing: the loser raises only once both others
+/// have applied the step (else its leaving could fail their barrier too), and the leaver leaves
+/// only once the loser has raised (else its leaving could fail the loser's barrier for real, and
+/// the others' too).
+struct Applied {
+  std::mutex mutex;
+  std::condition_variable changed;
+  int count = 0;             // ranks 0 and 2 that have applied the step
+  bool loser_threw = false;  // rank 1 has raised
+};
+Applied others_applied;
+
 /// LocalComm whose barrier can raise after it ended (as if this rank had lost the end of it).
 class CommitLosingComm : public tandem::LocalComm {
  public:
@@ -37,8 +51,14 @@ class CommitLosingComm : public tandem::LocalComm {
   }
 
   void barrier() {
+    const int call = barriers_seen++;
     LocalComm::barrier();
-    if (barriers_seen++ == lose_barrier_end_at) {
+    if (call == lose_barrier_end_at) {
+      std::unique_lock lock(others_applied.mutex);
+      others_applied.changed.wait_for(lock, std::chrono::seconds(60),
+                                      [] { return others_applied.count == 2; });
+      others_applied.loser_threw = true;
+      others_applied.changed.notify_all();
       throw tandem::Error(rank(), "barrier", "injected: this rank lost the barrier's end");
     }
   }
@@ -90,13 +110,23 @@ TEST_CASE("a survivor that lost the commit point applies the committed step duri
           elastic.step(
               [&](CommitLosingComm& comm) {
                 const auto step = elastic.steps_done();
-                if (r == leaver && step == committed + 1) throw Leave{};
+                if (r == leaver && step == committed + 1) {
+                  std::unique_lock lock(others_applied.mutex);
+                  others_applied.changed.wait_for(lock, std::chrono::seconds(60),
+                                                  [] { return others_applied.loser_threw; });
+                  throw Leave{};
+                }
                 // Each member's gradient is its first rank + 1, times the step: the average says
                 // which group reduced the step.
                 grads.assign(params.size(), static_cast<double>((r + 1) * (step + 1)));
                 comm.all_reduce(grads, tandem::ReduceOp::avg);
               },
               [&] {
+                if (r != 1 && elastic.steps_done() == committed) {
+                  const std::lock_guard lock(others_applied.mutex);
+                  ++others_applied.count;
+                  others_applied.changed.notify_all();
+                }
                 for (std::size_t i = 0; i < params.size(); ++i) params[i] -= grads[i];
                 ++out.applied;
                 if (elastic.heals() > 0 && elastic.generation() == 0) ++out.caught_up;
@@ -120,7 +150,7 @@ TEST_CASE("a survivor that lost the commit point applies the committed step duri
   for (int r : {0, 1}) {
     CAPTURE(r);
     const auto& out = outcomes[static_cast<std::size_t>(r)];
-    CHECK(errors[static_cast<std::size_t>(r)].empty());
+    CHECK_MESSAGE(errors[static_cast<std::size_t>(r)].empty(), errors[static_cast<std::size_t>(r)]);
     CHECK(out.steps == steps);
     CHECK(out.applied == steps);
     CHECK(out.generation == 1);
@@ -130,5 +160,5 @@ TEST_CASE("a survivor that lost the commit point applies the committed step duri
   }
   CHECK(outcomes[1].caught_up == 1);  // rank 1 applied step 2 during the heal
   CHECK(outcomes[0].caught_up == 0);
-  CHECK(errors[2].empty());
+  CHECK_MESSAGE(errors[2].empty(), errors[2]);
 }
