@@ -3,7 +3,8 @@
 // and apply the step, and a rank is lost in the next step. The survivor behind must apply the
 // committed step during the heal (with the old group's gradients), and both then take the next
 // step again over the new group: their parameters are what the schedule of groups gives, equal
-// on both, and each step was applied exactly once on each.
+// on both, and each step was applied exactly once on each. And a second loss during a heal (a
+// rank lost while the group re-forms): another round, and the group goes on without both.
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -161,4 +162,70 @@ TEST_CASE("a survivor that lost the commit point applies the committed step duri
   CHECK(outcomes[1].caught_up == 1);  // rank 1 applied step 2 during the heal
   CHECK(outcomes[0].caught_up == 0);
   CHECK_MESSAGE(errors[2].empty(), errors[2]);
+}
+
+TEST_CASE("a second loss during the heal: another round, and the group goes on without both") {
+  constexpr int ranks = 4;
+  constexpr int steps = 5;
+  constexpr int first_loss_step = 2;  // rank 3 leaves at the start of step 2
+  tandem::AnyStore store(tandem::HashStore{});
+  std::vector<Outcome> outcomes(ranks);
+  std::vector<std::string> errors(ranks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      auto& out = outcomes[static_cast<std::size_t>(r)];
+      try {
+        tandem::Elastic<tandem::LocalComm> elastic(
+            tandem::World::single_node(r, ranks), store,
+            tandem::LocalCommOptions{std::chrono::seconds(60)},
+            {.window = std::chrono::minutes(10)});  // both leavers are known lost
+        // Rank 2 leaves while the group re-forms after rank 3's loss: in its rebuild.
+        elastic.on_heal([] {},
+                        [&](tandem::LocalComm&) {
+                          if (r == 2) throw Leave{};
+                        });
+        std::vector<double> params(2, 0.0);
+        std::vector<double> grads;
+        while (elastic.steps_done() < steps) {
+          elastic.step(
+              [&](tandem::LocalComm& comm) {
+                const auto step = elastic.steps_done();
+                if (r == 3 && step == first_loss_step) throw Leave{};
+                grads.assign(params.size(), static_cast<double>((r + 1) * (step + 1)));
+                comm.all_reduce(grads, tandem::ReduceOp::avg);
+              },
+              [&] {
+                for (std::size_t i = 0; i < params.size(); ++i) params[i] -= grads[i];
+                ++out.applied;
+              });
+        }
+        out.params = params;
+        out.steps = elastic.steps_done();
+        out.generation = elastic.generation();
+        out.members = elastic.members();
+      } catch (const Leave&) {
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+
+  // Steps 0 and 1 by {0, 1, 2, 3} (mean of 1..4 = 2.5), the rest by {0, 1} (mean 1.5).
+  double expected = 0.0;
+  for (int s = 0; s < steps; ++s) expected -= (s < first_loss_step ? 2.5 : 1.5) * (s + 1);
+  for (int r : {0, 1}) {
+    CAPTURE(r);
+    const auto& out = outcomes[static_cast<std::size_t>(r)];
+    CHECK_MESSAGE(errors[static_cast<std::size_t>(r)].empty(), errors[static_cast<std::size_t>(r)]);
+    CHECK(out.steps == steps);
+    CHECK(out.applied == steps);
+    CHECK(out.generation == 2);  // two rounds: the second after rank 2's loss
+    CHECK(out.members == std::vector<int>{0, 1});
+    REQUIRE(out.params.size() == 2);
+    CHECK(out.params[0] == expected);
+  }
+  CHECK_MESSAGE(errors[2].empty(), errors[2]);
+  CHECK_MESSAGE(errors[3].empty(), errors[3]);
 }
