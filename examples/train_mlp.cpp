@@ -8,6 +8,8 @@
 // error file. With --checkpoint-dir it saves every --checkpoint-every steps and resumes from the
 // newest checkpoint there (torchrun --max-restarts); --fail-rank R --fail-step S makes rank R
 // throw at step S of the first attempt (TORCHELASTIC_RESTART_COUNT=0), to show a failure.
+// A checkpoint resumes at any world size: the samples already trained on are counted, and the
+// next global batch starts after them (64 samples a step rounded up to the ranks: 66 on 3).
 //   build/dev/tools/tandemrun --nproc-per-node 4 build/dev/examples/train_mlp     Gloo (default)
 //   python3 -m torch.distributed.run --nproc_per_node 2 --no_python --redirects 9:1 --tee 9:1
 //       build/dev/examples/train_mlp                                  (one line: under torchrun)
@@ -216,10 +218,11 @@ bool train(Comm& comm, const Settings& settings) {
   const double initial = model.step(held_out, 256, 1.0, nullptr);
   double last_mean = 0.0;
   int first_step = 0;
+  std::uint64_t samples_seen = 0;  // of the synthetic stream, by every rank: world-size free
 #if TANDEM_EXAMPLE_WITH_IO
   tandem::TrainingState state;
   state.model(model.params()).optimizer(optimizer).scheduler(schedule).ema(ema, model.params());
-  state.counter("step", first_step);
+  state.counter("step", first_step).counter("samples", samples_seen);
   if (!settings.checkpoint_dir.empty()) {
     // Before the first step: rank 0 takes the directory (another job using it is refused) and
     // checks it can write there; the newest checkpoint, the same on every rank, is loaded.
@@ -245,7 +248,8 @@ bool train(Comm& comm, const Settings& settings) {
     }
     ddp.before_forward();
     optimizer.zero_grad();
-    const std::uint64_t first = static_cast<std::uint64_t>(step) * batch + rank * local_batch;
+    const std::uint64_t first = samples_seen + rank * local_batch;
+    samples_seen += batch;
     // Each rank's loss is its shard's mean; DDP averages the gradients over the ranks, which
     // gives the gradient of the global batch's mean.
     double loss = model.step(first, local_batch, 1.0 / static_cast<double>(local_batch),

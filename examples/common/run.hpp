@@ -173,7 +173,9 @@ inline bool first_attempt() {
 /// that another job using it is refused, and checks it can be written: tandem::open_checkpoints)
 /// and, with --resume, loads its newest checkpoint into `state` on every rank (the same one:
 /// checked) and moves the loader to the batch it had reached (`batches_done` and `step` are
-/// registered in `state`). Without a directory nothing; without a checkpoint, a first run.
+/// registered in `state`; a sampler registered with its batch size continues its epoch split
+/// anew over this job's ranks, whatever the world size it was saved at, from batch 0 of the new
+/// split). Without a directory nothing; without a checkpoint, a first run.
 template <class Comm, class Loader>
 void resume_from_latest(Comm& comm, bool resume, const std::string& directory,
                         tandem::TrainingState& state, Loader& loader,

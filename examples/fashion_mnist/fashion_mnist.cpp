@@ -250,7 +250,7 @@ double train(Comm& comm, const Settings& settings) {
       .optimizer(optimizer)
       .ema(ema, model.params())
       .scheduler(schedule)
-      .sampler(sampler, batches_done)
+      .sampler(sampler, batches_done, settings.batch_size)
       .counter("step", step)
       .rng("generator", generator);
   examples::resume_from_latest(comm, settings.resume, settings.checkpoint_dir, state, loader,

@@ -645,7 +645,7 @@ RunSummary train(Comm& comm, const Settings& settings, std::size_t eval_samples,
       .optimizer(optimizer)
       .ema(ema, model.params())
       .scheduler(schedule)
-      .sampler(sampler, batches_done)
+      .sampler(sampler, batches_done, settings.batch_size)
       .counter("step", step);
   examples::resume_from_latest(comm, settings.resume, settings.checkpoint_dir, state, loader,
                                batches_done, step);

@@ -332,7 +332,7 @@ double train(Comm& comm, const Settings& settings) {
       .optimizer(optimizer)
       .ema(ema, params)
       .scheduler(schedule)
-      .sampler(sampler, batches_done)
+      .sampler(sampler, batches_done, settings.batch_size)
       .counter("step", step);
   if constexpr (Placement::mixed_precision) state.scaler(scaler);
   examples::resume_from_latest(comm, settings.resume, settings.checkpoint_dir, state, loader,

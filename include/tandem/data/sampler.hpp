@@ -1,10 +1,12 @@
 // tandem/data/sampler.hpp - tandem::DistributedSampler, PyTorch's DistributedSampler as a C++20
-// random-access range of std::int64_t sample indices, and its evaluation mode.
+// random-access range of std::int64_t sample indices, its evaluation mode, and the re-split of an
+// epoch's remaining samples over a new set of ranks (a resume at another world size, a rank lost).
 //   tandem::DistributedSampler sampler(dataset.size(), comm, {.shuffle = true, .seed = 42});
 //   for (int epoch = 0; epoch < epochs; ++epoch) {
 //     sampler.set_epoch(epoch);
 //     for (auto batch : sampler | tandem::views::batches(64)) { /* indices of one batch */ }
 //   }
+//   sampler.resplit(new_size, new_rank, samples_done);  // the epoch's rest over new ranks
 // Needs: the standard library (tandem/data/batches.hpp for views::batches).
 #pragma once
 
@@ -69,6 +71,16 @@ inline std::vector<std::int64_t> torch_randperm(std::int64_t n, std::uint64_t se
 
 }  // namespace detail
 
+/// Where an epoch stands, the same at any world size: the epoch and how many positions of its
+/// global order (the permutation of the data set, or 0 .. n-1 unshuffled) the ranks have taken,
+/// from the start. DistributedSampler::progress makes one; continue_from goes on from one with
+/// whatever ranks the sampler has. TrainingState saves it in checkpoints.
+struct SamplerProgress {
+  std::uint64_t epoch = 0;   ///< the epoch (its order is seeded seed + epoch)
+  std::size_t consumed = 0;  ///< positions of the epoch's order taken, 0 .. the data set's size
+  bool operator==(const SamplerProgress&) const = default;
+};
+
 /// PyTorch's torch.utils.data.DistributedSampler as a random-access, sized range of sample
 /// indices (std::int64_t) for one rank. Training mode (the constructors) is exactly PyTorch's:
 /// every rank gets num_samples() indices, the list padded by repeating its start (or cut, with
@@ -76,6 +88,11 @@ inline std::vector<std::int64_t> torch_randperm(std::int64_t n, std::uint64_t se
 /// Evaluation mode (`DistributedSampler::evaluation`) is what PyTorch lacks: every sample exactly
 /// once across the ranks, in order, no padding, so that metrics summed over the ranks count each
 /// sample once; rank sizes differ by at most one.
+/// Re-split (continue_from, resplit): the epoch's positions not yet taken, from `offset()` on,
+/// are dealt out the same way over the new ranks (rank r taking offset + r, offset + r + R, ...,
+/// padded by wrapping around to the start of the epoch's order, or cut with drop_last), so that
+/// over the epoch every sample is used once, plus at most R - 1 repeated to pad the last split
+/// (or less up to R - 1 left out of it with drop_last). With offset 0 this is PyTorch's split.
 /// Copies share the permutation (cheap); set_epoch() on one copy does not change the others.
 class DistributedSampler {
  public:
@@ -114,18 +131,79 @@ class DistributedSampler {
 
   /// Chooses the epoch whose permutation (seeded seed + epoch) the range yields, like PyTorch's
   /// set_epoch: call it at the start of every epoch, or every epoch repeats the first's order.
+  /// A new epoch starts at its first position (offset 0); the epoch already set is left as it
+  /// is, so a run resumed inside an epoch may call it again for that epoch.
   void set_epoch(std::uint64_t epoch) {
     if (epoch == epoch_) return;
     epoch_ = epoch;
+    offset_ = 0;
+    cut();
     reshuffle();
   }
   /// The epoch last set (0 until set_epoch() is called).
   [[nodiscard]] std::uint64_t epoch() const noexcept { return epoch_; }
 
-  /// Indices this rank yields per epoch (PyTorch's num_samples).
+  /// Positions of the epoch's order taken before this split began: 0 unless continue_from or
+  /// resplit moved it.
+  [[nodiscard]] std::size_t offset() const noexcept { return offset_; }
+
+  /// Where the epoch stands once every rank has taken `samples_done` indices of its list (the
+  /// same on every rank: ranks step together): offset() + samples_done * num_replicas(), at most
+  /// the data set's size (padding takes nothing new). tandem::Error when samples_done > size().
+  [[nodiscard]] SamplerProgress progress(std::size_t samples_done) const {
+    if (samples_done > num_samples_) {
+      throw Error(rank_, "DistributedSampler::progress",
+                  std::to_string(samples_done) + " samples done of this rank's " +
+                      std::to_string(num_samples_));
+    }
+    const std::size_t taken = samples_done * static_cast<std::size_t>(num_replicas_);
+    return {epoch_, std::min(n_, offset_ + taken)};
+  }
+
+  /// Goes on from `progress` with this sampler's ranks: its epoch's order from position
+  /// progress.consumed on is split anew over num_replicas() (see the class comment), and the
+  /// range yields this rank's share of it. Every rank of the new split calls it with the same
+  /// progress. tandem::Error when consumed exceeds the data set, or in evaluation mode.
+  void continue_from(const SamplerProgress& progress) {
+    refuse_evaluation("DistributedSampler::continue_from");
+    if (progress.consumed > n_) {
+      throw Error(rank_, "DistributedSampler::continue_from",
+                  std::to_string(progress.consumed) + " positions consumed of a data set of " +
+                      std::to_string(n_));
+    }
+    const bool new_order = progress.epoch != epoch_;
+    epoch_ = progress.epoch;
+    offset_ = progress.consumed;
+    cut();
+    if (new_order) reshuffle();
+  }
+
+  /// The live re-split, one call: every rank of the new membership (`num_replicas` ranks, this
+  /// one `rank`) calls it with the indices each rank of the old membership took of its list this
+  /// epoch (`samples_done`, the same on every old rank), and the range then yields this rank's
+  /// share of the epoch's samples not yet taken. A rank that joins without this sampler's
+  /// history calls continue_from with the progress a member sends it. Not while a Loader is in
+  /// an epoch over this sampler (leave the loop first); the Loader's next epoch sees the new
+  /// split. tandem::Error naming the bad argument.
+  void resplit(int num_replicas, int rank, std::size_t samples_done) {
+    refuse_evaluation("DistributedSampler::resplit");
+    const SamplerProgress where = progress(samples_done);
+    check_ranks(num_replicas, rank, "DistributedSampler::resplit");
+    num_replicas_ = num_replicas;
+    rank_ = rank;
+    continue_from(where);
+  }
+  /// resplit over the communicator's rank and size (the new membership's).
+  template <Communicator Comm>
+  void resplit(const Comm& comm, std::size_t samples_done) {
+    resplit(comm.size(), comm.rank(), samples_done);
+  }
+
+  /// Indices this rank yields per epoch (PyTorch's num_samples); after a re-split, of the
+  /// epoch's rest.
   [[nodiscard]] std::size_t num_samples() const noexcept { return num_samples_; }
-  /// Indices all ranks yield per epoch, padding included (PyTorch's total_size); in
-  /// evaluation mode, the data set's size.
+  /// Indices all ranks yield per epoch, padding included (PyTorch's total_size; after a
+  /// re-split, of the epoch's rest); in evaluation mode, the data set's size.
   [[nodiscard]] std::size_t total_size() const noexcept { return total_size_; }
   /// The range's length: num_samples().
   [[nodiscard]] std::size_t size() const noexcept { return num_samples_; }
@@ -143,7 +221,8 @@ class DistributedSampler {
   /// The index at position k of this rank's list (k < size()).
   [[nodiscard]] std::int64_t operator[](std::size_t k) const noexcept {
     const std::size_t global =
-        (static_cast<std::size_t>(rank_) + k * static_cast<std::size_t>(num_replicas_)) % n_;
+        (offset_ + static_cast<std::size_t>(rank_) + k * static_cast<std::size_t>(num_replicas_)) %
+        n_;
     return permutation_ ? (*permutation_)[global] : static_cast<std::int64_t>(global);
   }
 
@@ -160,33 +239,51 @@ class DistributedSampler {
         rank_(rank),
         options_(options),
         evaluation_(evaluation) {
-    if (num_replicas < 1) {
-      throw Error(rank, "DistributedSampler",
-                  "num_replicas = " + std::to_string(num_replicas) + " must be at least 1");
-    }
-    if (rank < 0 || rank >= num_replicas) {
-      throw Error(rank, "DistributedSampler",
-                  "rank = " + std::to_string(rank) + " must be in [0, " +
-                      std::to_string(num_replicas) + ")");
-    }
+    check_ranks(num_replicas, rank, "DistributedSampler");
     if (n == 0) throw Error(rank, "DistributedSampler", "the data set is empty (n = 0)");
     if (n > static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max() / 2)) {
       throw Error(rank, "DistributedSampler", "n = " + std::to_string(n) + " is too large");
     }
-    const auto replicas = static_cast<std::size_t>(num_replicas);
-    const auto r = static_cast<std::size_t>(rank);
+    cut();
+    reshuffle();
+  }
+
+  static void check_ranks(int num_replicas, int rank, const char* operation) {
+    if (num_replicas < 1) {
+      throw Error(rank, operation,
+                  "num_replicas = " + std::to_string(num_replicas) + " must be at least 1");
+    }
+    if (rank < 0 || rank >= num_replicas) {
+      throw Error(rank, operation,
+                  "rank = " + std::to_string(rank) + " must be in [0, " +
+                      std::to_string(num_replicas) + ")");
+    }
+  }
+
+  void refuse_evaluation(const char* operation) const {
     if (evaluation_) {
-      num_samples_ = r < n ? (n - r + replicas - 1) / replicas : 0;
-      total_size_ = n;
-    } else if (options_.drop_last && n % replicas != 0) {
-      // PyTorch: ceil((n - R) / R), which is 0 when n < R.
-      num_samples_ = n < replicas ? 0 : (n - replicas + replicas - 1) / replicas;
+      throw Error(rank_, operation,
+                  "an evaluation sampler is not re-split: make one for the new ranks");
+    }
+  }
+
+  // This rank's share of the positions from offset_ on: PyTorch's sizes over the m positions
+  // left (with offset 0, exactly PyTorch's num_samples and total_size).
+  void cut() {
+    const auto replicas = static_cast<std::size_t>(num_replicas_);
+    const auto r = static_cast<std::size_t>(rank_);
+    const std::size_t m = n_ - offset_;
+    if (evaluation_) {
+      num_samples_ = r < n_ ? (n_ - r + replicas - 1) / replicas : 0;
+      total_size_ = n_;
+    } else if (options_.drop_last && m % replicas != 0) {
+      // PyTorch: ceil((m - R) / R), which is 0 when m < R.
+      num_samples_ = m < replicas ? 0 : (m - replicas + replicas - 1) / replicas;
       total_size_ = num_samples_ * replicas;
     } else {
-      num_samples_ = (n + replicas - 1) / replicas;
+      num_samples_ = (m + replicas - 1) / replicas;
       total_size_ = num_samples_ * replicas;
     }
-    reshuffle();
   }
 
   void reshuffle() {
@@ -201,10 +298,11 @@ class DistributedSampler {
   SamplerOptions options_;
   bool evaluation_ = false;
   std::uint64_t epoch_ = 0;
+  std::size_t offset_ = 0;  // positions of the epoch's order taken before this split
   std::size_t num_samples_ = 0;
   std::size_t total_size_ = 0;
-  // Padding repeats the list's start, so position p of the padded list is the permutation's
-  // p mod n: the padded list is never stored.
+  // Padding repeats the epoch order's start, so position p of the padded list is the
+  // permutation's p mod n: the padded list is never stored.
   std::shared_ptr<const std::vector<std::int64_t>> permutation_;
 };
 

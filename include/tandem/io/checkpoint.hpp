@@ -221,6 +221,22 @@ inline std::string step_in_name(const std::filesystem::path& path,
   return step ? "step " + std::to_string(*step) + ", " : std::string();
 }
 
+// Rank 0, after a save: deletes the checkpoints beyond options.keep_last (0: none), saying on
+// stderr which it could not.
+inline void prune_checkpoints(const std::filesystem::path& directory,
+                              const CheckpointOptions& options) {
+  if (options.keep_last == 0) return;
+  const auto all = list_checkpoints(directory, options);
+  for (std::size_t i = options.keep_last; i < all.size(); ++i) {
+    std::error_code error;
+    std::filesystem::remove(all[i].second, error);
+    if (error) {
+      std::fprintf(stderr, "tandem: rank 0: could not remove the old checkpoint %s: %s\n",
+                   all[i].second.c_str(), error.message().c_str());
+    }
+  }
+}
+
 }  // namespace detail
 
 /// The newest whole checkpoint in `directory`, the same on every rank (a collective): each rank
@@ -300,17 +316,7 @@ std::filesystem::path save_checkpoint(Comm& comm, const std::filesystem::path& d
   detail::agree_on_failure(
       comm, failure, "save_checkpoint step " + std::to_string(step) + " (" + path.string() + ")",
       "save checkpoint step " + std::to_string(step));
-  if (comm.rank() == 0 && options.keep_last > 0) {
-    const auto all = list_checkpoints(directory, options);
-    for (std::size_t i = options.keep_last; i < all.size(); ++i) {
-      std::error_code error;
-      std::filesystem::remove(all[i].second, error);
-      if (error) {
-        std::fprintf(stderr, "tandem: rank 0: could not remove the old checkpoint %s: %s\n",
-                     all[i].second.c_str(), error.message().c_str());
-      }
-    }
-  }
+  if (comm.rank() == 0) detail::prune_checkpoints(directory, options);
   return path;
 }
 

@@ -22,6 +22,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <random>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -33,6 +34,7 @@
 #include "tandem/comm/communicator.hpp"
 #include "tandem/comm/metrics.hpp"
 #include "tandem/core/error.hpp"
+#include "tandem/io/detail/state_fields.hpp"
 #include "tandem/io/safetensors.hpp"
 #include "tandem/tensor/tensor.hpp"
 
@@ -62,158 +64,12 @@ CheckpointRanks checkpoint_ranks(Comm& comm) {
       }};
 }
 
-// An integer field of the metadata, as type I: a JSON integer in I's range, else an Error naming
-// the field (nlohmann's get<I> would cast a float, with undefined behaviour out of range, and
-// wrap a negative number into an unsigned type).
-template <class I>
-requires std::is_integral_v<I> I json_integer(const nlohmann::json& value, std::string_view what) {
-  if (value.is_number_unsigned()) {
-    const auto v = value.template get<std::uint64_t>();
-    if (std::in_range<I>(v)) return static_cast<I>(v);
-  } else if (value.is_number_integer()) {
-    const auto v = value.template get<std::int64_t>();
-    if (std::in_range<I>(v)) return static_cast<I>(v);
-  } else {
-    throw Error("load_checkpoint",
-                "'" + std::string(what) + "' is " + value.dump() + ", not an integer");
-  }
-  throw Error("load_checkpoint",
-              "'" + std::string(what) + "' is " + value.dump() + ", out of range for its type");
-}
-
-// A list of integers of the metadata (see json_integer).
-template <class I>
-std::vector<I> json_integers(const nlohmann::json& value, std::string_view what) {
-  if (!value.is_array()) {
-    throw Error("load_checkpoint", "'" + std::string(what) + "' is not a list of integers");
-  }
-  std::vector<I> out;
-  out.reserve(value.size());
-  for (const auto& item : value) out.push_back(json_integer<I>(item, what));
-  return out;
-}
-
-// A whole decimal number of the text `digits` (no sign, no spaces, nothing after it) that fits
-// I; nullopt otherwise.
-template <class I>
-std::optional<I> whole_number(std::string_view digits) {
-  I value{};
-  const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
-  if (digits.empty() || digits.front() == '-' || error != std::errc() ||
-      end != digits.data() + digits.size()) {
-    return std::nullopt;
-  }
-  return value;
-}
-
-// A number field of the metadata: a JSON number, finite (nlohmann's get<double> would take
-// `true` as 1), else an Error naming the field.
-inline double json_number(const nlohmann::json& value, std::string_view what) {
-  if (!value.is_number() || !std::isfinite(value.get<double>())) {
-    throw Error("load_checkpoint",
-                "'" + std::string(what) + "' is " + value.dump() + ", not a finite number");
-  }
-  return value.get<double>();
-}
-
-// A list of numbers of the metadata (see json_number).
-inline std::vector<double> json_number_list(const nlohmann::json& value, std::string_view what) {
-  if (!value.is_array()) {
-    throw Error("load_checkpoint", "'" + std::string(what) + "' is not a list of numbers");
-  }
-  std::vector<double> out;
-  for (const auto& item : value) out.push_back(json_number(item, what));
-  return out;
-}
-
-// An object of named numbers of the metadata (optimizer options, GradScaler state; see
-// json_number).
-inline std::map<std::string, double> json_number_map(const nlohmann::json& value,
-                                                     std::string_view what) {
-  if (!value.is_object()) {
-    throw Error("load_checkpoint", "'" + std::string(what) + "' is not an object of numbers");
-  }
-  std::map<std::string, double> out;
-  for (const auto& [key, item] : value.items()) {
-    out[key] = json_number(item, std::string(what) + "." + key);
-  }
-  return out;
-}
-
-// What a GradScaler's state must hold to be restored: positive finite scale, growth factor above
-// 1, backoff factor in (0, 1), a positive whole growth interval and a whole non-negative tracker
-// (GradScaler converts the last two to integers, undefined behaviour out of their range).
-inline void check_scaler_state(const std::map<std::string, double>& state, const std::string& key) {
-  auto check = [&](const char* name, bool ok, const char* must) {
-    const auto found = state.find(name);
-    if (found == state.end() || ok) return;
-    throw Error("load_checkpoint", "'" + key + "." + name + "' is " +
-                                       nlohmann::json(found->second).dump() + "; it must be " +
-                                       must);
-  };
-  auto value = [&](const char* name) {
-    const auto found = state.find(name);
-    return found == state.end() ? 1.5 : found->second;
-  };
-  auto whole = [](double v, double high) { return v == std::floor(v) && v >= 0 && v <= high; };
-  check("scale", value("scale") > 0, "positive");
-  check("growth_factor", value("growth_factor") > 1, "above 1");
-  check("backoff_factor", value("backoff_factor") > 0 && value("backoff_factor") < 1,
-        "between 0 and 1");
-  check("growth_interval", whole(value("growth_interval"), 1e18) && value("growth_interval") >= 1,
-        "a whole number of at least 1");
-  check("_growth_tracker",
-        whole(value("_growth_tracker"), std::numeric_limits<std::int32_t>::max()),
-        "a whole number from 0 to 2^31 - 1");
-}
-
-// The shape a tensor of `shape` is stored under: the same, or [numel] for a 0-d one (what
-// SafetensorsWriter::add makes of an empty shape).
-template <class Shape>
-std::vector<std::int64_t> stored_shape(const Shape& shape, std::size_t numel) {
-  std::vector<std::int64_t> out(shape.begin(), shape.end());
-  if (out.empty()) out.push_back(static_cast<std::int64_t>(numel));
-  return out;
-}
-
-inline std::string shape_text(const std::vector<std::int64_t>& shape) {
-  std::string text = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
-}
-
-// Reads tensor `name` of `in` into `out`, whose shape must be the file's (read_into checks the
-// dtype and the element count; a transposed [3, 4] for a [4, 3] parameter has the right count).
-template <class Out, class Shape>
-void read_shaped(const SafetensorsFile& in, const std::string& name, Out&& out,
-                 const Shape& shape) {
-  const auto expected = stored_shape(shape, std::ranges::size(out));
-  const auto& entry = in.entry(name);
-  if (entry.shape != expected &&
-      !(expected.size() == 1 && entry.shape.empty() && expected[0] == 1)) {
-    throw Error("load_checkpoint " + in.name(), "tensor '" + name + "' has the shape " +
-                                                    shape_text(entry.shape) + " in the file and " +
-                                                    shape_text(expected) + " in the model");
-  }
-  in.read_into(name, std::forward<Out>(out));
-}
-
-// A name in the file for `name`: the same, or the same with or without "module." (what
-// DistributedDataParallel adds in PyTorch), whichever the file has.
-inline std::string name_in_file(const SafetensorsFile& file, const std::string& name) {
-  if (file.contains(name)) return name;
-  constexpr std::string_view module = "module.";
-  if (name.starts_with(module) && file.contains(name.substr(module.size()))) {
-    return name.substr(module.size());
-  }
-  if (file.contains(std::string(module) + name)) return std::string(module) + name;
-  return name;  // entry() names it in its error
-}
 }  // namespace detail
 
 /// What a checkpoint saves of a sampler and checks when it restores one: tandem::DistributedSampler
 /// (data/sampler.hpp) models it. The epoch and the batches consumed are restored; the data set
-/// size, the rank count and the options must be the ones it was saved with.
+/// size, the options and (without ResplittableSampler's re-split) the rank count must be the
+/// ones it was saved with.
 template <class S>
 concept ResumableSampler = requires(S& sampler, const S& seen, std::uint64_t epoch) {
   { seen.epoch() } -> std::convertible_to<std::uint64_t>;
@@ -225,6 +81,22 @@ concept ResumableSampler = requires(S& sampler, const S& seen, std::uint64_t epo
   { seen.options().seed } -> std::convertible_to<std::uint64_t>;
   { seen.options().shuffle } -> std::convertible_to<bool>;
   { seen.options().drop_last } -> std::convertible_to<bool>;
+};
+
+/// A ResumableSampler whose epoch's rest can be split anew over other ranks
+/// (tandem::DistributedSampler): progress(samples_done) says where the epoch stands at any world
+/// size (`.epoch`, `.consumed`: positions of the epoch's order taken), continue_from(progress)
+/// goes on from there with the sampler's own ranks, resplit(size, rank, samples_done) moves it
+/// to new ranks, offset() is where the current split began. A checkpoint of one resumes at any
+/// world size.
+template <class S>
+concept ResplittableSampler = ResumableSampler<S> && std::copy_constructible<S> &&
+    requires(S& sampler, const S& seen, std::size_t samples_done, int size) {
+  { seen.offset() } -> std::convertible_to<std::size_t>;
+  { seen.progress(samples_done).epoch } -> std::convertible_to<std::uint64_t>;
+  { seen.progress(samples_done).consumed } -> std::convertible_to<std::size_t>;
+  sampler.continue_from(seen.progress(samples_done));
+  sampler.resplit(size, size, samples_done);
 };
 
 /// The parts of a training run a checkpoint holds, registered by reference: the objects must
@@ -401,63 +273,96 @@ class TrainingState {
     return *this;
   }
 
-  /// A sampler's epoch (a DistributedSampler's, or any ResumableSampler's) and the batches of
-  /// that epoch already consumed, so a resumed run starts at the next one. Loading checks the
-  /// data set size and world size are the same.
+  /// A sampler's epoch and the batches of that epoch already consumed, for a resume at the same
+  /// world size: the batch size is not known here, so a checkpoint saved at another world size
+  /// is an Error that names the three-argument form, which resumes at any. A position moved by a
+  /// re-split (DistributedSampler::offset) is restored where the sampler can re-split.
   template <ResumableSampler Sampler>
   TrainingState& sampler(Sampler& sampler, std::size_t& batches_done, std::string key = "sampler") {
     parts_.push_back(
         {[&sampler, &batches_done, key](SafetensorsWriter&, nlohmann::json& meta,
                                         const CheckpointRanks&) {
-           meta[key] = {{"epoch", sampler.epoch()},
-                        {"batches_done", batches_done},
-                        {"dataset_size", sampler.dataset_size()},
-                        {"num_replicas", sampler.num_replicas()},
-                        {"seed", sampler.options().seed},
-                        {"shuffle", sampler.options().shuffle},
-                        {"drop_last", sampler.options().drop_last}};
+           meta[key] = sampler_fields(sampler, batches_done);
          },
          [&sampler, &batches_done, key](const SafetensorsFile& in, const nlohmann::json& meta,
                                         const CheckpointRanks&) {
-           const auto& saved = required(meta, key);
-           const auto size =
-               detail::json_integer<std::size_t>(saved.at("dataset_size"), key + ".dataset_size");
-           const auto replicas =
-               detail::json_integer<int>(saved.at("num_replicas"), key + ".num_replicas");
-           if (size != sampler.dataset_size() || replicas != sampler.num_replicas() ||
-               detail::json_integer<std::uint64_t>(saved.at("seed"), key + ".seed") !=
-                   sampler.options().seed) {
+           const auto saved = read_sampler(in, required(meta, key), sampler, key);
+           if (saved.replicas != sampler.num_replicas()) {
              throw Error(sampler.rank(), "load_checkpoint " + in.name(),
-                         "the sampler was saved for " + std::to_string(size) + " samples, " +
-                             std::to_string(replicas) + " ranks and seed " +
-                             saved.at("seed").dump() + "; this one has " +
-                             std::to_string(sampler.dataset_size()) + ", " +
-                             std::to_string(sampler.num_replicas()) + " and " +
-                             std::to_string(sampler.options().seed));
+                         "the sampler was saved at " + std::to_string(saved.replicas) +
+                             " ranks and this job has " + std::to_string(sampler.num_replicas()) +
+                             "; register it with its batch size, .sampler(sampler, batches_done, "
+                             "batch_size), to resume at another world size");
            }
-           const bool shuffle = saved.at("shuffle").template get<bool>();
-           const bool drop_last = saved.at("drop_last").template get<bool>();
-           if (shuffle != sampler.options().shuffle || drop_last != sampler.options().drop_last) {
+           if constexpr (ResplittableSampler<Sampler>) {
+             sampler.continue_from({saved.epoch, saved.offset});
+           } else if (saved.offset != 0) {
              throw Error(sampler.rank(), "load_checkpoint " + in.name(),
-                         std::string("the sampler was saved with shuffle ") +
-                             (shuffle ? "on" : "off") + " and drop_last " +
-                             (drop_last ? "on" : "off") + "; this one has them " +
-                             (sampler.options().shuffle ? "on" : "off") + " and " +
-                             (sampler.options().drop_last ? "on" : "off"));
+                         "the sampler was saved re-split at position " +
+                             std::to_string(saved.offset) + " and this one cannot re-split");
+           } else {
+             sampler.set_epoch(saved.epoch);
            }
-           const auto epoch =
-               detail::json_integer<std::uint64_t>(saved.at("epoch"), key + ".epoch");
-           const auto done =
-               detail::json_integer<std::size_t>(saved.at("batches_done"), key + ".batches_done");
            // A batch holds at least one sample: no epoch has more batches than this rank's samples.
-           if (done > sampler.size()) {
+           if (saved.batches_done > sampler.size()) {
              throw Error(sampler.rank(), "load_checkpoint " + in.name(),
-                         "'" + key + ".batches_done' is " + std::to_string(done) +
+                         "'" + key + ".batches_done' is " + std::to_string(saved.batches_done) +
                              ", more batches than the epoch's " + std::to_string(sampler.size()) +
                              " samples on this rank");
            }
-           sampler.set_epoch(epoch);
-           batches_done = done;
+           batches_done = saved.batches_done;
+         }});
+    return *this;
+  }
+
+  /// A sampler's place in its epoch, world-size independent: saved as the epoch and the
+  /// positions of its global order consumed (every rank's `batches_done` batches of
+  /// `batch_size`, DistributedSampler::progress), restored at any world size by splitting the
+  /// epoch's rest over this job's ranks (continue_from; `batches_done` becomes 0, the first batch
+  /// of the new split). At the same world size the samples are those an unstopped run takes;
+  /// at another, every sample of the epoch is still used once (padding aside). Loading checks
+  /// the data set size, seed, shuffle and drop_last against this sampler's.
+  template <ResplittableSampler Sampler>
+  TrainingState& sampler(Sampler& sampler, std::size_t& batches_done, std::size_t batch_size,
+                         std::string key = "sampler") {
+    if (batch_size == 0) throw Error("TrainingState::sampler", "batch_size = 0");
+    parts_.push_back(
+        {[&sampler, &batches_done, batch_size, key](SafetensorsWriter&, nlohmann::json& meta,
+                                                    const CheckpointRanks&) {
+           auto fields = sampler_fields(sampler, batches_done);
+           fields["consumed"] =
+               sampler.progress(samples_taken(batches_done, batch_size, sampler.size())).consumed;
+           fields["batch_size"] = batch_size;
+           meta[key] = std::move(fields);
+         },
+         [&sampler, &batches_done, batch_size, key](
+             const SafetensorsFile& in, const nlohmann::json& meta, const CheckpointRanks&) {
+           const auto& entry = required(meta, key);
+           const auto saved = read_sampler(in, entry, sampler, key);
+           std::size_t consumed = 0;
+           if (entry.contains("consumed")) {
+             consumed = detail::json_integer<std::size_t>(entry.at("consumed"), key + ".consumed");
+           } else {  // saved by the two-argument form: its batches were this run's size
+             Sampler then = sampler;
+             then.resplit(saved.replicas, 0, 0);
+             then.continue_from({saved.epoch, saved.offset});
+             if (saved.batches_done > then.size()) {
+               throw Error(sampler.rank(), "load_checkpoint " + in.name(),
+                           "'" + key + ".batches_done' is " + std::to_string(saved.batches_done) +
+                               ", more batches than the epoch's " + std::to_string(then.size()) +
+                               " samples per rank at " + std::to_string(saved.replicas) + " ranks");
+             }
+             consumed =
+                 then.progress(samples_taken(saved.batches_done, batch_size, then.size())).consumed;
+           }
+           if (consumed < saved.offset || consumed > sampler.dataset_size()) {
+             throw Error(sampler.rank(), "load_checkpoint " + in.name(),
+                         "'" + key + ".consumed' is " + std::to_string(consumed) +
+                             ", outside the epoch's positions " + std::to_string(saved.offset) +
+                             " .. " + std::to_string(sampler.dataset_size()));
+           }
+           sampler.continue_from({saved.epoch, consumed});
+           batches_done = 0;
          }});
     return *this;
   }
@@ -476,7 +381,12 @@ class TrainingState {
   }
 
   /// A random engine of the standard library's kind (state printable with <<, read with >>),
-  /// one per rank: every rank's state is saved, and each rank gets its own back.
+  /// one per rank: every rank's state is saved, and each rank gets its own back. At another
+  /// world size rank r takes the saved stream r where the file has one; a rank beyond the saved
+  /// ones (r >= W, the saved rank count) gets a stream derived from stream r mod W, r and W: the
+  /// engine seeded through a std::seed_seq of that stream's saved text, r and W. It is the same
+  /// on every resume, differs from the saved streams, and continues none of them. Streams of
+  /// ranks that the smaller job does not have are not kept: its next checkpoint holds its own.
   template <class Engine>
   TrainingState& rng(std::string key, Engine& engine) {
     parts_.push_back(
@@ -488,13 +398,14 @@ class TrainingState {
          [&engine, key](const SafetensorsFile& in, const nlohmann::json& meta,
                         const CheckpointRanks& ranks) {
            const auto& saved = required(meta, key);
-           if (!saved.is_array() || saved.size() != static_cast<std::size_t>(ranks.size)) {
+           if (!saved.is_array() || saved.empty()) {
              throw Error(ranks.rank, "load_checkpoint " + in.name(),
-                         "'" + key + "' holds " + std::to_string(saved.size()) +
-                             " ranks' generators; this job has " + std::to_string(ranks.size));
+                         "'" + key + "' is not a list of the ranks' generators");
            }
-           const auto state_text =
-               saved[static_cast<std::size_t>(ranks.rank)].template get<std::string>();
+           const auto saved_ranks = saved.size();
+           const auto rank = static_cast<std::size_t>(ranks.rank);
+           const auto source = rank % saved_ranks;
+           const auto state_text = saved[source].template get<std::string>();
            std::istringstream text(state_text);
            Engine restored;
            text >> restored;
@@ -503,9 +414,16 @@ class TrainingState {
            std::ostringstream again;
            again << restored;
            if (!text || again.str() != state_text) {
-             throw Error(ranks.rank, "load_checkpoint " + in.name(),
-                         "'" + key + "' of rank " + std::to_string(ranks.rank) +
-                             " is not a generator's state");
+             throw Error(
+                 ranks.rank, "load_checkpoint " + in.name(),
+                 "'" + key + "' of rank " + std::to_string(source) + " is not a generator's state");
+           }
+           if (rank >= saved_ranks) {
+             std::vector<std::uint32_t> words(state_text.begin(), state_text.end());
+             words.push_back(static_cast<std::uint32_t>(rank));
+             words.push_back(static_cast<std::uint32_t>(saved_ranks));
+             std::seed_seq derived(words.begin(), words.end());
+             restored.seed(derived);
            }
            engine = restored;
          },
@@ -559,6 +477,75 @@ class TrainingState {
       throw Error("load_checkpoint", "the checkpoint has no '" + key + "' (saved without it?)");
     }
     return *found;
+  }
+
+  // The samples of a rank's list of `size` that `batches` batches of `batch_size` took (the last
+  // batch may be short), without overflow.
+  static std::size_t samples_taken(std::size_t batches, std::size_t batch_size, std::size_t size) {
+    return batches >= (size + batch_size - 1) / batch_size ? size : batches * batch_size;
+  }
+
+  // What every form saves of a sampler.
+  template <class Sampler>
+  static nlohmann::json sampler_fields(const Sampler& sampler, std::size_t batches_done) {
+    std::size_t offset = 0;
+    if constexpr (requires { sampler.offset(); }) offset = sampler.offset();
+    return {{"epoch", sampler.epoch()},
+            {"batches_done", batches_done},
+            {"offset", offset},
+            {"dataset_size", sampler.dataset_size()},
+            {"num_replicas", sampler.num_replicas()},
+            {"seed", sampler.options().seed},
+            {"shuffle", sampler.options().shuffle},
+            {"drop_last", sampler.options().drop_last}};
+  }
+
+  struct SavedSampler {
+    std::uint64_t epoch = 0;
+    std::size_t batches_done = 0;
+    std::size_t offset = 0;
+    int replicas = 1;
+  };
+
+  // The saved sampler's fields, checked against this one: the same data set size, seed,
+  // shuffle and drop_last (the same order of the same samples), at least one rank.
+  template <class Sampler>
+  static SavedSampler read_sampler(const SafetensorsFile& in, const nlohmann::json& saved,
+                                   const Sampler& sampler, const std::string& key) {
+    const auto size =
+        detail::json_integer<std::size_t>(saved.at("dataset_size"), key + ".dataset_size");
+    const auto seed = detail::json_integer<std::uint64_t>(saved.at("seed"), key + ".seed");
+    if (size != sampler.dataset_size() || seed != sampler.options().seed) {
+      throw Error(sampler.rank(), "load_checkpoint " + in.name(),
+                  "the sampler was saved for " + std::to_string(size) + " samples and seed " +
+                      std::to_string(seed) + "; this one has " +
+                      std::to_string(sampler.dataset_size()) + " and " +
+                      std::to_string(sampler.options().seed));
+    }
+    const bool shuffle = saved.at("shuffle").template get<bool>();
+    const bool drop_last = saved.at("drop_last").template get<bool>();
+    if (shuffle != sampler.options().shuffle || drop_last != sampler.options().drop_last) {
+      throw Error(sampler.rank(), "load_checkpoint " + in.name(),
+                  std::string("the sampler was saved with shuffle ") + (shuffle ? "on" : "off") +
+                      " and drop_last " + (drop_last ? "on" : "off") + "; this one has them " +
+                      (sampler.options().shuffle ? "on" : "off") + " and " +
+                      (sampler.options().drop_last ? "on" : "off"));
+    }
+    SavedSampler out;
+    out.epoch = detail::json_integer<std::uint64_t>(saved.at("epoch"), key + ".epoch");
+    out.batches_done =
+        detail::json_integer<std::size_t>(saved.at("batches_done"), key + ".batches_done");
+    if (saved.contains("offset")) {
+      out.offset = detail::json_integer<std::size_t>(saved.at("offset"), key + ".offset");
+    }
+    out.replicas = detail::json_integer<int>(saved.at("num_replicas"), key + ".num_replicas");
+    if (out.replicas < 1 || out.offset > size) {
+      throw Error(sampler.rank(), "load_checkpoint " + in.name(),
+                  "'" + key + "' has " + std::to_string(out.replicas) + " ranks and offset " +
+                      std::to_string(out.offset) + " (at least 1 rank, an offset up to " +
+                      std::to_string(size) + ")");
+    }
+    return out;
   }
 
   template <class Shape>

@@ -239,3 +239,166 @@ TEST_CASE("views::batches cuts a sized random-access range into consecutive batc
   CHECK_THROWS_WITH_AS(sampler | tandem::views::batches(0), doctest::Contains("batch_size = 0"),
                        tandem::Error);
 }
+
+namespace {
+
+// Takes the first `count` indices of `sampler` into `uses` (uses[i]: how often sample i came).
+void take(const DistributedSampler& sampler, std::size_t count, std::vector<int>& uses) {
+  REQUIRE(count <= sampler.size());
+  for (std::size_t k = 0; k < count; ++k) ++uses.at(static_cast<std::size_t>(sampler[k]));
+}
+
+// The ranks of one membership, each a sampler.
+std::vector<DistributedSampler> membership(std::size_t n, int size, SamplerOptions options) {
+  std::vector<DistributedSampler> ranks;
+  for (int r = 0; r < size; ++r) ranks.emplace_back(n, size, r, options);
+  return ranks;
+}
+
+// One epoch whose membership changes after each rank took `done[i]` samples of split i, through
+// `sizes` (sizes.size() == done.size() + 1): survivors re-split in one call, ranks that join
+// continue from the progress a survivor reports. The last membership takes the rest. Checks
+// every rank of each split has the same size and every sample is used once, plus the padding of
+// the split that reaches the epoch's end (without drop_last) or less the last split's cut (with
+// drop_last). Returns the last split's samplers.
+std::vector<DistributedSampler> run_epoch(std::size_t n, SamplerOptions options,
+                                          const std::vector<int>& sizes,
+                                          const std::vector<std::size_t>& done) {
+  std::vector<int> uses(n, 0);
+  auto ranks = membership(n, sizes[0], options);
+  for (auto& rank : ranks) rank.set_epoch(3);
+  for (std::size_t split = 0; split < done.size(); ++split) {
+    for (const auto& rank : ranks) take(rank, done[split], uses);
+    const int next = sizes[split + 1];
+    const auto progress = ranks[0].progress(done[split]);
+    std::vector<DistributedSampler> after;
+    for (int r = 0; r < next; ++r) {
+      if (r < static_cast<int>(ranks.size())) {
+        after.push_back(ranks[static_cast<std::size_t>(r)]);
+        after.back().resplit(next, r, done[split]);  // the live re-split: one call
+      } else {
+        after.emplace_back(n, next, r, options);  // a newcomer: told the progress
+        after.back().continue_from(progress);
+      }
+      CHECK(after.back().progress(0) == progress);
+      CHECK(after.back().offset() == progress.consumed);
+    }
+    ranks = std::move(after);
+  }
+  const std::size_t last = ranks[0].size();
+  for (const auto& rank : ranks) {
+    CHECK(rank.size() == last);  // every rank steps the same number of times
+    take(rank, last, uses);
+  }
+  const auto width = static_cast<std::size_t>(ranks.size());
+  const std::size_t rest = n - ranks[0].offset();
+  const std::size_t total = static_cast<std::size_t>(std::accumulate(uses.begin(), uses.end(), 0));
+  if (options.drop_last) {
+    CHECK(*std::max_element(uses.begin(), uses.end()) <= 1);  // never twice
+    CHECK(n - total == rest % width);                         // only the last split's cut
+  } else {
+    CHECK(*std::min_element(uses.begin(), uses.end()) >= 1);  // every sample
+    if (rest > 0) {
+      CHECK(total - n == (width - rest % width) % width);  // only the last split's padding
+    } else {  // an earlier split took the epoch to its end, padding it (less than one round)
+      CHECK(total - n < static_cast<std::size_t>(*std::max_element(sizes.begin(), sizes.end())));
+    }
+  }
+  CHECK(ranks[0].progress(last).consumed == (options.drop_last ? n - rest % width : n));
+  return ranks;
+}
+
+}  // namespace
+
+TEST_CASE("a re-split mid-epoch uses every sample of the epoch once, at any new world size") {
+  int epochs = 0;
+  for (std::size_t n : {1u, 7u, 37u, 45u, 60u, 101u}) {
+    for (bool shuffle : {false, true}) {
+      for (bool drop_last : {false, true}) {
+        const SamplerOptions options{.shuffle = shuffle, .seed = 11, .drop_last = drop_last};
+        for (const auto& [from, to] :
+             std::vector<std::pair<int, int>>{{2, 3}, {3, 2}, {4, 1}, {1, 4}, {2, 2}, {3, 5}}) {
+          const std::size_t per_rank = DistributedSampler(n, from, 0, options).size();
+          for (std::size_t done = 0; done <= per_rank; done += std::max<std::size_t>(1, n / 9)) {
+            CAPTURE(n);
+            CAPTURE(shuffle);
+            CAPTURE(drop_last);
+            CAPTURE(from);
+            CAPTURE(to);
+            CAPTURE(done);
+            run_epoch(n, options, {from, to}, {done});
+            ++epochs;
+          }
+        }
+        // Two changes in one epoch: 2 -> 3 -> 2, and 4 -> 3 -> 1.
+        if (n >= 37) {
+          run_epoch(n, options, {2, 3, 2}, {5, 4});
+          run_epoch(n, options, {4, 3, 1}, {3, 2});
+          epochs += 2;
+        }
+      }
+    }
+  }
+  CHECK(epochs > 300);
+}
+
+TEST_CASE("a re-split to the same world size yields exactly the rest of each rank's list") {
+  for (bool drop_last : {false, true}) {
+    for (int size : {1, 2, 3, 4}) {
+      for (std::size_t done : {0u, 1u, 5u, 11u}) {
+        const SamplerOptions options{.shuffle = true, .seed = 5, .drop_last = drop_last};
+        for (int r = 0; r < size; ++r) {
+          DistributedSampler whole(45, size, r, options);
+          whole.set_epoch(2);
+          DistributedSampler resumed = whole;
+          resumed.resplit(size, r, done);
+          const auto all = collect(whole);
+          CHECK(collect(resumed) == std::vector<std::int64_t>(all.begin() + done, all.end()));
+        }
+      }
+    }
+  }
+  // With offset 0 a sampler is PyTorch's: continue_from the start changes nothing.
+  DistributedSampler fresh(45, 3, 1, {.seed = 5});
+  DistributedSampler moved = fresh;
+  moved.continue_from(fresh.progress(0));
+  CHECK(collect(moved) == collect(fresh));
+}
+
+TEST_CASE("a re-split's batches, epochs and refusals") {
+  DistributedSampler sampler(100, 2, 1, {.seed = 3});
+  auto batches = sampler | tandem::views::batches(8);
+  CHECK(batches.size() == 7);  // 50 samples
+  sampler.resplit(3, 2, 16);   // 2 batches of 8 taken on each of 2 ranks: 32 positions
+  CHECK(sampler.offset() == 32);
+  CHECK(sampler.size() == 23);  // ceil(68 / 3)
+  CHECK(batches.size() == 3);   // the view sees the new split
+  CHECK(sampler.progress(23).consumed == 100);
+  sampler.set_epoch(0);  // the epoch already set: the split stays
+  CHECK(sampler.offset() == 32);
+  sampler.set_epoch(1);  // a new epoch starts from its first position, over the new ranks
+  CHECK(sampler.offset() == 0);
+  DistributedSampler fresh(100, 3, 2, {.seed = 3});
+  fresh.set_epoch(1);
+  CHECK(collect(sampler) == collect(fresh));
+
+  CHECK_THROWS_WITH_AS((void)sampler.progress(35), doctest::Contains("35 samples done"),
+                       tandem::Error);
+  CHECK_THROWS_WITH_AS(sampler.resplit(0, 0, 0), doctest::Contains("num_replicas = 0"),
+                       tandem::Error);
+  CHECK_THROWS_WITH_AS(sampler.resplit(2, 2, 0), doctest::Contains("rank = 2"), tandem::Error);
+  CHECK(sampler.num_replicas() == 3);  // a refused re-split changes nothing
+  CHECK_THROWS_WITH_AS(sampler.continue_from({1, 101}), doctest::Contains("101 positions"),
+                       tandem::Error);
+  auto evaluation = DistributedSampler::evaluation(10, 2, 0);
+  CHECK_THROWS_WITH_AS(evaluation.resplit(3, 0, 0), doctest::Contains("evaluation"), tandem::Error);
+
+  // Through a communicator: the new membership's rank and size.
+  tandem::run_local(3, [](tandem::LocalComm& comm) {
+    DistributedSampler mine(30, 2, comm.rank() % 2, {.shuffle = false});
+    mine.resplit(comm, 4);
+    CHECK(mine.rank() == comm.rank());
+    CHECK(mine.num_replicas() == 3);
+    CHECK(mine[0] == 8 + comm.rank());
+  });
+}
