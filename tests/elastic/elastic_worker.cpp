@@ -41,6 +41,7 @@
 #include <thread>
 #include <vector>
 
+#include "fault/handoff.hpp"
 #include "support/mlp.hpp"
 #include "tandem/comm/local/local.hpp"
 #include "tandem/core/env.hpp"
@@ -62,6 +63,11 @@
 
 namespace {
 
+namespace fault = tandem::test::fault;
+using fault::LocalStop;
+using fault::monotonic_ns;
+using fault::VictimExit;
+
 struct Settings {
   std::string backend = "local";
   int ranks = 3;
@@ -77,43 +83,15 @@ struct Settings {
   std::string url;  // empty: file://DIR/store
 };
 
+/// Writes `text` to DIR/name whole (tests/fault/handoff.hpp), so the driver never reads half of it.
 void publish(const Settings& settings, const std::string& name, const std::string& text) {
-  const std::string path = settings.dir + "/" + name;
-  const std::string temporary = path + ".tmp" + std::to_string(::getpid()) + "." + name;
-  {
-    std::ofstream out(temporary, std::ios::trunc);
-    out << text;
-  }
-  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-    std::fprintf(stderr, "elastic_worker: cannot write %s\n", path.c_str());
-  }
+  fault::publish("elastic_worker", settings.dir, name, text);
 }
 
-std::int64_t monotonic_ns() {
-  timespec now{};
-  ::clock_gettime(CLOCK_MONOTONIC, &now);
-  return static_cast<std::int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
-}
-
+/// Waits (at most 300 s) for DIR/name, a file another process writes.
 bool await_file(const Settings& settings, const std::string& name) {
-  const std::string path = settings.dir + "/" + name;
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(300);
-  while (::access(path.c_str(), F_OK) != 0) {
-    if (std::chrono::steady_clock::now() > until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  return true;
+  return fault::await_file(settings.dir, name, std::chrono::seconds(300));
 }
-
-/// Thrown by a thread victim that leaves its rank function.
-struct VictimExit {};
-
-/// A thread victim that stops blocks here until every survivor has ended.
-struct LocalStop {
-  std::mutex mutex;
-  std::condition_variable changed;
-  int ended = 0;
-};
 
 /// What the victim does at each point of generation 0's fault step (see the top).
 class FaultPlan {
@@ -143,11 +121,7 @@ class FaultPlan {
     if (where != point) return;
     announce(point, step);
     if (!threads_) {
-      if (point != "inside") {
-        for (int i = 0; i < 6000; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-        std::fprintf(stderr, "elastic_worker: the driver never sent its signal\n");
-        std::_Exit(3);
-      }
+      if (point != "inside") fault::await_signal("elastic_worker", me_);
       return;  // inside: the collective follows; the driver signals during it
     }
     if (settings_.fault == "exit") throw VictimExit{};

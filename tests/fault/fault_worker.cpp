@@ -48,6 +48,7 @@
 #include <thread>
 #include <vector>
 
+#include "handoff.hpp"
 #include "support/mlp.hpp"
 #include "tandem/comm/local/local.hpp"
 #include "tandem/core/env.hpp"
@@ -56,6 +57,11 @@
 #include "worker.hpp"
 
 namespace {
+
+namespace fault = tandem::test::fault;
+using fault::LocalStop;
+using fault::monotonic_ns;
+using fault::VictimExit;
 
 struct Settings {
   std::string backend = "local";
@@ -70,24 +76,9 @@ struct Settings {
   std::string dir = ".";
 };
 
-std::int64_t monotonic_ns() {
-  timespec now{};
-  ::clock_gettime(CLOCK_MONOTONIC, &now);
-  return static_cast<std::int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
-}
-
-/// Writes `text` to DIR/name through a temporary file and a rename, so the driver never reads
-/// half of it.
+/// Writes `text` to DIR/name whole (handoff.hpp), so the driver never reads half of it.
 void publish(const Settings& settings, const std::string& name, const std::string& text) {
-  const std::string path = settings.dir + "/" + name;
-  const std::string temporary = path + ".tmp" + std::to_string(::getpid());
-  {
-    std::ofstream out(temporary, std::ios::trunc);
-    out << text;
-  }
-  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-    std::fprintf(stderr, "fault_worker: cannot write %s\n", path.c_str());
-  }
+  fault::publish("fault_worker", settings.dir, name, text);
 }
 
 /// The victim's announcement: where it is, and when.
@@ -97,16 +88,9 @@ void announce(const Settings& settings, int rank, const char* state, int step) {
               std::to_string(monotonic_ns()) + "\n");
 }
 
-/// Waits for DIR/name to exist (a file another process writes), polling; false when it has not
-/// after `limit` (a hang elsewhere: the caller goes on, and the trial fails where it should).
+/// Waits for DIR/name to exist (handoff.hpp's await_file).
 bool await_file(const Settings& settings, const std::string& name, std::chrono::seconds limit) {
-  const std::string path = settings.dir + "/" + name;
-  const auto until = std::chrono::steady_clock::now() + limit;
-  while (::access(path.c_str(), F_OK) != 0) {
-    if (std::chrono::steady_clock::now() > until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  return true;
+  return fault::await_file(settings.dir, name, limit);
 }
 
 /// A process rank waits here until every rank's process has started (see the top).
@@ -118,23 +102,6 @@ void await_every_rank(const Settings& settings) {
     }
   }
 }
-
-/// A process victim waits here for the driver's signal; one that never comes is a driver bug.
-[[noreturn]] void await_signal(int rank) {
-  for (int i = 0; i < 6000; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  std::fprintf(stderr, "fault_worker: rank %d: the driver never sent its signal\n", rank);
-  std::_Exit(3);
-}
-
-/// The process-wide hand-off between a local victim that stops and the survivors it outlives.
-struct LocalStop {
-  std::mutex mutex;
-  std::condition_variable changed;
-  int ended = 0;
-};
-
-/// Thrown by a local victim that "exits": it leaves its rank function at once.
-struct VictimExit {};
 
 /// What a victim does at its point (where = before | inside | after; inside: after it started
 /// the collective). Before an inside collective, survivors wait for the fault (see the top).
@@ -168,7 +135,7 @@ class FaultPlan {
     if (where != settings_.point) return;
     announce(settings_, rank_, settings_.point.c_str(), step);
     if (!threads_) {
-      if (settings_.point != "inside") await_signal(rank_);
+      if (settings_.point != "inside") fault::await_signal("fault_worker", rank_);
       return;  // inside: the collective follows; the driver signals during it
     }
     if (settings_.fault == "exit") throw VictimExit{};
