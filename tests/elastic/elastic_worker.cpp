@@ -120,15 +120,9 @@ class FaultPlan {
                                   : settings_.point;
     if (where != point) return;
     announce(point, step);
-    if (!threads_) {
-      if (point != "inside") fault::await_signal("elastic_worker", me_);
-      return;  // inside: the collective follows; the driver signals during it
-    }
-    if (settings_.fault == "exit") throw VictimExit{};
-    std::unique_lock lock(stop_->mutex);
-    stop_->changed.wait_for(lock, std::chrono::seconds(120),
-                            [&] { return stop_->ended >= settings_.ranks - 1; });
-    throw VictimExit{};
+    fault::act_as_victim("elastic_worker", me_, point == "inside", settings_.fault != "exit",
+                         threads_ ? stop_ : nullptr, settings_.ranks - 1,
+                         std::chrono::seconds(120));
   }
 
  private:

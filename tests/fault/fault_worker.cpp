@@ -134,16 +134,9 @@ class FaultPlan {
     }
     if (where != settings_.point) return;
     announce(settings_, rank_, settings_.point.c_str(), step);
-    if (!threads_) {
-      if (settings_.point != "inside") fault::await_signal("fault_worker", rank_);
-      return;  // inside: the collective follows; the driver signals during it
-    }
-    if (settings_.fault == "exit") throw VictimExit{};
-    // stop: never return to the training; wake once the survivors have ended.
-    std::unique_lock lock(stop_->mutex);
-    stop_->changed.wait_for(lock, std::chrono::seconds(60),
-                            [&] { return stop_->ended >= settings_.ranks - 1; });
-    throw VictimExit{};
+    fault::act_as_victim("fault_worker", rank_, settings_.point == "inside",
+                         settings_.fault != "exit", threads_ ? stop_ : nullptr, settings_.ranks - 1,
+                         std::chrono::seconds(60));
   }
 
  private:

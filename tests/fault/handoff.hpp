@@ -78,4 +78,22 @@ struct LocalStop {
   int ended = 0;
 };
 
+/// What a victim does once it has reached its point and announced it. A process: at `inside` it
+/// returns (the collective follows, and the driver's signal comes during it), elsewhere it waits
+/// for the signal. A thread (`local` its process's hand-off; null for a process) that "exits"
+/// (stop false) throws VictimExit at once; one that "stops" blocks until `survivors` others have
+/// ended (at most `limit`: a hang elsewhere), then throws it.
+inline void act_as_victim(const char* program, int rank, bool inside, bool stop, LocalStop* local,
+                          int survivors, std::chrono::seconds limit) {
+  if (local == nullptr) {
+    if (!inside) await_signal(program, rank);
+    return;
+  }
+  if (stop) {
+    std::unique_lock lock(local->mutex);
+    local->changed.wait_for(lock, limit, [&] { return local->ended >= survivors; });
+  }
+  throw VictimExit{};
+}
+
 }  // namespace tandem::test::fault
