@@ -34,9 +34,9 @@
 #include "tandem/core/env.hpp"
 #include "tandem/core/hash.hpp"
 #include "tandem/ddp/ddp.hpp"
-#include "tandem/ema.hpp"
 #include "tandem/launch/elastic.hpp"
 #include "tandem/optim/adamw.hpp"
+#include "tandem/optim/ema.hpp"
 #include "tandem/optim/lr_scheduler.hpp"
 #if TANDEM_EXAMPLE_WITH_IO
 #include "tandem/io/checkpoint.hpp"

@@ -24,6 +24,10 @@ if [ ${#presets[@]} -eq 0 ]; then
   split_rooms=1
 fi
 jobs=${TANDEM_JOBS:-$(nproc)}
+# Most tests wait (for ranks to meet, a timeout to pass, processes to start) far more than they
+# compute: at one test a core, CI's tsan tests kept its 2 cores 30 % busy. So tests run two a
+# core; a test that is itself parallel (a build, N ranks) claims its cores (CTest PROCESSORS).
+test_jobs=${TANDEM_TEST_JOBS:-$((jobs * 2))}
 
 debug_flags=()
 if [ "${TANDEM_DEBUG_INFO:-0}" = 1 ]; then
@@ -37,8 +41,11 @@ fi
 # the rooms that parse, index and compute over buffers, dev the rest (CUDA, libtorch, consumers,
 # packaging, interop, docs, examples) and every room a later change adds. The CUDA tests of every
 # room build in dev, the one preset with nvcc. The GPU tests on the simulated CUDA runtime and NCCL
-# (label cuda-sim, tests/cuda_sim) build in dev and tsan, whatever their room (ASan+UBSan leaves
-# them out, for CI's time). Presets named on the command line build every room.
+# (label cuda-sim, tests/cuda_sim), whatever their room, are split the same way: those whose ranks
+# are threads of one process (and the simulator's own) in tsan, where ThreadSanitizer sees the
+# ranks meet; those whose ranks are processes (NcclComm under tandemrun and mpirun, the CUDA
+# example) in dev; ASan+UBSan builds none. Presets named on the command line build every room and
+# every simulator test.
 tsan_rooms="unit/comm;unit/local;unit/ddp;unit/gloo;unit/mpi;unit/shm;unit/hierarchical;unit/init;unit/launch;unit/data;unit/rendezvous;fault"
 asan_rooms="unit/core;unit/tensor;unit/arena;unit/amp;unit/optim;unit/ema;unit/nn;unit/io;fuzz"
 room_flags() {
@@ -54,11 +61,15 @@ room_flags() {
 }
 
 sim_flags() {
-  if [ "${split_rooms}" = 1 ] && [ "$1" = asan ]; then
-    echo "-DTANDEM_CUDA_SIM=OFF"
-  else
-    echo "-DTANDEM_CUDA_SIM=AUTO"
+  if [ "${split_rooms}" != 1 ]; then
+    echo "-DTANDEM_CUDA_SIM=AUTO -DTANDEM_CUDA_SIM_TESTS=all"
+    return
   fi
+  case "$1" in
+    asan) echo "-DTANDEM_CUDA_SIM=OFF" ;;
+    tsan) echo "-DTANDEM_CUDA_SIM=AUTO -DTANDEM_CUDA_SIM_TESTS=threads" ;;
+    *) echo "-DTANDEM_CUDA_SIM=AUTO -DTANDEM_CUDA_SIM_TESTS=processes" ;;
+  esac
 }
 
 for preset in "${presets[@]}"; do
@@ -66,5 +77,5 @@ for preset in "${presets[@]}"; do
   # shellcheck disable=SC2046  # the flags are words without spaces
   cmake --preset "${preset}" "${debug_flags[@]}" $(room_flags "${preset}") $(sim_flags "${preset}")
   cmake --build --preset "${preset}" -j "${jobs}"
-  ctest --preset "${preset}" -j "${jobs}"
+  ctest --preset "${preset}" -j "${test_jobs}"
 done

@@ -19,7 +19,7 @@
 #include "common/run.hpp"
 #include "tandem/core/env.hpp"
 #include "tandem/data/mnist.hpp"
-#include "tandem/ema.hpp"
+#include "tandem/optim/ema.hpp"
 #include "tandem/optim/lr_scheduler.hpp"
 #include "tandem/optim/sgd.hpp"
 

@@ -1,7 +1,8 @@
 // tandem/tandem.hpp - everything tandem offers that needs no engine beyond the C++ standard
 // library and POSIX: World, tensors and execution, the threads backend, stores (rendezvous/),
 // init_process_group and agree (the ranks' configuration checked at start), metrics across ranks,
-// the flat arena, DDP, optimizers and LR schedules, GradScaler, EMA and SyncBatchNorm.
+// the flat arena, DDP, optimizers and LR schedules, GradScaler, precision policies, EMA, the fused
+// AdamW step and SyncBatchNorm.
 //   #include <tandem/tandem.hpp>
 //   tandem::run_local(4, [](tandem::LocalComm& comm) { /* comm.all_reduce(...) */ });
 // Needs: Linux. Engines with libraries of their own have headers of their own:
@@ -20,6 +21,7 @@
 #include "tandem/tensor/dtype.hpp"
 #include "tandem/tensor/exec.hpp"
 #include "tandem/tensor/memory.hpp"
+#include "tandem/tensor/precision.hpp"
 #include "tandem/tensor/tensor.hpp"
 
 #include "tandem/rendezvous/c10d_store.hpp"
@@ -49,10 +51,10 @@
 #include "tandem/ddp/policies.hpp"
 
 #include "tandem/amp/grad_scaler.hpp"
-#include "tandem/amp/precision.hpp"
-#include "tandem/ema.hpp"
 #include "tandem/nn/sync_batch_norm.hpp"
 #include "tandem/optim/adamw.hpp"
+#include "tandem/optim/ema.hpp"
+#include "tandem/optim/fused_step.hpp"
 #include "tandem/optim/lr_scheduler.hpp"
 #include "tandem/optim/optimizer.hpp"
 #include "tandem/optim/param_groups.hpp"

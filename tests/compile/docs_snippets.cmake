@@ -23,11 +23,14 @@ foreach(group IN LISTS tandem_docs_groups)
 endforeach()
 set(tandem_docs_missing "")
 
-# tandem_doc_snippet(NAME target SOURCE file WHERE doc:line NEEDS component... LINKS component...)
-# (called by the manifest): the block's executable, in its group, when this build has what it
-# needs; otherwise it joins the list of blocks this build cannot compile.
+# tandem_doc_snippet(NAME target SOURCE file WHERE doc:line NEEDS component... LINKS component...
+#                    [LINKED]) (called by the manifest): the block's target, in its group, when
+# this build has what it needs; otherwise it joins the list of blocks this build cannot compile.
+# A LINKED block (its "CMake:" comment names its components) and a CUDA block are executables;
+# any other is compiled only (syntax_only.sh: -fsyntax-only, which still instantiates every
+# template the block uses; about 40 % of a block's compile time is code generation).
 function(tandem_doc_snippet)
-  cmake_parse_arguments(arg "" "NAME;SOURCE;WHERE" "NEEDS;LINKS" ${ARGN})
+  cmake_parse_arguments(arg "LINKED" "NAME;SOURCE;WHERE" "NEEDS;LINKS" ${ARGN})
   set(group docs_snippets)
   set(lacking "")
   foreach(component IN LISTS arg_NEEDS arg_LINKS)
@@ -49,13 +52,21 @@ function(tandem_doc_snippet)
     set(tandem_docs_missing "${tandem_docs_missing}|${arg_WHERE} (needs ${lacking})" PARENT_SCOPE)
     return()
   endif()
-  add_executable(${arg_NAME} EXCLUDE_FROM_ALL ${arg_SOURCE})
+  if(arg_LINKED OR group STREQUAL "docs_snippets_cuda")
+    add_executable(${arg_NAME} EXCLUDE_FROM_ALL ${arg_SOURCE})
+    set(where "${arg_WHERE} (compiled and linked)")
+  else()
+    add_library(${arg_NAME} OBJECT EXCLUDE_FROM_ALL ${arg_SOURCE})
+    set_target_properties(${arg_NAME} PROPERTIES
+      CXX_COMPILER_LAUNCHER ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/syntax_only.sh)
+    set(where "${arg_WHERE} (compiled)")
+  endif()
   target_link_libraries(${arg_NAME} PRIVATE tandem::tandem)
   foreach(component IN LISTS arg_LINKS)
     target_link_libraries(${arg_NAME} PRIVATE tandem::${component})
   endforeach()
   add_dependencies(${group} ${arg_NAME})
-  set(${group}_blocks "${${group}_blocks}|${arg_WHERE}" PARENT_SCOPE)
+  set(${group}_blocks "${${group}_blocks}|${where}" PARENT_SCOPE)
 endfunction()
 
 if(tandem_docs_result EQUAL 0)
@@ -74,7 +85,9 @@ if(tandem_docs_result EQUAL 0)
     elseif(group STREQUAL "docs_snippets_cuda")
       list(APPEND labels cuda)
     endif()
-    set_tests_properties(${group} PROPERTIES LABELS "${labels}" TIMEOUT 1500)
+    # PROCESSORS 2: the build runs as many compilers as the machine has cores (as the consumer
+    # tests do).
+    set_tests_properties(${group} PROPERTIES LABELS "${labels}" TIMEOUT 1500 PROCESSORS 2)
   endforeach()
 else()
   # A doc the script cannot read (a block never closed, a fragment without its function head):

@@ -23,10 +23,12 @@ An indented block (in a list item) loses its fence's indentation.
 
 manifest.cmake calls tandem_doc_snippet() once per block with NAME (a target name), SOURCE,
 WHERE (doc:line), NEEDS (the components its #includes and its fragment comment's need: gloo, mpi,
-shm, data, io, torch, cuda, nccl) and LINKS (those a "CMake:" comment in the block names, else
-those its #includes need, and the fragment comment's), so that a block whose comment names too few
-components fails to link. Files are rewritten only when their
-text changes (no rebuild otherwise); files of blocks that are gone are removed.
+shm, data, io, torch, cuda, nccl), LINKS (those a "CMake:" comment in the block names, else
+those its #includes need, and the fragment comment's) and, for a block with a "CMake:" comment,
+LINKED: that block is linked, so that one whose comment names too few components fails; the others
+are compiled only (every template they use instantiated, no code generated: CI's time). Files are
+rewritten only when their text changes (no rebuild otherwise); files of blocks that are gone are
+removed.
 """
 import os
 import re
@@ -127,9 +129,10 @@ def needed(lines):
 
 
 def components(context, body):
-    """(components the block and its context need, components to link): the components a
-    "CMake:" comment of the block names (else those its #includes need), and those of the
-    fragment's context, which the page says come from elsewhere."""
+    """(components the block and its context need, components to link, whether a "CMake:"
+    comment names them): the components a "CMake:" comment of the block names (else those its
+    #includes need), and those of the fragment's context, which the page says come from
+    elsewhere."""
     named = None
     for line in body:
         comment = CMAKE_COMMENT.search(line)
@@ -138,7 +141,7 @@ def components(context, body):
     block = needed(body)
     around = needed(context or [])
     links = sorted(set(named if named is not None else block) | set(around))
-    return block + [c for c in around if c not in block], links
+    return block + [c for c in around if c not in block], links, named is not None
 
 
 def write_if_changed(path, text):
@@ -163,7 +166,7 @@ def main():
         if not name.endswith(".md"):
             continue
         for line, context, body in blocks(os.path.join(docs, name)):
-            needs, links = components(context, body)
+            needs, links, named = components(context, body)
             cuda = any(c in needs for c in ("cuda", "nccl"))
             target = "docs_" + re.sub(r"[^A-Za-z0-9]", "_", name[:-3]) + f"_{line}"
             source = target + (".cu" if cuda else ".cpp")
@@ -171,7 +174,8 @@ def main():
             written.add(source)
             manifest.append(
                 f'tandem_doc_snippet(NAME {target} SOURCE "{os.path.join(out, source)}" '
-                f'WHERE "docs/{name}:{line}" NEEDS {" ".join(needs)} LINKS {" ".join(links)})')
+                f'WHERE "docs/{name}:{line}" NEEDS {" ".join(needs)} LINKS {" ".join(links)}'
+                f'{" LINKED" if named else ""})')
     for stale in os.listdir(out):
         if stale.endswith((".cpp", ".cu")) and stale not in written:
             os.remove(os.path.join(out, stale))

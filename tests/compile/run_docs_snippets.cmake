@@ -1,10 +1,11 @@
 # cmake -DBUILD_DIR=.. -DTARGET=docs_snippets[_torch|_cuda] -DBLOCKS="|doc:line|..."
 #       -DMISSING="|doc:line (needs ...)|..." -P run_docs_snippets.cmake
 # The test of docs_snippets.cmake: says which blocks it compiles and which this build cannot, then
-# builds them (one target, so one build tool runs); a block that does not compile or link fails it.
+# builds them (one target, so one build tool runs); a block that does not compile, or does not
+# link where it is linked, fails it.
 cmake_minimum_required(VERSION 3.25)
 string(REPLACE "|" "\n  " blocks "${BLOCKS}")
-message("compiling and linking the C++ blocks of:${blocks}")
+message("the C++ blocks of the docs this test builds:${blocks}")
 if(MISSING)
   string(REPLACE "|" "\n  " missing "${MISSING}")
   message("not compiled by this build (it lacks what they need):${missing}")

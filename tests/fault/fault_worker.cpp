@@ -53,20 +53,7 @@
 #include "tandem/core/env.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/ddp/ddp.hpp"
-#if TANDEM_FAULT_WITH_GLOO
-#include "tandem/comm/gloo/gloo.hpp"
-#include "tandem/comm/init.hpp"
-#endif
-#if TANDEM_FAULT_WITH_MPI
-#include "tandem/comm/mpi/mpi.hpp"
-#endif
-#if TANDEM_FAULT_WITH_SHM
-#include "tandem/comm/init.hpp"
-#include "tandem/comm/shm/shm.hpp"
-#endif
-#if TANDEM_FAULT_WITH_SHM && TANDEM_FAULT_WITH_GLOO
-#include "tandem/comm/hierarchical/hierarchical.hpp"
-#endif
+#include "worker.hpp"
 
 namespace {
 
@@ -326,20 +313,6 @@ int run_process(const Settings& settings, int rank, MakeComm&& make_comm) {
   }
 }
 
-#if TANDEM_FAULT_WITH_GLOO || TANDEM_FAULT_WITH_SHM
-/// A process rank of a job started over env:// (gloo, shm, hierarchical): Comm made by
-/// init_process_group with the collective timeout, the rank read from RANK for the bookkeeping.
-template <class Comm>
-int run_env_process(const Settings& settings, std::chrono::milliseconds timeout) {
-  const auto rank = tandem::parse_int(std::getenv("RANK") ? std::getenv("RANK") : "");
-  return run_process(settings, rank ? static_cast<int>(*rank) : -1, [&] {
-    typename Comm::options_type options;
-    options.timeout = timeout;  // HierarchicalComm: both levels'
-    return tandem::init_process_group<Comm>("env://", options);
-  });
-}
-#endif
-
 int usage() {
   std::fprintf(
       stderr,
@@ -353,67 +326,47 @@ int usage() {
 
 int main(int argc, char** argv) {
   Settings settings;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string_view flag = argv[i];
-    const std::string value = argv[i + 1];
-    const auto number = [&] {
-      const auto parsed = tandem::parse_int(value);
-      if (!parsed || *parsed < -1 || *parsed > 1000000) throw std::invalid_argument(value);
-      return static_cast<int>(*parsed);
-    };
-    try {
-      if (flag == "--backend")
-        settings.backend = value;
-      else if (flag == "--dir")
-        settings.dir = value;
-      else if (flag == "--ranks")
-        settings.ranks = number();
-      else if (flag == "--steps")
-        settings.steps = number();
-      else if (flag == "--timeout-ms")
-        settings.timeout_ms = number();
-      else if (flag == "--fault-step")
-        settings.fault_step = number();
-      else if (flag == "--point")
-        settings.point = value;
-      else if (flag == "--target")
-        settings.target = value;
-      else if (flag == "--fault")
-        settings.fault = value;
-      else if (flag == "--victim")
-        settings.victim = number();
-      else
-        return usage();
-    } catch (const std::invalid_argument&) {
-      return usage();
-    }
+  const auto number = [](const std::string& value) {
+    const auto parsed = tandem::parse_int(value);
+    if (!parsed || *parsed < -1 || *parsed > 1000000) throw std::invalid_argument(value);
+    return static_cast<int>(*parsed);
+  };
+  try {
+    const bool read = tandem::test::fault::read_flags(
+        argc, argv, [&](std::string_view flag, const std::string& value) {
+          if (flag == "--backend")
+            settings.backend = value;
+          else if (flag == "--dir")
+            settings.dir = value;
+          else if (flag == "--ranks")
+            settings.ranks = number(value);
+          else if (flag == "--steps")
+            settings.steps = number(value);
+          else if (flag == "--timeout-ms")
+            settings.timeout_ms = number(value);
+          else if (flag == "--fault-step")
+            settings.fault_step = number(value);
+          else if (flag == "--point")
+            settings.point = value;
+          else if (flag == "--target")
+            settings.target = value;
+          else if (flag == "--fault")
+            settings.fault = value;
+          else if (flag == "--victim")
+            settings.victim = number(value);
+          else
+            return false;
+          return true;
+        });
+    if (!read) return usage();
+  } catch (const std::invalid_argument&) {
+    return usage();
   }
-  if (argc % 2 == 0) return usage();
   const auto timeout = std::chrono::milliseconds(settings.timeout_ms);
   if (settings.backend == "local") return run_local(settings);
-#if TANDEM_FAULT_WITH_GLOO
-  if (settings.backend == "gloo") return run_env_process<tandem::GlooComm>(settings, timeout);
-#endif
-#if TANDEM_FAULT_WITH_SHM
-  if (settings.backend == "shm") return run_env_process<tandem::ShmComm>(settings, timeout);
-#endif
-#if TANDEM_FAULT_WITH_SHM && TANDEM_FAULT_WITH_GLOO
-  if (settings.backend == "hierarchical") {
-    return run_env_process<tandem::HierarchicalComm<tandem::ShmComm, tandem::GlooComm>>(settings,
-                                                                                        timeout);
-  }
-#endif
-#if TANDEM_FAULT_WITH_MPI
-  if (settings.backend == "mpi") {
-    const char* rank_text = std::getenv("OMPI_COMM_WORLD_RANK");
-    const auto rank = tandem::parse_int(rank_text ? rank_text : "");
-    return run_process(settings, rank ? static_cast<int>(*rank) : -1, [&] {
-      tandem::MpiCommOptions options;
-      options.timeout = timeout;
-      return tandem::MpiComm::world(options);
-    });
-  }
-#endif
-  std::fprintf(stderr, "fault_worker: backend '%s' is not built in\n", settings.backend.c_str());
-  return 77;
+  return tandem::test::fault::with_process_comm(
+      "fault_worker", settings.backend, timeout, [&](auto make_comm) {
+        return run_process(settings, tandem::test::fault::launcher_rank(settings.backend),
+                           make_comm);
+      });
 }

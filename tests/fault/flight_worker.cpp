@@ -28,20 +28,7 @@
 #include "tandem/core/env.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/launch/elastic.hpp"
-#if TANDEM_FAULT_WITH_GLOO
-#include "tandem/comm/gloo/gloo.hpp"
-#include "tandem/comm/init.hpp"
-#endif
-#if TANDEM_FAULT_WITH_MPI
-#include "tandem/comm/mpi/mpi.hpp"
-#endif
-#if TANDEM_FAULT_WITH_SHM
-#include "tandem/comm/init.hpp"
-#include "tandem/comm/shm/shm.hpp"
-#endif
-#if TANDEM_FAULT_WITH_SHM && TANDEM_FAULT_WITH_GLOO
-#include "tandem/comm/hierarchical/hierarchical.hpp"
-#endif
+#include "worker.hpp"
 
 namespace {
 
@@ -130,44 +117,37 @@ void run_case(Comm& comm, const Settings& settings, bool threads) {
   }
 }
 
-template <class Comm>
-int run_env(const Settings& settings) {
-  return tandem::run_main([&] {
-    typename Comm::options_type options;
-    options.timeout = std::chrono::milliseconds(settings.timeout_ms);
-    auto comm = tandem::init_process_group<Comm>("env://", options);
-    run_case(comm, settings, false);
-    return 0;
-  });
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   Settings settings;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string_view flag = argv[i];
-    const std::string value = argv[i + 1];
-    const auto number = [&] {
-      const auto parsed = tandem::parse_int(value);
-      return parsed ? static_cast<int>(*parsed) : -1;
-    };
-    if (flag == "--backend") {
-      settings.backend = value;
-    } else if (flag == "--case") {
-      settings.scenario = value;
-    } else if (flag == "--dir") {
-      settings.dir = value;
-    } else if (flag == "--victim") {
-      settings.victim = number();
-    } else if (flag == "--ranks") {
-      settings.ranks = number();
-    } else if (flag == "--timeout-ms") {
-      settings.timeout_ms = number();
-    } else {
-      std::fprintf(stderr, "flight_worker: unknown flag %s\n", argv[i]);
-      return 2;
-    }
+  const auto number = [](const std::string& value) {
+    const auto parsed = tandem::parse_int(value);
+    return parsed ? static_cast<int>(*parsed) : -1;
+  };
+  const bool read = tandem::test::fault::read_flags(
+      argc, argv, [&](std::string_view flag, const std::string& value) {
+        if (flag == "--backend") {
+          settings.backend = value;
+        } else if (flag == "--case") {
+          settings.scenario = value;
+        } else if (flag == "--dir") {
+          settings.dir = value;
+        } else if (flag == "--victim") {
+          settings.victim = number(value);
+        } else if (flag == "--ranks") {
+          settings.ranks = number(value);
+        } else if (flag == "--timeout-ms") {
+          settings.timeout_ms = number(value);
+        } else {
+          std::fprintf(stderr, "flight_worker: unknown flag %s\n", std::string(flag).c_str());
+          return false;
+        }
+        return true;
+      });
+  if (!read) {
+    std::fprintf(stderr, "flight_worker: usage: --flag value pairs (see the top of the source)\n");
+    return 2;
   }
   const char* rank_text = std::getenv("RANK");
   if (rank_text == nullptr) rank_text = std::getenv("OMPI_COMM_WORLD_RANK");
@@ -181,28 +161,13 @@ int main(int argc, char** argv) {
       return 0;
     });
   }
-#if TANDEM_FAULT_WITH_GLOO
-  if (settings.backend == "gloo") return run_env<tandem::GlooComm>(settings);
-#endif
-#if TANDEM_FAULT_WITH_SHM
-  if (settings.backend == "shm") return run_env<tandem::ShmComm>(settings);
-#endif
-#if TANDEM_FAULT_WITH_SHM && TANDEM_FAULT_WITH_GLOO
-  if (settings.backend == "hierarchical") {
-    return run_env<tandem::HierarchicalComm<tandem::ShmComm, tandem::GlooComm>>(settings);
-  }
-#endif
-#if TANDEM_FAULT_WITH_MPI
-  if (settings.backend == "mpi") {
-    return tandem::run_main([&] {
-      tandem::MpiCommOptions options;
-      options.timeout = std::chrono::milliseconds(settings.timeout_ms);
-      auto comm = tandem::MpiComm::world(options);
-      run_case(comm, settings, false);
-      return 0;
-    });
-  }
-#endif
-  std::fprintf(stderr, "flight_worker: backend '%s' is not built in\n", settings.backend.c_str());
-  return 77;
+  return tandem::test::fault::with_process_comm("flight_worker", settings.backend,
+                                                std::chrono::milliseconds(settings.timeout_ms),
+                                                [&](auto make_comm) {
+                                                  return tandem::run_main([&] {
+                                                    auto comm = make_comm();
+                                                    run_case(comm, settings, false);
+                                                    return 0;
+                                                  });
+                                                });
 }

@@ -23,6 +23,7 @@
 #include "tandem/core/config.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/optim/optimizer.hpp"
+#include "tandem/tensor/detail/finite_check.hpp"
 #include "tandem/tensor/dtype.hpp"
 #include "tandem/tensor/exec.hpp"
 #include "tandem/tensor/memory.hpp"
@@ -47,22 +48,8 @@ struct GradScalerOptions {
 
 namespace detail::amp {
 
-/// Whether x is finite, by its exponent bits: the same on host and device, and immune to
-/// -ffinite-math-only.
-TANDEM_HD constexpr bool is_finite(float x) noexcept {
-  return (detail::float_bits(x) & 0x7f800000u) != 0x7f800000u;
-}
-TANDEM_HD constexpr bool is_finite(double x) noexcept {
-  return (__builtin_bit_cast(std::uint64_t, x) & 0x7ff0000000000000ull) != 0x7ff0000000000000ull;
-}
-
-/// The inf flag: an int so that the host loop's OR-reduction vectorises (a float max would not
-/// without -ffast-math); all-reduced with max, which is OR for 0 and 1.
-using inf_flag = std::int32_t;
-
-struct or_combine {
-  TANDEM_HD constexpr inf_flag operator()(inf_flag a, inf_flag b) const noexcept { return a | b; }
-};
+using finite::inf_flag;
+using finite::is_finite;
 
 /// Multiplies grads[i] by inv_scale and maps it to 1 when the value BEFORE unscaling was inf or
 /// NaN, else 0: PyTorch's _amp_foreach_non_finite_check_and_unscale_ (in opmath, one rounding)
@@ -76,15 +63,6 @@ struct unscale_and_check {
     const opmath value = static_cast<opmath>(grads[i]);
     grads[i] = T(value * static_cast<opmath>(inv_scale));
     return is_finite(value) ? 0 : 1;
-  }
-};
-
-/// PyTorch leaves the gradients untouched when the inverse scale is 1: only the check.
-template <class T>
-struct check_finite {
-  const T* grads;
-  TANDEM_HD inf_flag operator()(std::size_t i) const {
-    return is_finite(static_cast<opmath_t<T>>(grads[i])) ? 0 : 1;
   }
 };
 
@@ -185,11 +163,11 @@ class GradScaler {
       if (inv_scale != 1.0f) {
         transform_reduce_into(exec, flag, grads.size(), inf_flag{0},
                               detail::amp::unscale_and_check<T>{grads.data(), inv_scale},
-                              detail::amp::or_combine{});
+                              detail::finite::or_combine{});
       } else {
         transform_reduce_into(exec, flag, grads.size(), inf_flag{0},
-                              detail::amp::check_finite<T>{grads.data()},
-                              detail::amp::or_combine{});
+                              detail::finite::check_finite<T>{grads.data()},
+                              detail::finite::or_combine{});
       }
     });
     state.where = stage::unscaled;
@@ -217,7 +195,7 @@ class GradScaler {
     return !skip;
   }
 
-  /// For fused steps (tandem/amp/fused_step.hpp): step(opt) with the unscale folded into the
+  /// For fused steps (tandem/optim/fused_step.hpp): step(opt) with the unscale folded into the
   /// optimizer's own pass. `check(flag)` must write into *flag (one inf_flag in Space, on
   /// opt.executor()) 1 if any of opt's gradients is inf or NaN and 0 otherwise, changing none;
   /// the flag is all-reduced as unscale_'s is. Then, unless it was set, `apply(inv_scale)` runs:
@@ -450,7 +428,7 @@ class GradScaler {
     }
     state.read_found_inf = [exec, flag] {
       return transform_reduce(exec, 1, inf_flag{0}, detail::amp::load_flag{flag},
-                              detail::amp::or_combine{});
+                              detail::finite::or_combine{});
     };
     state.found_inf_value.reset();
   }

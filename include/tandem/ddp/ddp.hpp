@@ -4,8 +4,8 @@
 //   tandem::DistributedDataParallel<tandem::GlooComm> ddp(comm, params);
 //   ddp.before_forward(); /* forward, backward: ddp.grad_ready(p) */ ddp.finish_gradient_sync();
 // Needs: a Communicator (comm/communicator.hpp); device arenas need tandem/cuda.hpp in a .cu file.
-// How a step runs, memory spaces and streams, mixed precision, ZeRO: docs/ddp.md, "How DDP
-// works". The kernels and the arena's access: ddp/detail/arena_access.hpp.
+// How a step runs, memory spaces and streams, mixed precision, ZeRO: docs/ddp.md. The kernels and
+// the arena's access: detail/arena_access.hpp; the registration check: detail/registration.hpp.
 #pragma once
 
 #include <algorithm>
@@ -25,11 +25,10 @@
 #include "tandem/arena/parameters.hpp"
 #include "tandem/comm/communicator.hpp"
 #include "tandem/core/config.hpp"
-#include "tandem/core/detail/disagreement.hpp"
 #include "tandem/core/error.hpp"
-#include "tandem/core/hash.hpp"
 #include "tandem/ddp/buckets.hpp"
 #include "tandem/ddp/detail/arena_access.hpp"
+#include "tandem/ddp/detail/registration.hpp"
 #include "tandem/ddp/policies.hpp"
 #include "tandem/ddp/shards.hpp"
 #include "tandem/tensor/dtype.hpp"
@@ -123,26 +122,20 @@ class DistributedDataParallel {
     average_deferrable_ = std::same_as<T, float>;
 
     std::vector<std::size_t> sizes;
-    std::vector<std::string> descriptions{std::string("element type ") + dtype_traits<T>::name};
     for (auto& p : params) {
       identity_.push_back(&p);
       names_.push_back(p.name());
       index_of_.emplace(p.name(), sizes.size());
       sizes.push_back(p.size());
       offsets_.push_back(p.offset());
-      descriptions.push_back("parameter '" + p.name() + "' " + p.shape().to_string());
-    }
-    for (auto& b : params.buffers()) {
-      descriptions.push_back("buffer '" + b.name() + "' " + b.shape().to_string() + " " +
-                             name(b.kind()));
     }
     // The check's few integers travel in the communicator's own space: host memory on host
     // communicators (nothing to stage), the arena's device memory on device-only ones.
     if (registration == detail::ddp::compare_registration) {
       if constexpr (host_accessible<comm_space>) {
-        verify_registration(on_host, descriptions);
+        detail::ddp::verify_registration(comm, on_host, detail::ddp::registration_of(params));
       } else {
-        verify_registration(exec, descriptions);
+        detail::ddp::verify_registration(comm, exec, detail::ddp::registration_of(params));
       }
     }
 
@@ -268,17 +261,11 @@ class DistributedDataParallel {
     return NoSyncGuard(this);
   }
 
-  /// Leaves the division by world size to `scaler`, so that the average and the unscale are one
-  /// multiplier pass over the gradients: the buckets travel undivided (their sum) and, after each
-  /// finish_gradient_sync(), the scaler's next unscale of `opt` (unscale_(), step(), or
-  /// amp::FusedStep's update) multiplies by 1/(scale * world size) instead of 1/scale. Between
-  /// the two the gradients hold the (scaled) sum. `opt` must read exactly the arena's gradients;
-  /// the scaler and `opt` must outlive this object. Returns whether the scaler took the division,
-  /// which it does for float gradients and an enabled scaler. DDP keeps dividing each bucket
-  /// itself for 16-bit gradients (pre-division keeps their sum in range: half's ends at 65504),
-  /// double ones (GradScaler's factor is a float: 1/(scale * n) would lose double's precision)
-  /// and a disabled scaler (it never unscales). Bit for bit the two-pass gradients when the
-  /// world size is a power of two; see the top of this header.
+  /// Leaves the division by world size to `scaler` (docs/ddp.md, "How DDP works"): the buckets
+  /// travel undivided and the scaler's next unscale of `opt` (unscale_(), step(), or
+  /// amp::FusedStep's update) multiplies by 1/(scale * world size) instead of 1/scale. `opt` must
+  /// read exactly the arena's gradients; the scaler and `opt` must outlive this object. Returns
+  /// whether the scaler took the division: it does for float gradients and an enabled scaler.
   template <class Scaler, class O>
   requires requires(Scaler& scaler, O& opt) {
     { scaler.is_enabled() } -> std::convertible_to<bool>;
@@ -363,11 +350,9 @@ class DistributedDataParallel {
     gather_shards();
   }
 
-  /// The same through a GradScaler: scaler.step(opt) (unscale, inf check, step unless an inf or
-  /// NaN was found), then the all_gather when it stepped. Returns whether it stepped; call
-  /// scaler.update() after it as usual. Under shard<2> the scaler must have been made with the
-  /// communicator (GradScaler(comm)) so that one rank's overflow skips the step on every rank:
-  /// each rank sees its own parts' reduced gradients only. An Error otherwise.
+  /// The same through a GradScaler: scaler.step(opt), then the all_gather when it stepped;
+  /// returns whether it stepped (call scaler.update() after it). Under shard<2> the scaler must
+  /// agree across ranks, GradScaler(comm) (docs/zero.md); an Error otherwise.
   template <class Scaler, class O>
   requires requires(Scaler& scaler, O& o) {
     { scaler.step(o) } -> std::convertible_to<bool>;
@@ -401,10 +386,9 @@ class DistributedDataParallel {
     return stepped;
   }
 
-  /// ZeRO: all-gathers the parameters from every rank's own parts (what step() does after the
-  /// optimizer's step; call it yourself after stepping a sharded optimizer some other way).
-  /// Collective. Does nothing without a shard policy. An Error inside a tandem::Join, where a
-  /// rank that has run out of data must replay the step itself: step through step(opt) there.
+  /// ZeRO: all-gathers the parameters from every rank's own parts, as step() does (for a sharded
+  /// optimizer stepped some other way). Collective; nothing without a shard policy. An Error
+  /// inside a tandem::Join, whose ranks out of data replay only step(opt) / step(scaler, opt).
   void gather_parameters() {
     if (config::shard_stage > 0 && join_record_) {
       throw Error(comm_->rank(), "DistributedDataParallel::gather_parameters",
@@ -575,47 +559,6 @@ class DistributedDataParallel {
     works_.clear();
     in_step_ = false;
   }
-
-  /// Every rank's registration, compared (core/detail/disagreement.hpp); on a difference, the
-  /// first differing entry and which ranks have what, in an Error raised on every rank.
-  template <class ControlExec>
-  void verify_registration(const ControlExec& exec, const std::vector<std::string>& descriptions) {
-    const auto n = static_cast<std::size_t>(comm_->size());
-    const auto gather = [&]<class V>(std::vector<V> mine) {
-      ControlArrayOf<V, ControlExec> in(exec, mine.size());
-      ControlArrayOf<V, ControlExec> all(exec, mine.size() * n);
-      for (std::size_t i = 0; i < mine.size(); ++i) in.set(i, mine[i]);
-      control_all_gather(exec, in.view(), all.view());
-      std::vector<V> out(mine.size() * n);
-      for (std::size_t i = 0; i < out.size(); ++i) out[i] = all.get(i);
-      return out;
-    };
-    const auto difference = detail::find_entries_difference(descriptions, n, gather);
-    if (!difference) return;
-    std::string cause =
-        "ranks registered different parameters; first difference at entry " +
-        std::to_string(difference->first) + " (entry 0 is the element type): " +
-        detail::describe_groups(
-            difference->seen, [](const std::string& entry) { return entry; }, " has ", " have ");
-    cause += " (entries registered:";
-    for (std::size_t r = 0; r < difference->counts.size(); ++r) {
-      cause += std::string(r ? "," : "") + " rank " + std::to_string(r) + " " +
-               std::to_string(difference->counts[r]);
-    }
-    throw Error(comm_->rank(), "DistributedDataParallel", cause + ")");
-  }
-
-  /// all_gather of control arrays written through `exec`, ordered after their writes and handed
-  /// back to `exec` for the reads (on the host: nothing to order).
-  template <class ControlExec, class In, class Out>
-  void control_all_gather(const ControlExec& exec, In mine, Out all) {
-    tandem::order_after(*comm_, exec);
-    comm_->all_gather(mine, all);
-    tandem::hand_back(*comm_, exec);
-  }
-
-  template <class T, class ControlExec>
-  using ControlArrayOf = detail::ddp::ControlArray<T, typename Comm::memory_space, ControlExec>;
 
   Comm* comm_;
   ShardLayout layout_;  // before arena_, which holds it by address

@@ -4,7 +4,9 @@
 // Needs: the standard library and a Communicator; device memory needs tandem/cuda.hpp (nvcc).
 // Inputs are contiguous (N, C, ...) tensors given as shaped Views (dimensions after C flattened).
 // How it works, where it differs from PyTorch, its arithmetic and memory spaces: docs/ddp.md,
-// "SyncBatchNorm in detail". Its per-channel kernels: nn/detail/batch_norm_kernels.hpp.
+// "SyncBatchNorm in detail". Its per-channel kernels: nn/detail/batch_norm_kernels.hpp; the core
+// it shares with tandem::torch::SyncBatchNorm (wire format, merge, checks, commit):
+// nn/detail/sync_statistics.hpp.
 #pragma once
 
 #include <algorithm>
@@ -194,7 +196,9 @@ class SyncBatchNorm {
   [[nodiscard]] const Exec& executor() const noexcept { return exec_; }
 
   /// Normalises `input` (shape (N, C, ...), N may be 0) into `output` (the same shape, not
-  /// overlapping the input). Collective in training mode on more than one rank.
+  /// overlapping the input). Collective in training mode on more than one rank. A forward that
+  /// throws (a failed collective, too few values) leaves the running statistics and
+  /// num_batches_tracked as they were, and nothing for backward.
   void forward(View<const T, Space> input, View<T, Space> output) {
     const Slots slots = this->slots();
     const auto layout = check_input("forward", input.shape());
@@ -223,14 +227,16 @@ class SyncBatchNorm {
       if (mode == Mode::sync && join_record_) join_record_(join_forward, 0);
       count = mode == Mode::sync ? gather_statistics(input.data(), layout, variance.data())
                                  : local_statistics(input.data(), layout, variance.data());
-      if (count < 2) {
-        fail("forward",
-             "expected more than 1 value per channel when training, got " +
-                 std::to_string(static_cast<std::int64_t>(count)) +
-                 (mode == Mode::sync ? " across " + std::to_string(comm_->size()) + " ranks"
-                                     : " in input of shape " + input.shape().to_string()));
+      detail::batch_norm::check_values_per_channel(
+          comm_->rank(), count,
+          mode == Mode::sync ? " across " + std::to_string(comm_->size()) + " ranks"
+                             : " in input of shape " + input.shape().to_string());
+      // The commit (sync_statistics.hpp): every collective and check of this step has passed.
+      if (update_running) {
+        detail::batch_norm::commit_step(exec_, channels_, slots.running_mean.data(),
+                                        slots.running_var.data(), slots.num_batches_tracked.data(),
+                                        mean_.data(), variance.data(), options_.momentum, count);
       }
-      if (update_running) update_running_statistics(slots, variance.data(), count);
     }
 
     auto coefficients = scratch<double>(2 * channels_);  // [scale | shift]
@@ -377,7 +383,7 @@ class SyncBatchNorm {
   }
 
   [[noreturn]] void fail(const char* operation, const std::string& cause) const {
-    throw Error(comm_->rank(), std::string("SyncBatchNorm::") + operation, cause);
+    detail::batch_norm::fail(comm_->rank(), operation, cause);
   }
 
   Slots slots() const { return bind_ ? bind_() : own_; }
@@ -432,14 +438,9 @@ class SyncBatchNorm {
   }
 
   detail::batch_norm::Layout check_input(const char* operation, const Shape& shape) const {
-    if (shape.rank() < 2) {
-      fail(operation, "expected an (N, C, ...) input of at least 2 dimensions, got shape " +
-                          shape.to_string() + " (pass a shaped View)");
-    }
-    if (static_cast<std::size_t>(shape[1]) != channels_) {
-      fail(operation, "input of shape " + shape.to_string() + " has " + std::to_string(shape[1]) +
-                          " channels, this SyncBatchNorm has " + std::to_string(channels_));
-    }
+    detail::batch_norm::check_input(comm_->rank(), operation, shape.rank(),
+                                    shape.rank() < 2 ? 0 : shape[1], channels_, shape.to_string(),
+                                    " (pass a shaped View)");
     detail::batch_norm::Layout layout;
     layout.batch = static_cast<std::size_t>(shape[0]);
     layout.channels = channels_;
@@ -459,25 +460,25 @@ class SyncBatchNorm {
   }
 
   /// Every rank's statistics merged: mean_, the biased variance across ranks and invstd_;
-  /// returns the total count per channel, read back from Space. Each rank sends [mean (C) |
-  /// invstd (C) | count] as torch does, an empty batch sending zeros, and merges in rank order
-  /// skipping empty ranks.
+  /// returns the total count per channel, read back from Space. Each rank sends its record in
+  /// the one wire format (sync_statistics.hpp: [mean | biased variance | count], zeros for an
+  /// empty batch); the merge goes in rank order, skipping empty ranks.
   double gather_statistics(const T* x, const detail::batch_norm::Layout& layout, double* variance) {
     agree_on_channels();
-    const std::size_t c_count = channels_;
-    const std::size_t record = 2 * c_count + 1;
+    const detail::batch_norm::Wire wire{channels_};
     const auto world = static_cast<std::size_t>(comm_->size());
-    auto mine = scratch<double>(record);
-    for_each_index(exec_, c_count,
+    auto mine = scratch<double>(wire.size());
+    double* record = mine.data();
+    for_each_index(exec_, channels_,
                    detail::batch_norm::channel_moments<T, double>{
-                       x, layout, options_.eps, mine.data(), nullptr, mine.data() + c_count,
-                       mine.data() + 2 * c_count});
-    auto all = scratch<double>(world * record);
+                       x, layout, options_.eps, record + wire.mean(0), record + wire.variance(0),
+                       nullptr, record + wire.count()});
+    auto all = scratch<double>(world * wire.size());
     collective([&] { comm_->all_gather(std::as_const(mine).view(), all.view()); });
     auto total = scratch<double>(1);
-    for_each_index(exec_, c_count,
+    for_each_index(exec_, channels_,
                    detail::batch_norm::merge_statistics<double>{
-                       all.data(), world, c_count, options_.eps, mean_.data(), variance,
+                       all.data(), world, wire, options_.eps, mean_.data(), variance,
                        invstd_.data(), total.data()});
     return read_back(std::as_const(total).data(), 1)[0];
   }
@@ -494,25 +495,8 @@ class SyncBatchNorm {
     auto all = scratch<double>(world);
     collective([&] { comm_->all_gather(std::as_const(mine).view(), all.view()); });
     const std::vector<double> counts = read_back(std::as_const(all).data(), world);
-    for (std::size_t r = 0; r < world; ++r) {
-      if (counts[r] != mine_count) {
-        fail("forward", "ranks disagree on the number of channels: rank " + std::to_string(r) +
-                            " has " + std::to_string(static_cast<std::int64_t>(counts[r])) +
-                            ", rank " + std::to_string(comm_->rank()) + " (this one) has " +
-                            std::to_string(channels_));
-      }
-    }
+    detail::batch_norm::check_channels_agree(comm_->rank(), counts.data(), world, channels_);
     agreed_ = true;
-  }
-
-  void update_running_statistics(const Slots& slots, const double* variance, double count) {
-    for_each_index(exec_, channels_,
-                   detail::batch_norm::update_running<T, double>{
-                       slots.running_mean.data(), slots.running_var.data(),
-                       slots.num_batches_tracked.data(), mean_.data(), variance,
-                       options_.momentum.value_or(0.0), !options_.momentum.has_value(), count});
-    for_each_index(exec_, 1,
-                   detail::batch_norm::count_batch<T, double>{slots.num_batches_tracked.data()});
   }
 
   // --- tandem::Join (ddp/join.hpp), through detail::join::access -------------------------------

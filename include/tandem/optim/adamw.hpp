@@ -122,7 +122,7 @@ template <bool Amsgrad>
 }
 
 /// adamw_update<float>'s arithmetic on eight elements with AVX2 and FMA: the one vector lane of
-/// AdamW, used by adamw_avx2_fma and by the fused step (amp/fused_step.hpp), which feeds it
+/// AdamW, used by adamw_avx2_fma and by the fused step (optim/fused_step.hpp), which feeds it
 /// unscaled gradients. The scalar loop does not vectorise without -fno-math-errno (its square
 /// root may set errno), which no function attribute turns off in GCC 12. The same IEEE
 /// operations in the same order as adamw_update::apply, each correctly rounded, so the same bits.
@@ -234,7 +234,7 @@ class AdamW : public detail::GroupedOptimizer<AdamWOptions, T, Space, E> {
         [this](std::size_t, std::size_t size, const auto& update) { run_update(update, size); });
   }
 
-  /// For fused steps (tandem/amp/fused_step.hpp): step() with its validation, step counts and
+  /// For fused steps (tandem/optim/fused_step.hpp): step() with its validation, step counts and
   /// bias corrections, but each group's pass is handed to `run(offset, size, update)` instead of
   /// being run here: `update` is the detail::adamw_update that step() would run over the arena's
   /// elements [offset, offset + size) (its pointers already point at element `offset`), and run
@@ -464,22 +464,5 @@ class AdamW : public detail::GroupedOptimizer<AdamWOptions, T, Space, E> {
 
   std::vector<Moments> moments_;
 };
-
-template <class T, class Space>
-AdamW(Parameters<T, Space>&) -> AdamW<T, Space>;
-template <class T, class Space>
-AdamW(Parameters<T, Space>&, AdamWOptions) -> AdamW<T, Space>;
-template <class T, class Space, class E>
-AdamW(Parameters<T, Space>&, AdamWOptions, E) -> AdamW<T, Space, E>;
-template <class T, class Space>
-AdamW(Parameters<T, Space>&, std::initializer_list<ParamGroup<AdamWOptions>>) -> AdamW<T, Space>;
-template <class T, class Space, class E>
-AdamW(Parameters<T, Space>&, std::initializer_list<ParamGroup<AdamWOptions>>, E)
-    -> AdamW<T, Space, E>;
-
-template <class T, class Space>
-AdamW(Parameters<T, Space>&, std::span<const ParamGroup<AdamWOptions>>) -> AdamW<T, Space>;
-template <class T, class Space, class E>
-AdamW(Parameters<T, Space>&, std::span<const ParamGroup<AdamWOptions>>, E) -> AdamW<T, Space, E>;
 
 }  // namespace tandem::optim

@@ -266,18 +266,4 @@ class SGD : public detail::GroupedOptimizer<SGDOptions, T, Space, E> {
   std::vector<MomentumBuffer> buffers_;
 };
 
-template <class T, class Space>
-SGD(Parameters<T, Space>&, SGDOptions) -> SGD<T, Space>;
-template <class T, class Space, class E>
-SGD(Parameters<T, Space>&, SGDOptions, E) -> SGD<T, Space, E>;
-template <class T, class Space>
-SGD(Parameters<T, Space>&, std::initializer_list<ParamGroup<SGDOptions>>) -> SGD<T, Space>;
-template <class T, class Space, class E>
-SGD(Parameters<T, Space>&, std::initializer_list<ParamGroup<SGDOptions>>, E) -> SGD<T, Space, E>;
-
-template <class T, class Space>
-SGD(Parameters<T, Space>&, std::span<const ParamGroup<SGDOptions>>) -> SGD<T, Space>;
-template <class T, class Space, class E>
-SGD(Parameters<T, Space>&, std::span<const ParamGroup<SGDOptions>>, E) -> SGD<T, Space, E>;
-
 }  // namespace tandem::optim

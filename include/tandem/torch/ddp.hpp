@@ -5,61 +5,15 @@
 //   auto loss = torch::nn::functional::cross_entropy(ddp.forward(x), y);
 //   opt.zero_grad(); loss.backward(); opt.step();                  // tandem::optim or torch::optim
 // Needs: libtorch (1.13 or 2.x; the tandem::torch CMake component) and a Communicator. CUDA
-// modules: a device communicator (NcclComm) and #include <tandem/torch/cuda.hpp> (see CUDA below).
-//
-// How it works. Construction (collective) checks that every rank's module has the same
-// parameters and buffers (names, shapes, dtypes; an Error names the first difference and which
-// ranks have what), then moves them into a tandem::Parameters<float> arena: every float32
-// parameter's data and its .grad() become views into the arena's value and gradient blocks
-// (PyTorch's gradient_as_bucket_view=True), float32 buffers (running statistics) and frozen
-// parameters views into its buffer block. Other buffers (BatchNorm's int64 num_batches_tracked)
-// stay the module's own tensors and are broadcast with the buffers. Rank 0's values and buffers
-// are broadcast. A post hook on each parameter's gradient accumulator fires as autograd finishes
-// that gradient and calls the wrapped tandem::DistributedDataParallel's grad_ready, so full
-// buckets start their all_reduce during backward (the `overlap` policy, the default); the first
-// hook of a backward queues a callback on the autograd engine (as PyTorch's reducer does) that
-// finishes the reduction before backward() returns. Every policy of tandem::DistributedDataParallel
-// applies (bucket caps, overlap / sync_at_end, average / sum, compress<half>, buffer broadcast).
-//
-// Gradients stay in the arena: an undefined .grad() (torch::optim's zero_grad with
-// set_to_none, the default in libtorch 2.x) counts as zero and the view is put back before the
-// next forward; a .grad() autograd replaced by a fresh tensor (create_graph) is copied into the
-// arena and the view put back as the hook fires. tandem's optimizers, GradScaler, EMA and LR
-// schedules take ddp.parameters() (the arena); torch::optim on model->parameters() works too.
-// EMA's O(1) apply_shadow()/applied() swaps the arena's value block: the module's tensors follow
-// at the next ddp.forward() (or ddp.attach()), which re-points them at the active block.
-// Checkpoints: tandem::torch::model(state, ddp) (state_dict.hpp) registers the arena and the
-// tensors outside it (tensors_outside_arena()) with a TrainingState under the module's keys.
-// Parameters must be float32 (keep them so; autocast computes in 16 bits), all on one device.
-//
-// CUDA. With a device communicator (NcclComm) the module must live on its GPU (module->to(...)
-// before wrapping) and the arena is device memory (Parameters<float, device>): the same views,
-// hooks and buckets. libtorch queues its kernels on its current stream; the bridge takes the
-// current stream at construction as the executor of the arena's passes (cuda_exec), and every
-// collective goes through tandem's stream-ordering contract (comm/stream_order.hpp) with it: the
-// communicator orders each bucket after that stream and hands the reduced gradients back to it on
-// the GPU, so buckets start during backward with no host wait and later work on that stream sees
-// the reduced gradients. The communicator itself is left as it is (its caller stream is not
-// changed for its other users). Train on that stream: a forward or backward under another current
-// stream is an Error (construct the wrapper under the same stream guard). Include
-// <tandem/torch/cuda.hpp> (in a .cu file compiled by nvcc, with <tandem/cuda.hpp> and the NCCL
-// backend): it supplies this stream binding, which a CPU build does not need. A CUDA module with a
-// host communicator is an Error (copy the module to the CPU, or use NcclComm). Use tandem's
-// GradScaler, EMA and optimizers with ddp.executor(). Parameters added to the module (or replaced,
-// or moved with .to()) after wrapping are an Error at the next forward or backward. A second
-// backward() after the one that reduced the gradients, with no forward in between, is an Error
-// naming a parameter, as PyTorch's DDP refuses it
-// ("Expected to mark a variable ready only once"): accumulate micro-batches under no_sync(). A
-// forward in eval mode (module->eval()) runs no collective, so distributed evaluation may give
-// ranks different batch counts.
+// modules: a device communicator (NcclComm) and #include <tandem/torch/cuda.hpp> in a .cu file.
+// How it works (the arena's views, the hooks, gradients set to none, EMA, checkpoints), streams
+// and limits: docs/libtorch.md, "How the bridge's DDP works" and "CUDA".
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <map>
 #include <memory>
-#include <span>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
@@ -68,105 +22,22 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/engine.h>
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/function_hook.h>
-#include <torch/csrc/autograd/variable.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/any.h>
 #include <torch/nn/pimpl.h>
 
 #include "tandem/arena/parameters.hpp"
 #include "tandem/comm/communicator.hpp"
-#include "tandem/comm/detail/host_values.hpp"
-#include "tandem/core/detail/disagreement.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/ddp/ddp.hpp"
 #include "tandem/ddp/policies.hpp"
 #include "tandem/tensor/tensor.hpp"
+#include "tandem/torch/detail/grad_hooks.hpp"
+#include "tandem/torch/detail/module_check.hpp"
 #include "tandem/torch/state_dict.hpp"
 #include "tandem/torch/tensor.hpp"
 
 namespace tandem::torch {
-
-namespace detail {
-
-/// A tandem::Shape of libtorch's sizes (at most Shape::max_rank of them).
-inline Shape shape_of(at::IntArrayRef sizes, const std::string& name, int rank) {
-  const auto d = sizes;
-  switch (sizes.size()) {
-    case 0:
-      return Shape{};
-    case 1:
-      return Shape{d[0]};
-    case 2:
-      return Shape{d[0], d[1]};
-    case 3:
-      return Shape{d[0], d[1], d[2]};
-    case 4:
-      return Shape{d[0], d[1], d[2], d[3]};
-    case 5:
-      return Shape{d[0], d[1], d[2], d[3], d[4]};
-    case 6:
-      return Shape{d[0], d[1], d[2], d[3], d[4], d[5]};
-    case 7:
-      return Shape{d[0], d[1], d[2], d[3], d[4], d[5], d[6]};
-    case 8:
-      return Shape{d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]};
-    default:
-      throw Error(rank, "torch::DistributedDataParallel",
-                  "'" + name + "' has " + std::to_string(sizes.size()) +
-                      " dimensions; tandem's arena holds at most " +
-                      std::to_string(Shape::max_rank));
-  }
-}
-
-/// "[4, 3]", for messages and descriptions.
-inline std::string sizes_text(at::IntArrayRef sizes) {
-  std::string text = "[";
-  for (std::size_t i = 0; i < sizes.size(); ++i) {
-    text += (i ? ", " : "") + std::to_string(sizes[i]);
-  }
-  return text + "]";
-}
-
-/// Collective: an Error on every rank unless all ranks hold the same `entries`; it names the
-/// first entry in which they differ and which ranks have what (the comparison DDP's registration
-/// check makes too: core/detail/disagreement.hpp). The values travel through the communicator's
-/// memory (host values: comm/detail/host_values.hpp).
-template <Communicator Comm>
-void require_same_entries(Comm& comm, const std::vector<std::string>& entries,
-                          const char* operation) {
-  const auto n = static_cast<std::size_t>(comm.size());
-  const auto gather = [&comm, n]<class V>(std::vector<V> mine) {
-    std::vector<V> all(mine.size() * n);
-    tandem::detail::host_all_gather(comm, std::span<const V>(mine), std::span<V>(all));
-    return all;
-  };
-  const auto difference = tandem::detail::find_entries_difference(entries, n, gather);
-  if (!difference) return;
-  const std::string cause =
-      "the ranks' modules differ; first difference at entry " + std::to_string(difference->first) +
-      ": " +
-      tandem::detail::describe_groups(
-          difference->seen, [](const std::string& entry) { return entry; }, " has ", " have ");
-  throw Error(comm.rank(), operation, cause);
-}
-
-/// Calls owner->on_grad_ready(index) after autograd accumulated a parameter's gradient.
-template <class Owner>
-struct GradReadyHook final : ::torch::autograd::FunctionPostHook {
-  GradReadyHook(Owner* o, std::size_t i) : owner(o), index(i) {}
-  ::torch::autograd::variable_list operator()(
-      const ::torch::autograd::variable_list& grad_inputs,
-      const ::torch::autograd::variable_list& /*grad_outputs*/) override {
-    owner->on_grad_ready(index);
-    return grad_inputs;
-  }
-  Owner* owner;
-  std::size_t index;
-};
-
-}  // namespace detail
 
 /// Data-parallel training of a libtorch module over `Comm` (see the top of this header).
 /// Policies are tandem::DistributedDataParallel's. The communicator and the module must outlive
@@ -359,17 +230,12 @@ class DistributedDataParallel {
 
   static constexpr const char* operation = "torch::DistributedDataParallel";
 
-  // The owning handle to a gradient accumulator: std::shared_ptr in libtorch 1.13,
-  // c10::intrusive_ptr in 2.15 (PyTorch's wheel); both give -> and a test for null.
-  using AccumulatorPtr = decltype(::torch::autograd::impl::grad_accumulator(
-      std::declval<const ::torch::autograd::Variable&>()));
-
   struct Slot {
     std::string name;
     at::Tensor tensor;  // the module's parameter or buffer
     typename arena_type::Parameter* entry = nullptr;
     at::Tensor grad_view;  // trained: the view of its arena gradient
-    AccumulatorPtr accumulator;
+    detail::AccumulatorPtr accumulator;
     std::uintptr_t hook_key = 0;
   };
 
@@ -383,23 +249,11 @@ class DistributedDataParallel {
     const auto params = module_->named_parameters(/*recurse=*/true);
     const auto buffers = module_->named_buffers(/*recurse=*/true);
 
-    // The same entries on every rank, or an Error naming the first difference.
-    std::vector<std::string> entries;
-    for (const auto& item : params) {
-      const auto& t = item.value();
-      entries.push_back("parameter '" + item.key() + "' " + detail::sizes_text(t.sizes()) + " " +
-                        dtype_name(t.scalar_type()) + (t.requires_grad() ? "" : " frozen") +
-                        " on " + t.device().str());
-    }
-    for (const auto& item : buffers) {
-      const auto& t = item.value();
-      entries.push_back("buffer '" + item.key() + "' " + detail::sizes_text(t.sizes()) + " " +
-                        dtype_name(t.scalar_type()) + " on " + t.device().str());
-    }
     // Where the module must be, and libtorch's stream, which every collective is ordered with.
     device_ = expected_device(params);
     exec_ = CurrentStream<arena_space>::of(device_);
-    detail::require_same_entries(*comm_, entries, operation);
+    // The same entries on every rank, or an Error naming the first difference.
+    detail::require_same_entries(*comm_, detail::module_entries(params, buffers), operation);
 
     // Same everywhere, so every rank raises the same Errors below.
     std::unordered_map<const void*, std::string> seen;  // a tensor's first name

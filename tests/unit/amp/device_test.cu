@@ -14,15 +14,15 @@
 #include <string>
 #include <vector>
 
-#include "tandem/amp/fused_step.hpp"
 #include "tandem/amp/grad_scaler.hpp"
-#include "tandem/amp/precision.hpp"
 #include "tandem/arena/parameters.hpp"
 #include "tandem/cuda/exec.hpp"
 #include "tandem/cuda/memory.hpp"
 #include "tandem/cuda/runtime.hpp"
-#include "tandem/ema.hpp"
 #include "tandem/optim/adamw.hpp"
+#include "tandem/optim/ema.hpp"
+#include "tandem/optim/fused_step.hpp"
+#include "tandem/tensor/precision.hpp"
 
 namespace {
 

@@ -15,17 +15,24 @@
 #include <string>
 #include <vector>
 
-#include "tandem/amp/fused_step.hpp"
 #include "tandem/amp/grad_scaler.hpp"
-#include "tandem/amp/precision.hpp"
 #include "tandem/arena/parameters.hpp"
-#include "tandem/ema.hpp"
 #include "tandem/optim/adamw.hpp"
+#include "tandem/optim/ema.hpp"
+#include "tandem/optim/fused_step.hpp"
+#include "tandem/tensor/precision.hpp"
 
 namespace {
 
 using tandem::optim::AdamW;
 using tandem::optim::AdamWOptions;
+
+// FusedStep takes GradScaler through FusedStepScaler (optim/ includes no amp/ header): a scaler of
+// the optimizer's memory space models it; one of another space, or an optimizer, does not.
+static_assert(tandem::amp::FusedStepScaler<tandem::GradScaler<>, AdamW<float>>);
+static_assert(tandem::amp::FusedStepScaler<tandem::GradScaler<>, AdamW<double>>);
+static_assert(!tandem::amp::FusedStepScaler<tandem::GradScaler<tandem::device>, AdamW<float>>);
+static_assert(!tandem::amp::FusedStepScaler<AdamW<float>, AdamW<float>>);
 
 /// Bitwise equality of two arrays (NaN equals NaN with the same bits); names the first mismatch.
 template <class T>

@@ -7,7 +7,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "tandem/amp/precision.hpp"
+#include "tandem/tensor/precision.hpp"
 
 namespace amp = tandem::amp;
 using tandem::bfloat16;

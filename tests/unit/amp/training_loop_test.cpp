@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "tandem/amp/grad_scaler.hpp"
-#include "tandem/amp/precision.hpp"
 #include "tandem/arena/parameters.hpp"
-#include "tandem/ema.hpp"
+#include "tandem/optim/ema.hpp"
 #include "tandem/optim/sgd.hpp"
+#include "tandem/tensor/precision.hpp"
 
 namespace {
 

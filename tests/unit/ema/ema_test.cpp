@@ -12,7 +12,7 @@
 
 #include "support/golden.hpp"
 #include "tandem/arena/parameters.hpp"
-#include "tandem/ema.hpp"
+#include "tandem/optim/ema.hpp"
 
 namespace {
 

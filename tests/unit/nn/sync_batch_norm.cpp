@@ -1,6 +1,7 @@
 // tandem::SyncBatchNorm on LocalComm ranks (threads), host tensors: the shared suite
 // (sync_batch_norm_suite.hpp: PyTorch's numbers from syncbn.txt on 1, 2 and 3 ranks with unequal
-// and empty batches, the errors across ranks, the arena form), then what only host tensors show:
+// and empty batches, the errors across ranks, a forward whose collective fails, the arena form),
+// then what only host tensors show:
 // which calls communicate, gradient accumulation, eval mode, and the errors of one rank.
 // Tolerances: see syncbn_golden.hpp.
 #include <doctest/doctest.h>
@@ -14,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "instrumented_comm.hpp"
 #include "support/collective_suite.hpp"
 #include "support/error_of.hpp"
 #include "sync_batch_norm_suite.hpp"
@@ -36,31 +38,7 @@ using tandem::test::syncbn::GoldenCase;
 
 namespace {
 
-/// A LocalComm that counts the collectives it runs (SyncBatchNorm uses all_gather and
-/// all_reduce), to see which calls communicate.
-class CountingComm : public LocalComm {
- public:
-  explicit CountingComm(LocalComm&& comm) : LocalComm(std::move(comm)) {}
-
-  template <class... Args>
-  void all_gather(Args&&... args) {
-    ++collectives;
-    LocalComm::all_gather(std::forward<Args>(args)...);
-  }
-  template <class... Args>
-  void all_reduce(Args&&... args) {
-    ++collectives;
-    LocalComm::all_reduce(std::forward<Args>(args)...);
-  }
-  [[nodiscard]] std::optional<CountingComm> split(int color, int key = 0) {
-    auto part = LocalComm::split(color, key);
-    if (!part) return std::nullopt;
-    return CountingComm(std::move(*part));
-  }
-
-  int collectives = 0;
-};
-static_assert(tandem::Communicator<CountingComm>);
+using CountingComm = tandem::test::InstrumentedComm;
 
 /// Runs fn(comm) with a CountingComm on each of n threads.
 template <class Fn>
@@ -85,12 +63,16 @@ TEST_CASE_TEMPLATE("SyncBatchNorm matches PyTorch on 2 and 3 ranks with unequal 
   // r3: batches 4, 0 and 2, (N, 2, 3, 2), cumulative average (momentum None), 3 steps.
   for (const char* name : {"r2", "r2empty", "r3"}) {
     CAPTURE(name);
-    tandem::test::syncbn::check_golden_case<T, tandem::host>(name, 60s);
+    Failures failures;
+    CHECK(tandem::test::syncbn::check_golden_case<T, tandem::host>(name, failures, 60s) > 0);
+    failures.report();
   }
 }
 
 TEST_CASE_TEMPLATE("SyncBatchNorm on one rank is PyTorch's plain batch norm", T, float, double) {
-  tandem::test::syncbn::check_golden_case<T, tandem::host>("w1", 60s);
+  Failures failures;
+  CHECK(tandem::test::syncbn::check_golden_case<T, tandem::host>("w1", failures, 60s) > 0);
+  failures.report();
 }
 
 TEST_CASE("one rank given the concatenated batch computes what three ranks compute together") {
@@ -263,11 +245,21 @@ TEST_CASE("without running statistics, eval normalises each rank's batch on its 
 }
 
 TEST_CASE("ranks that disagree on C, or have one value per channel between them, get Errors") {
-  tandem::test::syncbn::check_errors_across_ranks<tandem::host>(30s);
+  Failures failures;
+  CHECK(tandem::test::syncbn::check_errors_across_ranks<tandem::host>(failures, 30s) == 8);
+  failures.report();
+}
+
+TEST_CASE("a forward whose collective fails leaves the running statistics and the counter alone") {
+  Failures failures;
+  CHECK(tandem::test::syncbn::check_failed_collective<tandem::host>(failures, 30s) > 0);
+  failures.report();
 }
 
 TEST_CASE("parameters and buffers can live in a Parameters arena under PyTorch's names") {
-  tandem::test::syncbn::check_arena<tandem::host>(30s);
+  Failures failures;
+  CHECK(tandem::test::syncbn::check_arena<tandem::host>(failures, 30s) > 0);
+  failures.report();
 }
 
 TEST_CASE("bad shapes and options are Errors naming the cause") {

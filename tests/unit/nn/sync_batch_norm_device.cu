@@ -1,18 +1,21 @@
 // tandem::SyncBatchNorm on a GPU: the shared suite (sync_batch_norm_suite.hpp: PyTorch's numbers
-// from syncbn.txt on 1, 2 and 3 LocalComm ranks, the errors that read values back, a Parameters
-// arena in device memory) with every tensor in device memory (LocalComm stages them through
-// pinned memory), and the golden numbers on a non-blocking stream. It also instantiates the module
-// for NcclComm and for GlooComm with device tensors when those are built, and runs the golden
-// cases over NcclComm (one GPU per rank: skipped by doctest with fewer GPUs than a case's ranks;
-// on the simulated CUDA runtime and NCCL, label cuda-sim, they run on its 4 devices). Without a
-// GPU it prints "SKIPPED: no CUDA device ..." and exits 77 (its own main, hence NO_MAIN).
-// Tolerances: see syncbn_golden.hpp; nvcc contracts a * b + c into FMAs, which moves double results
-// by an ulp or so, far inside them.
+// from syncbn.txt on 1, 2 and 3 LocalComm ranks, the errors that read values back, a forward whose
+// collective fails, a Parameters arena in device memory) with every tensor in device memory
+// (LocalComm stages them through pinned memory), and the golden numbers on a non-blocking stream.
+// Each case asserts how many values its checks compared and that none differed. It also
+// instantiates the module for NcclComm and for GlooComm with device tensors when those are built,
+// and runs the golden cases over NcclComm (one GPU per rank: skipped by doctest with fewer GPUs
+// than a case's ranks; on the simulated CUDA runtime and NCCL, label cuda-sim, they run on its 4
+// devices). Without a GPU it prints "SKIPPED: no CUDA device ..." and exits 77 (its own main,
+// hence NO_MAIN). Tolerances: see syncbn_golden.hpp; nvcc contracts a * b + c into FMAs, which
+// moves double results by an ulp or so, far inside them.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <chrono>
 #include <concepts>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -61,22 +64,26 @@ TEST_CASE_TEMPLATE("on a GPU, SyncBatchNorm matches PyTorch on 1, 2 and 3 ranks"
                    double) {
   for (const char* name : {"r2", "r2empty", "r3", "w1"}) {
     CAPTURE(name);
-    tandem::test::syncbn::check_golden_case<T, device>(name, 120s);
+    Failures failures;
+    CHECK(tandem::test::syncbn::check_golden_case<T, device>(name, failures, 120s) > 0);
+    failures.report();
   }
 }
 
 TEST_CASE("on a GPU, SyncBatchNorm on a non-blocking stream matches PyTorch") {
   const GoldenCase gc("r3");
   Failures failures;
+  std::atomic<std::size_t> compared{0};
   tandem::run_local(gc.world,
                     [&](LocalComm& comm) {
                       const tandem::cuda::Stream stream;
-                      tandem::test::syncbn::check_golden_rank<float, device>(
+                      compared += tandem::test::syncbn::check_golden_rank<float, device>(
                           comm, "r3", failures, cuda_exec{stream.get()});
                       tandem::cuda::check(cudaStreamSynchronize(stream.get()),
                                           "cudaStreamSynchronize");
                     },
                     {.timeout = 120s});
+  CHECK(compared.load() > 0);
   failures.report();
 }
 
@@ -89,25 +96,37 @@ TEST_CASE_TEMPLATE("over NcclComm, one GPU per rank, SyncBatchNorm matches PyTor
     CAPTURE(name);
     const GoldenCase gc(name);
     Failures failures;
+    std::atomic<std::size_t> compared{0};
     tandem::NcclCommOptions options;
     options.timeout = 120s;
     tandem::run_local_nccl(
         gc.world,
         [&](tandem::NcclComm& comm) {
-          tandem::test::syncbn::check_golden_rank<T, device>(comm, name, failures);
+          compared += tandem::test::syncbn::check_golden_rank<T, device>(comm, name, failures);
         },
         options);
+    CHECK(compared.load() > 0);
     failures.report();
   }
 }
 #endif
 
 TEST_CASE("on a GPU, the errors that need values read back name their cause") {
-  tandem::test::syncbn::check_errors_across_ranks<device>(60s);
+  Failures failures;
+  CHECK(tandem::test::syncbn::check_errors_across_ranks<device>(failures, 60s) == 8);
+  failures.report();
+}
+
+TEST_CASE("on a GPU, a forward whose collective fails leaves the running statistics alone") {
+  Failures failures;
+  CHECK(tandem::test::syncbn::check_failed_collective<device>(failures, 60s) > 0);
+  failures.report();
 }
 
 TEST_CASE("on a GPU, parameters and buffers can live in a Parameters arena") {
-  tandem::test::syncbn::check_arena<device>(60s);
+  Failures failures;
+  CHECK(tandem::test::syncbn::check_arena<device>(failures, 60s) > 0);
+  failures.report();
 }
 
 int main(int argc, char** argv) {

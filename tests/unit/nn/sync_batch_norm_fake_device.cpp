@@ -5,9 +5,10 @@
 // cuda_exec could not copy into a kernel. LocalComm takes the fake device tensors by staging them
 // through (fake) pinned memory, as it does real device tensors. Checked: the shared suite
 // (sync_batch_norm_suite.hpp: PyTorch's numbers on 1, 2 and 3 ranks, the errors that need values
-// read back, a Parameters arena in device memory), results bitwise equal to the host path's, and
-// host waits that do not grow with the number of channels. Fresh fake device memory is filled with
-// NaN bytes, as device memory is not zeroed. Tolerances: see syncbn_golden.hpp.
+// read back, a forward whose collective fails, a Parameters arena in device memory), results
+// bitwise equal to the host path's, and host waits that do not grow with the number of channels.
+// Fresh fake device memory is filled with NaN bytes, as device memory is not zeroed. Tolerances:
+// see syncbn_golden.hpp.
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -35,6 +36,7 @@ using tandem::LocalComm;
 using tandem::Shape;
 using tandem::SyncBatchNorm;
 using tandem::View;
+using tandem::test::Failures;
 using tandem::test::fake_device;
 using tandem::test::fake_device_exec;
 using tandem::test::syncbn::assign;
@@ -90,7 +92,10 @@ TEST_CASE_TEMPLATE("on device memory, SyncBatchNorm matches PyTorch on 1, 2 and 
                    double) {
   for (const char* name : {"r2", "r2empty", "r3", "w1"}) {
     CAPTURE(name);
-    tandem::test::syncbn::check_golden_case<T, fake_device>(name, 60s, fake_device_exec{});
+    Failures failures;
+    CHECK(tandem::test::syncbn::check_golden_case<T, fake_device>(name, failures, 60s,
+                                                                  fake_device_exec{}) > 0);
+    failures.report();
     CHECK(tandem::test::staging_counters.pinned_live.load() == 0);
   }
 }
@@ -158,9 +163,21 @@ TEST_CASE("a synchronised step waits on the host a fixed number of times, whatev
 }
 
 TEST_CASE("on device memory, the errors that need values read back name their cause") {
-  tandem::test::syncbn::check_errors_across_ranks<fake_device, fake_device_exec>(30s);
+  Failures failures;
+  CHECK(tandem::test::syncbn::check_errors_across_ranks<fake_device, fake_device_exec>(failures,
+                                                                                       30s) == 8);
+  failures.report();
+}
+
+TEST_CASE("on device memory, a failed collective leaves the running statistics alone") {
+  Failures failures;
+  CHECK(tandem::test::syncbn::check_failed_collective<fake_device, fake_device_exec>(failures,
+                                                                                     30s) > 0);
+  failures.report();
 }
 
 TEST_CASE("on device memory, parameters and buffers can live in a Parameters arena") {
-  tandem::test::syncbn::check_arena<fake_device, fake_device_exec>(30s);
+  Failures failures;
+  CHECK(tandem::test::syncbn::check_arena<fake_device, fake_device_exec>(failures, 30s) > 0);
+  failures.report();
 }

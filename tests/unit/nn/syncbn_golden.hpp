@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <concepts>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -91,13 +92,14 @@ Buffer<T> filled(Shape shape, const std::vector<double>& values) {
   return buffer;
 }
 
-/// Compares got with PyTorch's want under the tolerance explained at the top of this file.
+/// Compares got with PyTorch's want under the tolerance explained at the top of this file;
+/// returns how many values it compared (each one that differs is a failure).
 template <class T>
-void expect_close(Failures& failures, const std::string& what, View<const T> got,
-                  const std::vector<double>& want, double relative_units = 2.0) {
+std::size_t expect_close(Failures& failures, const std::string& what, View<const T> got,
+                         const std::vector<double>& want, double relative_units = 2.0) {
   if (got.size() != want.size()) {
     failures.add(what, ": ", got.size(), " values, golden has ", want.size());
-    return;
+    return 0;
   }
   constexpr double eps = std::numeric_limits<T>::epsilon();
   const double units = std::same_as<T, float> ? 1.0 : 16.0;
@@ -109,9 +111,10 @@ void expect_close(Failures& failures, const std::string& what, View<const T> got
     if (!(error <= tolerance)) {
       failures.add(what, "[", i, "] = ", static_cast<double>(got[i]), ", PyTorch ", want[i],
                    " (error ", error, " > ", tolerance, ")");
-      return;
+      return want.size();
     }
   }
+  return want.size();
 }
 
 /// `host_values` in memory space Space (a synchronous copy; host: the same values).
@@ -140,9 +143,11 @@ void assign(View<T, Space> to, const std::vector<double>& values) {
 
 /// Rank comm.rank() of golden case `name` (comm.size() must be the case's world): every
 /// training step, then eval mode, with tensors in Space and the module running on `exec`.
-/// Collective: every rank of comm calls it.
+/// Collective: every rank of comm calls it. Returns how many values this rank compared with
+/// PyTorch's (what differs is in `failures`).
 template <class T, class Space = host, class Comm, class Exec = default_executor_t<Space>>
-void check_golden_rank(Comm& comm, const std::string& name, Failures& failures, Exec exec = {}) {
+std::size_t check_golden_rank(Comm& comm, const std::string& name, Failures& failures,
+                              Exec exec = {}) {
   const GoldenCase gc(name);
   if (comm.size() != gc.world) {
     throw std::runtime_error(name + " is a case for " + std::to_string(gc.world) + " ranks, not " +
@@ -161,6 +166,7 @@ void check_golden_rank(Comm& comm, const std::string& name, Failures& failures, 
     bn.executor().synchronize();
     return host_copy<T, Space>(values);
   };
+  std::size_t compared = 0;
   auto check_step = [&](const std::string& prefix) {
     const std::string where = name + "/" + prefix;
     const auto input = in_space<T, Space>(filled<T>(shape, gc.at(prefix + "/input")));
@@ -169,30 +175,33 @@ void check_golden_rank(Comm& comm, const std::string& name, Failures& failures, 
     Buffer<T, Space> grad_input(shape);
     if (gc.options.affine) bn.zero_grad();
     bn.forward(input.view(), output.view());
-    expect_close<T>(failures, where + "/output", result(output.view()).view(),
-                    gc.at(prefix + "/output"));
+    compared += expect_close<T>(failures, where + "/output", result(output.view()).view(),
+                                gc.at(prefix + "/output"));
     bn.backward(input.view(), grad_output.view(), grad_input.view());
-    expect_close<T>(failures, where + "/grad_input", result(grad_input.view()).view(),
-                    gc.at(prefix + "/grad_input"));
+    compared += expect_close<T>(failures, where + "/grad_input", result(grad_input.view()).view(),
+                                gc.at(prefix + "/grad_input"));
     if (gc.options.affine) {
-      expect_close<T>(failures, where + "/grad_weight", result(bn.grad_weight()).view(),
-                      gc.at(prefix + "/grad_weight"));
-      expect_close<T>(failures, where + "/grad_bias", result(bn.grad_bias()).view(),
-                      gc.at(prefix + "/grad_bias"));
+      compared += expect_close<T>(failures, where + "/grad_weight", result(bn.grad_weight()).view(),
+                                  gc.at(prefix + "/grad_weight"));
+      compared += expect_close<T>(failures, where + "/grad_bias", result(bn.grad_bias()).view(),
+                                  gc.at(prefix + "/grad_bias"));
     }
   };
   for (int s = 0; s < gc.steps; ++s) {
     const std::string step = "s" + std::to_string(s);
     check_step(step + "/" + rank);
-    expect_close<T>(failures, name + "/" + step + "/running_mean (" + rank + ")",
-                    result(bn.running_mean()).view(), gc.at(step + "/running_mean"), 4.0);
-    expect_close<T>(failures, name + "/" + step + "/running_var (" + rank + ")",
-                    result(bn.running_var()).view(), gc.at(step + "/running_var"), 4.0);
+    compared +=
+        expect_close<T>(failures, name + "/" + step + "/running_mean (" + rank + ")",
+                        result(bn.running_mean()).view(), gc.at(step + "/running_mean"), 4.0);
+    compared += expect_close<T>(failures, name + "/" + step + "/running_var (" + rank + ")",
+                                result(bn.running_var()).view(), gc.at(step + "/running_var"), 4.0);
     failures.expect(bn.num_batches_tracked() == s + 1, name, " step ", s, ": num_batches_tracked ",
                     bn.num_batches_tracked());
+    ++compared;
   }
   bn.eval();
   check_step("eval/" + rank);
+  return compared;
 }
 
 }  // namespace tandem::test::syncbn

@@ -10,10 +10,10 @@
 
 #include <doctest/doctest.h>
 
-#include "tandem/amp/precision.hpp"
-#include "tandem/ema.hpp"
 #include "tandem/optim/adamw.hpp"
+#include "tandem/optim/ema.hpp"
 #include "tandem/tensor/host_cpu.hpp"
+#include "tandem/tensor/precision.hpp"
 
 namespace {
 

@@ -2,7 +2,8 @@
 // numbers (tests/reference/syncbn.txt, golden_syncbn.py: torch.nn.SyncBatchNorm's math for 2 and
 // 3 ranks with unequal and empty batches, verified there against F.batch_norm on the whole
 // batch), eval mode without communication, running statistics, state keys, and conversion of
-// Sequential / ModuleList / ModuleDict / registry-only children, with the member-held case.
+// Sequential / ModuleList / ModuleDict / registry-only children, with the member-held case, and a
+// forward that fails (a collective that throws, too few values) leaving the module's state alone.
 //
 // Tolerances. The golden values are exact (float64 from the float32 inputs). In float the
 // module computes the statistics with double accumulation (libtorch's batch-norm statistics
@@ -26,8 +27,10 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <torch/torch.h>
@@ -36,6 +39,7 @@
 #include "support/golden.hpp"
 #include "tandem/comm/local/local.hpp"
 #include "tandem/torch/sync_batch_norm.hpp"
+#include "unit/nn/instrumented_comm.hpp"
 
 using namespace std::chrono_literals;
 using tandem::LocalComm;
@@ -519,6 +523,85 @@ TEST_CASE("a BatchNorm held by a struct member: a clear Error, or skipped when a
   });
 }
 
+namespace {
+
+/// The running statistics and the counter, copied.
+std::vector<torch::Tensor> running_state(const tt::SyncBatchNorm& bn) {
+  return {bn->running_mean.clone(), bn->running_var.clone(), bn->num_batches_tracked.clone()};
+}
+
+bool same_state(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (!torch::equal(a[i], b[i])) return false;
+  }
+  return true;
+}
+
+/// What `forward` threw, or "" when it returned.
+template <class Forward>
+std::string error_of(Forward&& forward) {
+  try {
+    forward();
+  } catch (const tandem::Error& e) {
+    return e.what();
+  }
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("a forward that fails leaves the running statistics and num_batches_tracked alone") {
+  torch::set_num_threads(1);
+  Failures failures;
+  // On 2 ranks, after a good step: the statistics' all_gather throws, then too few values across
+  // the ranks; with momentum and with the cumulative average. The module works afterwards.
+  tandem::run_local(
+      2,
+      [&](LocalComm& local) {
+        tandem::test::InstrumentedComm comm(std::move(local));
+        for (const bool cumulative : {false, true}) {
+          const std::string where =
+              "rank " + std::to_string(comm.rank()) + (cumulative ? ", cumulative" : ", momentum");
+          auto options = torch::nn::BatchNormOptions(3);
+          if (cumulative) options.momentum(std::remove_cvref_t<decltype(options.momentum())>());
+          tt::SyncBatchNorm bn(comm, options);
+          torch::manual_seed(7 + comm.rank());
+          const auto x = torch::randn({2 + comm.rank(), 3, 2});
+          (void)bn(x);
+          const auto before = running_state(bn);
+
+          comm.failing = true;
+          const std::string gone = error_of([&] { (void)bn(x); });
+          comm.failing = false;
+          failures.expect(gone.find("the test's peer is gone") != std::string::npos, where,
+                          ": the failed forward said: ", gone);
+          failures.expect(same_state(running_state(bn), before), where,
+                          ": a failed collective changed the running statistics or the counter");
+
+          const auto one = torch::randn({comm.rank() == 0 ? 1 : 0, 3});
+          const std::string few = error_of([&] { (void)bn(one); });
+          failures.expect(few.find("got 1 across 2 ranks") != std::string::npos, where,
+                          ": one value per channel said: ", few);
+          failures.expect(same_state(running_state(bn), before), where,
+                          ": a failed check changed the running statistics or the counter");
+
+          (void)bn(x);
+          failures.expect(bn->num_batches_tracked.item<int64_t>() == 2, where, ": ",
+                          bn->num_batches_tracked.item<int64_t>(), " batches after two good ones");
+        }
+      },
+      {.timeout = 30s});
+  failures.report();
+  // One rank (libtorch's batch_norm): the same check, the same Error, nothing changed.
+  tandem::run_local(1, [](LocalComm& comm) {
+    tt::SyncBatchNorm bn(comm, 3);
+    const auto before = running_state(bn);
+    const std::string few = error_of([&] { (void)bn(torch::randn({1, 3})); });
+    DOCTEST_CHECK(few.find("got 1 in input of shape [1, 3]") != std::string::npos);
+    DOCTEST_CHECK(same_state(running_state(bn), before));
+  });
+}
+
 TEST_CASE("SyncBatchNorm misuse is a tandem::Error on every rank") {
   torch::set_num_threads(1);
   // One value per channel across both ranks: no variance to normalise with.
@@ -541,5 +624,13 @@ TEST_CASE("SyncBatchNorm misuse is a tandem::Error on every rank") {
     tt::SyncBatchNorm bn(comm, 3);
     CHECK_THROWS_AS(bn(torch::randn({2, 4})), tandem::Error);
     CHECK_THROWS_AS(bn(torch::randn({3})), tandem::Error);
+    // nn's SyncBatchNorm's messages (the check both share).
+    DOCTEST_CHECK(error_of([&] {
+                    (void)bn(torch::randn({2, 4}));
+                  }).find("input of shape [2, 4] has 4 channels, this SyncBatchNorm has 3") !=
+                  std::string::npos);
+    DOCTEST_CHECK(error_of([&] {
+                    (void)bn(torch::randn({3}));
+                  }).find("at least 2 dimensions, got shape [3]") != std::string::npos);
   });
 }

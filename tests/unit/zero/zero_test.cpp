@@ -39,7 +39,6 @@
 #include "support/collective_suite.hpp"
 #include "support/runners.hpp"
 #include "tandem/amp/grad_scaler.hpp"
-#include "tandem/amp/precision.hpp"
 #include "tandem/arena/parameters.hpp"
 #include "tandem/comm/local/local.hpp"
 #include "tandem/ddp/ddp.hpp"
@@ -47,6 +46,7 @@
 #include "tandem/io/checkpoint.hpp"
 #include "tandem/optim/adamw.hpp"
 #include "tandem/optim/sgd.hpp"
+#include "tandem/tensor/precision.hpp"
 #if defined(TANDEM_TEST_GLOO)
 #include "tandem/comm/gloo/gloo.hpp"
 #include "tandem/comm/init.hpp"

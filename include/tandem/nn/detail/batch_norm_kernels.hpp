@@ -1,7 +1,8 @@
-// tandem/nn/detail/batch_norm_kernels.hpp - SyncBatchNorm's per-channel and per-plane kernels:
-// this rank's moments, the merge of every rank's statistics, the running update, the affine
-// coefficients, normalisation and the input gradient; TANDEM_HD functors run through an executor,
-// the same code on the host and on a GPU.
+// tandem/nn/detail/batch_norm_kernels.hpp - tandem::SyncBatchNorm's per-channel and per-plane
+// kernels on its tensors: this rank's moments, the affine coefficients, normalisation and the
+// input gradient; TANDEM_HD functors run through an executor, the same code on the host and on a
+// GPU. What both SyncBatchNorms share (wire format, merge, checks, running update): in
+// sync_statistics.hpp, which this header brings.
 //   for_each_index(exec, planes, detail::batch_norm::normalize<T, double>{...});
 // Needs: tandem/tensor; included by nn/sync_batch_norm.hpp, not by users.
 #pragma once
@@ -12,6 +13,7 @@
 #include <cstdint>
 
 #include "tandem/core/config.hpp"
+#include "tandem/nn/detail/sync_statistics.hpp"
 #include "tandem/tensor/detail/scalar_math.hpp"
 #include "tandem/tensor/exec.hpp"
 #include "tandem/tensor/memory.hpp"
@@ -164,8 +166,9 @@ struct fill {
 
 /// Channel c's mean, biased variance and inverse standard deviation over this rank's batch: two
 /// passes (the mean, then the squared deviations from it), planes in order. An empty batch gives
-/// zeros, which is what an empty rank's all_gather record holds. Index 0 also writes the count
-/// per channel into *count_out when it is set; variance may be null.
+/// zeros, which is what an empty rank's all_gather record holds (sync_statistics.hpp's Wire).
+/// Index 0 also writes the count per channel into *count_out when it is set; variance and invstd
+/// may be null.
 template <class T, class Acc>
 struct channel_moments {
   const T* x;
@@ -181,7 +184,7 @@ struct channel_moments {
     if (layout.count() == 0) {
       mean[c] = Acc{};
       if (variance != nullptr) variance[c] = Acc{};
-      invstd[c] = Acc{};
+      if (invstd != nullptr) invstd[c] = Acc{};
       return;
     }
     const plane_sum<Acc, value_term<T, Acc>> values{{x}, layout, c};
@@ -194,82 +197,7 @@ struct channel_moments {
     const Acc v = squares / count;
     mean[c] = m;
     if (variance != nullptr) variance[c] = v;
-    invstd[c] = Acc{1} / square_root(static_cast<double>(v + eps));
-  }
-};
-
-/// batch_norm_reduce_statistics_kernel for channel c: Welford's parallel merge of every rank's
-/// record [mean (C) | invstd (C) | count], one rank at a time in rank order, skipping empty ranks.
-/// Writes the merged mean, the biased variance and its inverse standard deviation; index 0 also
-/// writes the total count into *total.
-template <class Acc>
-struct merge_statistics {
-  const Acc* records;
-  std::size_t world;
-  std::size_t channels;
-  Acc eps;
-  Acc* mean;
-  Acc* variance;
-  Acc* invstd;
-  Acc* total;
-  TANDEM_HD void operator()(std::size_t c) const {
-    const std::size_t record = 2 * channels + 1;
-    Acc merged{};
-    Acc m2{};  // sum of squared deviations
-    Acc n{};
-    for (std::size_t r = 0; r < world; ++r) {
-      const Acc* theirs = records + r * record;
-      const Acc rank_count = theirs[2 * channels];
-      if (!(rank_count >= Acc{1})) continue;
-      const Acc rank_mean = theirs[c];
-      const Acc rank_std = Acc{1} / theirs[channels + c];
-      const Acc rank_m2 = (rank_std * rank_std - eps) * rank_count;
-      const Acc factor = Acc{1} / (n + rank_count);
-      const Acc delta = merged - rank_mean;
-      m2 += rank_m2 + delta * delta * n * rank_count * factor;
-      merged = n * factor * merged + rank_count * factor * rank_mean;
-      n += rank_count;
-    }
-    // var = 1/invstd^2 - eps can come back a hair below zero for a constant channel.
-    const Acc biased = n > Acc{} ? m2 / n : Acc{};
-    const Acc v = Acc{} < biased ? biased : Acc{};
-    mean[c] = merged;
-    variance[c] = v;
-    invstd[c] = Acc{1} / square_root(static_cast<double>(v + eps));
-    if (c == 0) *total = n;
-  }
-};
-
-/// Channel c's running statistics: (1 - factor) * running + factor * batch, running_var taking
-/// the unbiased variance. factor is the momentum, or 1 / (num_batches_tracked + 1) for the
-/// cumulative average; count_batch increments num_batches_tracked afterwards, in a pass of its
-/// own, so that no channel reads it while it changes.
-template <class T, class Acc>
-struct update_running {
-  T* running_mean;
-  T* running_var;
-  const T* tracked;
-  const Acc* mean;
-  const Acc* variance;
-  Acc momentum;
-  bool cumulative;
-  Acc count;
-  TANDEM_HD void operator()(std::size_t c) const {
-    const Acc factor = cumulative ? Acc{1} / (static_cast<Acc>(tracked[0]) + Acc{1}) : momentum;
-    const Acc unbiased = count / (count - Acc{1});
-    running_mean[c] =
-        static_cast<T>((Acc{1} - factor) * static_cast<Acc>(running_mean[c]) + factor * mean[c]);
-    running_var[c] = static_cast<T>((Acc{1} - factor) * static_cast<Acc>(running_var[c]) +
-                                    factor * variance[c] * unbiased);
-  }
-};
-
-/// num_batches_tracked += 1 (one index).
-template <class T, class Acc>
-struct count_batch {
-  T* tracked;
-  TANDEM_HD void operator()(std::size_t) const {
-    tracked[0] = static_cast<T>(static_cast<Acc>(tracked[0]) + Acc{1});
+    if (invstd != nullptr) invstd[c] = Acc{1} / square_root(static_cast<double>(v + eps));
   }
 };
 

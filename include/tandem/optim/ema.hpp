@@ -1,4 +1,4 @@
-// tandem/ema.hpp - tandem::EMA, an exponential moving average of a Parameters arena (timm's
+// tandem/optim/ema.hpp - tandem::EMA, an exponential moving average of a Parameters arena (timm's
 // ModelEmaV3 warm-up, torch.lerp's arithmetic) with O(1) apply_shadow()/restore().
 //   tandem::EMA ema(params, {.decay = 0.999}); ema.update(); auto guard = ema.applied();
 // Needs: the standard library, tandem/tensor, tandem/arena/parameters.hpp (device:
@@ -121,7 +121,7 @@ struct lerp_or_copy_into {
 /// torch.lerp(start, end, weight) on eight floats with AVX2 and FMA: lerp<true>'s two IEEE
 /// operations per element in its order, so the same bits; the weight's branch is taken once, when
 /// the lane is made. The one vector lerp: the EMA's pass below and FusedStep's update
-/// (amp/fused_step.hpp) use it.
+/// (optim/fused_step.hpp) use it.
 class lerp_avx2_lane {
  public:
   [[gnu::target("avx2,fma"), gnu::always_inline]] explicit lerp_avx2_lane(float weight)
@@ -277,7 +277,7 @@ class EMA {
     return static_cast<opmath_t<T>>(1.0 - decay_at(updates_ + 1));
   }
 
-  /// For fused steps (tandem/amp/fused_step.hpp): update() with the blend of the trained values
+  /// For fused steps (tandem/optim/fused_step.hpp): update() with the blend of the trained values
   /// done by `blend(shadow, weight)`, which must set shadow[i] = lerp(shadow[i], values[i],
   /// weight) for every trained value (detail::ema::lerp's arithmetic); the buffers and the count
   /// are handled here as update() does.
@@ -417,15 +417,5 @@ class EMA {
   std::size_t updates_ = 0;
   bool applied_ = false;
 };
-
-/// `tandem::EMA ema(params);` takes the arena's element type and memory space.
-template <element_type T, memory_space Space>
-EMA(Parameters<T, Space>&) -> EMA<T, Space>;
-/// Likewise with settings: the space's default executor.
-template <element_type T, memory_space Space>
-EMA(Parameters<T, Space>&, EMAOptions) -> EMA<T, Space>;
-/// Likewise with an executor, whose type is kept.
-template <element_type T, memory_space Space, class Exec>
-EMA(Parameters<T, Space>&, EMAOptions, Exec) -> EMA<T, Space, Exec>;
 
 }  // namespace tandem

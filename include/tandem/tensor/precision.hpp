@@ -1,5 +1,6 @@
-// tandem/amp/precision.hpp - mixed-precision policies (apex O0..O3) and the low-precision compute
-// copy of fp32 master weights, refreshed by one cast pass.
+// tandem/tensor/precision.hpp - mixed-precision policies (apex O0..O3: which element type each
+// number of a step lives in), the cast pass between element types, and the low-precision compute
+// copy of fp32 master weights it refreshes.
 //   tandem::amp::ComputeWeights<tandem::amp::O2<>> w(params.numel()); w.refresh(on_host, master);
 // Needs: the standard library, tandem/tensor (device memory: tandem/cuda.hpp in a .cu file).
 #pragma once

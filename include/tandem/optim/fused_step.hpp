@@ -1,8 +1,10 @@
-// tandem/amp/fused_step.hpp - tandem::amp::FusedStep: the non-model part of a mixed-precision AdamW
-// step (GradScaler's inf check and unscale, AdamW, the EMA's lerp, O2's half copy) in two passes.
+// tandem/optim/fused_step.hpp - tandem::amp::FusedStep: the non-model part of a mixed-precision
+// AdamW step (GradScaler's inf check and unscale, AdamW, the EMA's lerp, O2's half copy) in two
+// passes.
 //   tandem::amp::FusedStep fused;  fused.step(scaler, adamw, ema, compute);  scaler.update();
-// Needs: the standard library, tandem/amp, tandem/optim/adamw.hpp, tandem/ema.hpp (device: a .cu
-// translation unit with tandem/cuda.hpp).
+// Needs: the standard library, tandem/optim, tandem/tensor, and a loss scaler that models
+// FusedStepScaler: tandem::GradScaler (tandem/amp/grad_scaler.hpp) does. Device: a .cu translation
+// unit with tandem/cuda.hpp.
 //
 // The same results, bit for bit, as the unfused sequence
 //   scaler.step(adamw) (unscale_ + inf check, then adamw.step()); ema.update(); compute.refresh()
@@ -22,6 +24,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -29,15 +32,15 @@
 #include <utility>
 #include <vector>
 
-#include "tandem/amp/grad_scaler.hpp"
-#include "tandem/amp/precision.hpp"
 #include "tandem/core/config.hpp"
 #include "tandem/core/error.hpp"
-#include "tandem/ema.hpp"
 #include "tandem/optim/adamw.hpp"
+#include "tandem/optim/ema.hpp"
+#include "tandem/tensor/detail/finite_check.hpp"
 #include "tandem/tensor/exec.hpp"
 #include "tandem/tensor/host_cpu.hpp"
 #include "tandem/tensor/memory.hpp"
+#include "tandem/tensor/precision.hpp"
 
 namespace tandem::amp {
 
@@ -48,6 +51,16 @@ struct FusedStepOptions {
   /// A host pass uses no more threads than it has blocks of this many elements (threads cost
   /// tens of microseconds to start).
   std::size_t min_elements_per_thread = std::size_t{1} << 16;
+};
+
+/// What FusedStep needs of a loss scaler S for optimizer O: GradScaler's fused_step protocol
+/// (tandem/amp/grad_scaler.hpp says what `check` and `apply` must do) in O's memory space.
+/// tandem::GradScaler<Space> models it for every optimizer of Space.
+template <class S, class O>
+concept FusedStepScaler = std::same_as<typename S::memory_space, typename O::memory_space> &&
+    requires(S& scaler, O& opt, void (*check)(::tandem::detail::finite::inf_flag*),
+             void (*apply)(float)) {
+  { scaler.fused_step(opt, check, apply) } -> std::same_as<bool>;
 };
 
 namespace detail::fused {
@@ -120,9 +133,9 @@ template <bool Amsgrad, class Low>
 
 /// The inf check on the host: OR of "not finite" over [begin, end).
 template <class T>
-::tandem::detail::amp::inf_flag check_range(const T* grads, std::size_t begin, std::size_t end) {
-  ::tandem::detail::amp::inf_flag found = 0;
-  const ::tandem::detail::amp::check_finite<T> check{grads};
+::tandem::detail::finite::inf_flag check_range(const T* grads, std::size_t begin, std::size_t end) {
+  ::tandem::detail::finite::inf_flag found = 0;
+  const ::tandem::detail::finite::check_finite<T> check{grads};
   for (std::size_t i = begin; i < end; ++i) found |= check(i);
   return found;
 }
@@ -145,9 +158,11 @@ class FusedStep {
   /// scaler.step(adamw), ema.update() and compute.refresh(values) as two passes (see the top of
   /// this header). Returns whether the step ran (false: inf or NaN found, nothing changed). Call
   /// scaler.update() afterwards, as with scaler.step().
-  template <element_type T, memory_space Space, class E, class EmaExec, PrecisionPolicy P>
-  bool step(GradScaler<Space>& scaler, optim::AdamW<T, Space, E>& adamw,
-            EMA<T, Space, EmaExec>& ema, ComputeWeights<P, Space>& compute) {
+  template <class Scaler, element_type T, memory_space Space, class E, class EmaExec,
+            PrecisionPolicy P>
+  requires FusedStepScaler<Scaler, optim::AdamW<T, Space, E>>
+  bool step(Scaler& scaler, optim::AdamW<T, Space, E>& adamw, EMA<T, Space, EmaExec>& ema,
+            ComputeWeights<P, Space>& compute) {
     static_assert(std::is_same_v<typename P::master_type, T>,
                   "tandem: FusedStep needs the compute weights' master type to be the arena's");
     if constexpr (P::keeps_master_copy) {
@@ -165,15 +180,15 @@ class FusedStep {
   }
 
   /// The same without a compute copy (O0, or models kept in fp32).
-  template <element_type T, memory_space Space, class E, class EmaExec>
-  bool step(GradScaler<Space>& scaler, optim::AdamW<T, Space, E>& adamw,
-            EMA<T, Space, EmaExec>& ema) {
+  template <class Scaler, element_type T, memory_space Space, class E, class EmaExec>
+  requires FusedStepScaler<Scaler, optim::AdamW<T, Space, E>>
+  bool step(Scaler& scaler, optim::AdamW<T, Space, E>& adamw, EMA<T, Space, EmaExec>& ema) {
     return run(scaler, adamw, ema, static_cast<T*>(nullptr));
   }
 
  private:
-  template <class T, class Space, class E, class EmaExec, class Low>
-  bool run(GradScaler<Space>& scaler, optim::AdamW<T, Space, E>& adamw, EMA<T, Space, EmaExec>& ema,
+  template <class Scaler, class T, class Space, class E, class EmaExec, class Low>
+  bool run(Scaler& scaler, optim::AdamW<T, Space, E>& adamw, EMA<T, Space, EmaExec>& ema,
            Low* low) {
     if (ema.shadow_applied())
       throw Error("amp::FusedStep", "the EMA's shadow is applied; restore() it first");
@@ -187,7 +202,7 @@ class FusedStep {
     const E& exec = adamw.executor();
     const T* grads = adamw.grads().data();
     return scaler.fused_step(
-        adamw, [&](::tandem::detail::amp::inf_flag* flag) { check(exec, grads, n, flag); },
+        adamw, [&](::tandem::detail::finite::inf_flag* flag) { check(exec, grads, n, flag); },
         [&](float inv_scale) {
           ema.update_with([&](T* shadow, opmath_t<T> weight) {
             adamw.step_with([&](std::size_t offset, std::size_t size, const auto& update) {
@@ -216,8 +231,8 @@ class FusedStep {
 
   template <class E, class T>
   void check(const E& exec, const T* grads, std::size_t n,
-             ::tandem::detail::amp::inf_flag* flag) const {
-    using ::tandem::detail::amp::inf_flag;
+             ::tandem::detail::finite::inf_flag* flag) const {
+    using ::tandem::detail::finite::inf_flag;
     if constexpr (std::is_same_v<E, host_exec>) {
       std::vector<inf_flag> found(static_cast<std::size_t>(threads_), 0);
       std::atomic<std::size_t> next{0};
@@ -230,8 +245,8 @@ class FusedStep {
       *flag = any;
     } else {
       transform_reduce_into(exec, flag, n, inf_flag{0},
-                            ::tandem::detail::amp::check_finite<T>{grads},
-                            ::tandem::detail::amp::or_combine{});
+                            ::tandem::detail::finite::check_finite<T>{grads},
+                            ::tandem::detail::finite::or_combine{});
     }
   }
 

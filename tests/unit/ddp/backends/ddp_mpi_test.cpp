@@ -7,7 +7,7 @@
 
 #include <mpi.h>
 
-#include "ddp_suite.hpp"
+#include "unit/ddp/ddp_suite.hpp"
 #include "tandem/comm/mpi/mpi.hpp"
 #include "unit/mpi/mpi_support.hpp"
 

@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "ddp_suite.hpp"
+#include "unit/ddp/ddp_suite.hpp"
 #include "support/runners.hpp"
 #include "tandem/comm/gloo/gloo.hpp"
 #include "tandem/comm/init.hpp"
