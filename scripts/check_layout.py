@@ -51,6 +51,11 @@ ALLOWED = {
     # communicator; rendezvous/ includes core/ only, so this cannot close a circle.
     ("comm/init.hpp", "rendezvous/init_method.hpp"): "init_process_group parses the init method",
     ("comm/init.hpp", "rendezvous/join.hpp"): "init_process_group opens and joins the store",
+    # Issue 32: an elastic group rebuilds its communicator after a loss the way init_process_group
+    # builds it (a backend's rendezvous over the job's store), so it opens and joins the store too.
+    ("elastic/elastic.hpp", "comm/init.hpp"): "ProcessGroupBackend: rendezvous over a store",
+    ("elastic/elastic.hpp", "rendezvous/init_method.hpp"): "Elastic(url) parses the init method",
+    ("elastic/elastic.hpp", "rendezvous/join.hpp"): "Elastic(url) opens and joins the store",
     # tandemrun sets the flight recorder's settings for its workers and reads their records when
     # one fails; the recorder lives with the communicators that keep it.
     ("launch/plan.hpp", "comm/flight_settings.hpp"): "the launcher's flight-recorder flags",

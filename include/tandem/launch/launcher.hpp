@@ -197,6 +197,7 @@ inline GroupOutcome run_attempt(const LaunchPlan& plan, int restart_count,
   }
   detail::SuperviseOptions supervise{plan.monitor_interval, plan.grace, signals, std::nullopt};
   supervise.failure_grace = plan.failure_grace;
+  supervise.survivors_go_on = plan.elastic;
   supervise.report_fd = options.console_err;
   supervise.flight_dir = flight_dir.empty() ? plan.flight_dir : flight_dir;
   auto outcome = detail::supervise(workers, supervise);

@@ -65,7 +65,8 @@ struct LaunchOptions {
   std::string master_addr = "127.0.0.1";  ///< the address of node 0, where rank 0's store listens
   std::string master_port = "29500";      ///< the port of that store
   bool standalone = false;                ///< one node on 127.0.0.1 and a free port
-  std::string max_restarts = "0";        ///< how often the whole group is restarted after a failure
+  std::string max_restarts = "0";  ///< how often the whole group is restarted after a failure
+  bool elastic = false;  ///< a worker ended by a signal is lost and the others go on (--elastic)
   std::string monitor_interval = "0.1";  ///< seconds
   /// Which streams go to log files only: 0 none, 1 stdout, 2 stderr, 3 both (per rank: "0:1,1:2").
   std::string redirects = "0";
@@ -89,6 +90,9 @@ struct LaunchPlan {
   std::string master_addr = "127.0.0.1";  ///< the address of node 0, where the store listens
   int master_port = 29500;                ///< the port of that store
   int max_restarts = 0;                   ///< group restarts allowed after a failure
+  /// A worker ended by a signal (SIGKILL, an OOM kill), or stopped once every other worker has
+  /// finished, is lost, not a failure: the others go on (tandem::Elastic, docs/elastic.md).
+  bool elastic = false;
   std::chrono::milliseconds monitor_interval{100};  ///< how often the workers are polled
   /// After a failure (or a forwarded signal), how long workers have to end before SIGKILL.
   std::chrono::milliseconds grace{5000};
@@ -293,6 +297,7 @@ inline LaunchPlan resolve(const LaunchOptions& options, const HostFacts& host = 
   if (plan.master_addr.empty()) detail::bad_flag("--master-addr", "must not be empty");
   plan.master_port = detail::parse_flag_int("--master-port", options.master_port, 0, 65535);
   plan.max_restarts = detail::parse_flag_int("--max-restarts", options.max_restarts, 0, 1 << 20);
+  plan.elastic = options.elastic;
   plan.monitor_interval = detail::parse_seconds("--monitor-interval", options.monitor_interval);
   plan.redirects = parse_std_streams("--redirects", options.redirects);
   plan.tee = parse_std_streams("--tee", options.tee);

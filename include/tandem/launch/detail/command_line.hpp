@@ -39,7 +39,9 @@ the i-th listed device (CUDA_VISIBLE_DEVICES=<that index>).
 Output lines of rank N are shown behind "[rank N] ", unless --redirects sends them to
 LOG_DIR/RUN_ID/attempt_K/LOCAL_RANK/{stdout,stderr}.log (--tee: to both).
 A failing worker stops the others (after 2 s in which they may fail on their own: SIGTERM,
-SIGKILL 5 s later) and the launcher exits 1 after a summary, unless restarts are left. Each
+SIGKILL 5 s later) and the launcher exits 1 after a summary, unless restarts are left. With
+--elastic, a worker ended by a signal (or stopped when all others have finished) is reported as
+lost and the others go on (tandem::Elastic, docs/elastic.md). Each
 worker gets its own TORCHELASTIC_ERROR_FILE (unless the launcher's environment sets one); the
 message a worker writes there (tandem::run_main, torch's @record) is the summary's error, and
 the summary names first the worker that failed first on its own, not one that followed it.
@@ -100,6 +102,9 @@ inline void add_supervision_options(CLI::App& app, LaunchOptions& o) {
                  "Restarts of the worker group after a failure")
       ->type_name("N")
       ->capture_default_str();
+  app.add_flag("--elastic", o.elastic,
+               "A worker ended by a signal is lost, not a failure: the others go on "
+               "(tandem::Elastic heals them); the launch succeeds when the workers left exit 0");
   app.add_option("--monitor-interval,--monitor_interval", o.monitor_interval,
                  "Seconds between checks of the workers")
       ->type_name("SECONDS")

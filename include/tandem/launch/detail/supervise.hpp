@@ -132,6 +132,9 @@ struct SuperviseOptions {
   /// error files) before the launcher stops them; it ends early once every worker left is
   /// stopped (SIGSTOP) or has ended.
   std::chrono::milliseconds failure_grace{0};
+  /// A worker ended by a signal is lost, not a failure: the others go on; a stopped one is ended
+  /// (SIGKILL) once every other worker has finished (--elastic).
+  bool survivors_go_on = false;
   /// Where the launcher says what it sees (workers found stopped, a stalled job); -1: nowhere.
   int report_fd = -1;
   /// The workers' flight record directory, watched for long waits ("": not watched).
@@ -179,10 +182,22 @@ class Supervisor {
       }
       worker.ended_at = std::chrono::system_clock::now();
       for (auto& stream : worker.streams) stream.drain();
-      if (worker.child.status().failed()) {
+      if (!worker.child.status().failed()) {
+        finished_ = true;
+      } else if (options_.survivors_go_on && worker.child.status().signal != 0 && !kill_at_) {
+        report("rank " + std::to_string(worker.rank) + " was lost (" +
+               worker.child.status().describe() + "); the others go on (--elastic)");
+        lost_.push_back({worker.rank, worker.local_rank, worker.child.status(), worker.child.pid(),
+                         host_, worker.ended_at});
+      } else {
         failed_now.push_back({worker.rank, worker.local_rank, worker.child.status(),
                               worker.child.pid(), host_, worker.ended_at});
       }
+    }
+    if (all_ended && !finished_ && outcome_.failures.empty() && failed_now.empty() &&
+        !lost_.empty()) {
+      failed_now = std::move(lost_);  // every worker was lost: none went on
+      lost_.clear();
     }
     if (!failed_now.empty() && kill_at_) {
       // Ended after the launcher stopped the group: its own failure only if it says so (an
@@ -221,6 +236,16 @@ class Supervisor {
       stop_all(SIGTERM);
     }
     if (kill_at_ && !killed_ && now >= *kill_at_) kill_all();
+    if (options_.survivors_go_on && finished_ && !failed_at_ && !kill_at_ && !stopped_ended_ &&
+        only_stopped_left()) {
+      stopped_ended_ = true;
+      for (auto& worker : workers_) {  // nobody is left to wait for them
+        if (worker.child.ended()) continue;
+        report("rank " + std::to_string(worker.rank) +
+               " is stopped and the others have finished: ending it (--elastic)");
+        worker.child.signal(SIGKILL);
+      }
+    }
   }
 
   /// Once a second: workers found stopped (or running again) are reported, and the flight
@@ -403,6 +428,9 @@ class Supervisor {
   std::optional<clock::time_point> kill_at_;
   bool killed_ = false;
   std::optional<clock::time_point> failed_at_;  ///< the first failure: the grace starts
+  bool finished_ = false;                       ///< a worker exited 0
+  bool stopped_ended_ = false;                  ///< --elastic: the stopped ones were ended
+  std::vector<WorkerFailure> lost_;             ///< --elastic: workers a signal ended
   clock::time_point next_watch_ = clock::now() + std::chrono::seconds(1);
   std::vector<std::pair<std::string, std::int64_t>> flight_files_;  ///< names and mtimes seen
   clock::time_point flight_changed_{};
