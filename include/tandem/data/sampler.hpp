@@ -78,6 +78,7 @@ inline std::vector<std::int64_t> torch_randperm(std::int64_t n, std::uint64_t se
 struct SamplerProgress {
   std::uint64_t epoch = 0;   ///< the epoch (its order is seeded seed + epoch)
   std::size_t consumed = 0;  ///< positions of the epoch's order taken, 0 .. the data set's size
+  /// Whether two progresses are the same epoch and position.
   bool operator==(const SamplerProgress&) const = default;
 };
 

@@ -8,7 +8,7 @@
 // one rank is that rank's Error with its cause, and every other rank's Error names that rank and
 // carries the cause; every rank is checked to have loaded the same checkpoint.
 //   tandem::TrainingState state;
-//   state.model(params).optimizer(opt).sampler(sampler, batches_done).counter("step", step);
+//   state.model(params).optimizer(opt).sampler(sampler, batches_done, 64).counter("step", step);
 //   if (tandem::open_checkpoints(comm, dir, state, {.resume = true}))  // before the first step
 //     loader.resume_at(batches_done);
 //   tandem::save_checkpoint(comm, dir, step, state);          // dir/checkpoint-<step>.safetensors

@@ -4,10 +4,11 @@
 // registered by reference, saved into a SafetensorsWriter and restored from a SafetensorsFile.
 // Loading never trusts the file: every value is checked against its type's range and what it
 // restores (shapes against the arena, the sampler's position against its epoch, the GradScaler's
-// factors), and a violation is an Error naming the file and the field.
+// factors), and a violation is an Error naming the file and the field. A sampler registered with
+// its batch size is saved world-size independent: a checkpoint resumes at any world size.
 //   tandem::TrainingState state;
 //   state.model(params).optimizer(opt).scaler(scaler).ema(ema, params).scheduler(schedule)
-//        .sampler(sampler, batches_done).counter("step", step).rng("dropout", generator);
+//        .sampler(sampler, batches_done, batch_size).counter("step", step).rng("dropout", gen);
 // Needs: nlohmann-json (the tandem::io CMake component). checkpoint.hpp saves and loads it.
 #pragma once
 
