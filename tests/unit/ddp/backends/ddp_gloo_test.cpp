@@ -14,13 +14,13 @@
 #include <thread>
 #include <vector>
 
-#include "unit/ddp/ddp_suite.hpp"
 #include "support/runners.hpp"
 #include "tandem/comm/gloo/gloo.hpp"
 #include "tandem/comm/init.hpp"
 #include "tandem/core/env.hpp"
 #include "tandem/core/world.hpp"
 #include "tandem/rendezvous/store.hpp"
+#include "unit/ddp/ddp_suite.hpp"
 
 namespace {
 

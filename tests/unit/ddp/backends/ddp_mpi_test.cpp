@@ -7,8 +7,8 @@
 
 #include <mpi.h>
 
-#include "unit/ddp/ddp_suite.hpp"
 #include "tandem/comm/mpi/mpi.hpp"
+#include "unit/ddp/ddp_suite.hpp"
 #include "unit/mpi/mpi_support.hpp"
 
 namespace {
