@@ -48,34 +48,31 @@ fi
 # every simulator test.
 tsan_rooms="unit/comm;unit/local;unit/ddp;unit/gloo;unit/mpi;unit/shm;unit/hierarchical;unit/init;unit/launch;unit/data;unit/rendezvous;fault"
 asan_rooms="unit/core;unit/tensor;unit/arena;unit/amp;unit/optim;unit/ema;unit/nn;unit/io;fuzz"
-room_flags() {
-  if [ "${split_rooms}" != 1 ]; then
-    echo "-DTANDEM_TEST_ROOMS= -DTANDEM_TEST_SKIP_ROOMS="
-    return
+# The rooms and the simulator tests a preset builds: every one when presets are named, else its
+# share of CI's split (above).
+split_flags() {
+  local rooms="-DTANDEM_TEST_ROOMS= -DTANDEM_TEST_SKIP_ROOMS="
+  local sim="-DTANDEM_CUDA_SIM=AUTO -DTANDEM_CUDA_SIM_TESTS=all"
+  if [ "${split_rooms}" = 1 ]; then
+    case "$1" in
+      tsan)
+        rooms="-DTANDEM_TEST_ROOMS=${tsan_rooms} -DTANDEM_TEST_SKIP_ROOMS="
+        sim="-DTANDEM_CUDA_SIM=AUTO -DTANDEM_CUDA_SIM_TESTS=threads" ;;
+      asan)
+        rooms="-DTANDEM_TEST_ROOMS=${asan_rooms} -DTANDEM_TEST_SKIP_ROOMS="
+        sim="-DTANDEM_CUDA_SIM=OFF" ;;
+      *)
+        rooms="-DTANDEM_TEST_ROOMS= -DTANDEM_TEST_SKIP_ROOMS=${tsan_rooms};${asan_rooms}"
+        sim="-DTANDEM_CUDA_SIM=AUTO -DTANDEM_CUDA_SIM_TESTS=processes" ;;
+    esac
   fi
-  case "$1" in
-    tsan) echo "-DTANDEM_TEST_ROOMS=${tsan_rooms} -DTANDEM_TEST_SKIP_ROOMS=" ;;
-    asan) echo "-DTANDEM_TEST_ROOMS=${asan_rooms} -DTANDEM_TEST_SKIP_ROOMS=" ;;
-    *) echo "-DTANDEM_TEST_ROOMS= -DTANDEM_TEST_SKIP_ROOMS=${tsan_rooms};${asan_rooms}" ;;
-  esac
-}
-
-sim_flags() {
-  if [ "${split_rooms}" != 1 ]; then
-    echo "-DTANDEM_CUDA_SIM=AUTO -DTANDEM_CUDA_SIM_TESTS=all"
-    return
-  fi
-  case "$1" in
-    asan) echo "-DTANDEM_CUDA_SIM=OFF" ;;
-    tsan) echo "-DTANDEM_CUDA_SIM=AUTO -DTANDEM_CUDA_SIM_TESTS=threads" ;;
-    *) echo "-DTANDEM_CUDA_SIM=AUTO -DTANDEM_CUDA_SIM_TESTS=processes" ;;
-  esac
+  echo "${rooms} ${sim}"
 }
 
 for preset in "${presets[@]}"; do
   echo "=== tandem: preset ${preset}"
   # shellcheck disable=SC2046  # the flags are words without spaces
-  cmake --preset "${preset}" "${debug_flags[@]}" $(room_flags "${preset}") $(sim_flags "${preset}")
+  cmake --preset "${preset}" "${debug_flags[@]}" $(split_flags "${preset}")
   cmake --build --preset "${preset}" -j "${jobs}"
   ctest --preset "${preset}" -j "${test_jobs}"
 done

@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "fault/handoff.hpp"
+#include "fault/worker.hpp"
 #include "support/mlp.hpp"
 #include "tandem/comm/local/local.hpp"
 #include "tandem/core/env.hpp"
@@ -316,7 +317,6 @@ int usage() {
 
 int main(int argc, char** argv) {
   Settings settings;
-  if (argc % 2 == 0) return usage();
   const std::map<std::string_view, std::string*> words{
       {"--backend", &settings.backend}, {"--dir", &settings.dir},     {"--point", &settings.point},
       {"--target", &settings.target},   {"--fault", &settings.fault}, {"--url", &settings.url}};
@@ -324,17 +324,19 @@ int main(int argc, char** argv) {
       {"--ranks", &settings.ranks},           {"--steps", &settings.steps},
       {"--timeout-ms", &settings.timeout_ms}, {"--window-ms", &settings.window_ms},
       {"--fault-step", &settings.fault_step}, {"--victim", &settings.victim}};
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string_view flag = argv[i];
-    if (const auto word = words.find(flag); word != words.end()) {
-      *word->second = argv[i + 1];
-      continue;
-    }
-    const auto number = numbers.find(flag);
-    const auto parsed = tandem::parse_int(argv[i + 1]);
-    if (number == numbers.end() || !parsed || *parsed < -1 || *parsed > 10000000) return usage();
-    *number->second = static_cast<int>(*parsed);
-  }
+  const bool read =
+      fault::read_flags(argc, argv, [&](std::string_view flag, const std::string& value) {
+        if (const auto word = words.find(flag); word != words.end()) {
+          *word->second = value;
+          return true;
+        }
+        const auto number = numbers.find(flag);
+        const auto parsed = tandem::parse_int(value);
+        if (number == numbers.end() || !parsed || *parsed < -1 || *parsed > 10000000) return false;
+        *number->second = static_cast<int>(*parsed);
+        return true;
+      });
+  if (!read) return usage();
   if (settings.backend == "local") return run_threads(settings);
 #if TANDEM_ELASTIC_WITH_GLOO
   if (settings.backend == "gloo") return run_process<tandem::GlooComm>(settings);
