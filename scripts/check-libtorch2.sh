@@ -5,7 +5,9 @@
 # wheel's Caffe2 config asks for the CUDA libraries its libtorch_cuda was built with.
 # NOT run by CI (CI builds against Debian's 1.13 through CMake); run it by hand after a change to
 # include/tandem/torch/ and record the result in docs/libtorch.md ("Supported versions").
-#   scripts/check-libtorch2.sh TORCH_DIR [BUILD_DIR]
+#   scripts/check-libtorch2.sh [--only cpu|cuda] TORCH_DIR [BUILD_DIR]
+# --only cuda compiles and runs the CUDA steps alone (gpu-check.sh, where device time is short);
+# --only cpu the CPU steps alone.
 # TORCH_DIR holds the wheel's include/ and lib/: the wheel's torch/ folder unzipped (unzip the
 # .whl's torch/include, torch/lib and torch/share/cmake), or an installed PyTorch's
 #   python3 -c 'import torch, os; print(os.path.dirname(torch.__file__))'
@@ -23,6 +25,14 @@
 # are skipped without them). Each step prints PASS, FAIL or SKIP; the exit status is 1 when one
 # failed. Compiles one translation unit at a time (about 30-60 s each, 2 GB).
 set -uo pipefail
+steps=cpu,cuda
+if [[ ${1:-} == --only ]]; then
+  case ${2:-} in
+    cpu | cuda) steps=$2 ;;
+    *) echo "$0: --only takes cpu or cuda, not '${2:-}'" >&2; exit 2 ;;
+  esac
+  shift 2
+fi
 [[ $# -ge 1 && -d ${1}/include && -d ${1}/lib ]] || {
   echo "usage: $0 TORCH_DIR [BUILD_DIR]  (TORCH_DIR holds the wheel's include/ and lib/)" >&2
   exit 2
@@ -137,75 +147,79 @@ $cxx "${flags[@]}" "$source_dir/tools/tandem_ckpt.cpp" -o "$build_dir/tandem-ckp
 $cxx "${flags[@]}" -c "$source_dir/tests/support/doctest_main.cpp" -o "$build_dir/doctest_main.o" ||
   record FAIL "compile tests/support/doctest_main.cpp"
 
-# torch_bridge: as tests/unit/torch/CMakeLists.txt builds it (with the io component).
-test_flags=(-I"$source_dir/tests" -DTANDEM_TEST_IO=1
-  "-DTANDEM_REFERENCE_DIR=\"$source_dir/tests/reference\"")
-bridge_ok=1
-compile ddp_test tests/unit/torch/ddp_test.cpp "${test_flags[@]}" || bridge_ok=0
-compile sync_batch_norm_test tests/unit/torch/sync_batch_norm_test.cpp "${test_flags[@]}" ||
-  bridge_ok=0
-((bridge_ok)) && link torch_bridge "$build_dir/doctest_main.o" "$build_dir/ddp_test.o" \
-  "$build_dir/sync_batch_norm_test.o" "${torch_libs[@]}" || bridge_ok=0
+if [[ $steps == *cpu* ]]; then
+  # torch_bridge: as tests/unit/torch/CMakeLists.txt builds it (with the io component).
+  test_flags=(-I"$source_dir/tests" -DTANDEM_TEST_IO=1
+    "-DTANDEM_REFERENCE_DIR=\"$source_dir/tests/reference\"")
+  bridge_ok=1
+  compile ddp_test tests/unit/torch/ddp_test.cpp "${test_flags[@]}" || bridge_ok=0
+  compile sync_batch_norm_test tests/unit/torch/sync_batch_norm_test.cpp "${test_flags[@]}" ||
+    bridge_ok=0
+  ((bridge_ok)) && link torch_bridge "$build_dir/doctest_main.o" "$build_dir/ddp_test.o" \
+    "$build_dir/sync_batch_norm_test.o" "${torch_libs[@]}" || bridge_ok=0
 
-# torch_processes: with whichever of Gloo and MPI is here.
-processes_flags=(-I"$source_dir/tests")
-((${#gloo[@]})) && processes_flags+=(-DTANDEM_TEST_GLOO=1)
-((${#mpi_link[@]})) && processes_flags+=(-DTANDEM_TEST_MPI=1 "${mpi_compile[@]}")
-processes_ok=0
-if ((${#gloo[@]} + ${#mpi_link[@]})); then
-  compile processes_test tests/unit/torch/processes_test.cpp "${processes_flags[@]}" &&
-    link torch_processes "$build_dir/doctest_main.o" "$build_dir/processes_test.o" "${gloo[@]}" \
-      "${mpi_link[@]}" "${torch_libs[@]}" && processes_ok=1
-else
-  record SKIP "tests/unit/torch/processes_test.cpp (neither Gloo nor MPI here)"
-fi
+  # torch_processes: with whichever of Gloo and MPI is here.
+  processes_flags=(-I"$source_dir/tests")
+  ((${#gloo[@]})) && processes_flags+=(-DTANDEM_TEST_GLOO=1)
+  ((${#mpi_link[@]})) && processes_flags+=(-DTANDEM_TEST_MPI=1 "${mpi_compile[@]}")
+  processes_ok=0
+  if ((${#gloo[@]} + ${#mpi_link[@]})); then
+    compile processes_test tests/unit/torch/processes_test.cpp "${processes_flags[@]}" &&
+      link torch_processes "$build_dir/doctest_main.o" "$build_dir/processes_test.o" "${gloo[@]}" \
+        "${mpi_link[@]}" "${torch_libs[@]}" && processes_ok=1
+  else
+    record SKIP "tests/unit/torch/processes_test.cpp (neither Gloo nor MPI here)"
+  fi
 
-# examples/torch_resnet: needs zlib (the data component); Gloo for its crash-and-resume test.
-example_flags=(-I"$source_dir/examples")
-((${#gloo[@]})) && example_flags+=(-DTANDEM_EXAMPLE_WITH_GLOO=1)
-((${#mpi_link[@]})) && example_flags+=(-DTANDEM_EXAMPLE_WITH_MPI=1 "${mpi_compile[@]}")
-example_ok=0
-if ((${#zlib[@]})); then
-  compile torch_resnet examples/torch_resnet/torch_resnet.cpp "${example_flags[@]}" &&
-    link torch_resnet "$build_dir/torch_resnet.o" "${gloo[@]}" "${mpi_link[@]}" "${zlib[@]}" \
-      "${torch_libs[@]}" && example_ok=1
-else
-  record SKIP "examples/torch_resnet (no zlib)"
-fi
+  # examples/torch_resnet: needs zlib (the data component); Gloo for its crash-and-resume test.
+  example_flags=(-I"$source_dir/examples")
+  ((${#gloo[@]})) && example_flags+=(-DTANDEM_EXAMPLE_WITH_GLOO=1)
+  ((${#mpi_link[@]})) && example_flags+=(-DTANDEM_EXAMPLE_WITH_MPI=1 "${mpi_compile[@]}")
+  example_ok=0
+  if ((${#zlib[@]})); then
+    compile torch_resnet examples/torch_resnet/torch_resnet.cpp "${example_flags[@]}" &&
+      link torch_resnet "$build_dir/torch_resnet.o" "${gloo[@]}" "${mpi_link[@]}" "${zlib[@]}" \
+        "${torch_libs[@]}" && example_ok=1
+  else
+    record SKIP "examples/torch_resnet (no zlib)"
+  fi
 
-# Running needs every library libtorch_cpu asks for (a CUDA wheel's asks for libcudart and
-# libcupti even on a CPU-only path).
-echo "-- ldd libtorch_cpu.so (libraries outside the system's):"
-ldd "$torch_dir/lib/libtorch_cpu.so" | grep -vE '=> /(usr/)?lib(64)?/|linux-vdso|ld-linux'
-missing=$(ldd "$torch_dir/lib/libtorch_cpu.so" | awk '/not found/{print $1}' | tr '\n' ' ')
-if [[ -n $missing ]]; then
-  record SKIP "running: libtorch_cpu.so needs libraries not found here: $missing"
-  bridge_ok=0 processes_ok=0 example_ok=0
-fi
+  # Running needs every library libtorch_cpu asks for (a CUDA wheel's asks for libcudart and
+  # libcupti even on a CPU-only path).
+  echo "-- ldd libtorch_cpu.so (libraries outside the system's):"
+  ldd "$torch_dir/lib/libtorch_cpu.so" | grep -vE '=> /(usr/)?lib(64)?/|linux-vdso|ld-linux'
+  missing=$(ldd "$torch_dir/lib/libtorch_cpu.so" | awk '/not found/{print $1}' | tr '\n' ' ')
+  if [[ -n $missing ]]; then
+    record SKIP "running: libtorch_cpu.so needs libraries not found here: $missing"
+    bridge_ok=0 processes_ok=0 example_ok=0
+  fi
 
-export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-lo}
-if ((bridge_ok)); then
-  run "torch_bridge (LocalComm threads)" "$build_dir/torch_bridge"
-  run "torch_state_dict_python (PyTorch loads the checkpoint)" \
-    "$source_dir/tests/unit/torch/load_state_dict_test.sh" "$build_dir/torch_bridge"
-fi
-if ((processes_ok)); then
-  ((${#gloo[@]})) && run "torch_processes_gloo_np4" timeout 180 "$build_dir/tandemrun" \
-    --standalone --nproc-per-node 4 "$build_dir/torch_processes"
-  ((${#mpi_link[@]})) && run "torch_processes_mpi_np4" env OMPI_ALLOW_RUN_AS_ROOT=1 \
-    OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 180 mpiexec -n 4 --oversubscribe --bind-to none \
-    --timeout 150 "$build_dir/torch_processes"
-fi
-if ((example_ok)) && ((${#gloo[@]})); then
-  run "example_torch_resnet_gloo_crash_resume" timeout 600 \
-    "$source_dir/examples/torch_resnet/crash_resume_test.sh" "$build_dir/tandemrun" \
-    "$build_dir/torch_resnet" "$build_dir/tandem-ckpt"
+  export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-lo}
+  if ((bridge_ok)); then
+    run "torch_bridge (LocalComm threads)" "$build_dir/torch_bridge"
+    run "torch_state_dict_python (PyTorch loads the checkpoint)" \
+      "$source_dir/tests/unit/torch/load_state_dict_test.sh" "$build_dir/torch_bridge"
+  fi
+  if ((processes_ok)); then
+    ((${#gloo[@]})) && run "torch_processes_gloo_np4" timeout 180 "$build_dir/tandemrun" \
+      --standalone --nproc-per-node 4 "$build_dir/torch_processes"
+    ((${#mpi_link[@]})) && run "torch_processes_mpi_np4" env OMPI_ALLOW_RUN_AS_ROOT=1 \
+      OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 180 mpiexec -n 4 --oversubscribe --bind-to none \
+      --timeout 150 "$build_dir/torch_processes"
+  fi
+  if ((example_ok)) && ((${#gloo[@]})); then
+    run "example_torch_resnet_gloo_crash_resume" timeout 600 \
+      "$source_dir/examples/torch_resnet/crash_resume_test.sh" "$build_dir/tandemrun" \
+      "$build_dir/torch_resnet" "$build_dir/tandem-ckpt"
+  fi
 fi
 
 # The CUDA path: the bridge over NcclComm (device arena, libtorch's stream) and the CUDA example.
 nvcc=${NVCC:-/usr/local/cuda/bin/nvcc}
 cuda_home=$(cd "$(dirname "$nvcc")/.." 2>/dev/null && pwd)
-if [[ ! -e $torch_dir/lib/libc10_cuda.so ]]; then
+if [[ $steps != *cuda* ]]; then
+  :
+elif [[ ! -e $torch_dir/lib/libc10_cuda.so ]]; then
   record SKIP "CUDA steps: this libtorch has no CUDA (no libc10_cuda.so)"
 elif [[ ! -x $nvcc ]]; then
   record SKIP "CUDA steps: no nvcc at $nvcc (set NVCC)"

@@ -15,6 +15,11 @@
 # Dependencies outside the system's paths: CMAKE_PREFIX_PATH and NCCL_ROOT (as set by
 # ../shared/gpu/fetch-deps.sh's env.sh). Exit status: 0 when every step passed, 1 otherwise (the
 # record is written either way), 77 without a GPU, 2 for a bad argument.
+# --deadline S: a step not begun S seconds after the start is skipped and named in the record
+# (device time is short: the record must come back even when not everything fits). The build
+# goes in two stages: first what the `cuda` tests, the benchmarks and the libtorch bridge need,
+# the rest (the simulator's tests) only before the step that runs them. --out-dir DIR: the
+# record and a tarball of the logs are copied there at the end.
 set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -23,6 +28,8 @@ jobs=$(nproc)
 asan=1
 memcheck=1
 bench=1
+deadline=0
+out_dir=""
 while (($#)); do
   case $1 in
     --build) build=$2; shift 2 ;;
@@ -30,7 +37,9 @@ while (($#)); do
     --no-asan) asan=0; shift ;;
     --no-memcheck) memcheck=0; shift ;;
     --no-bench) bench=0; shift ;;
-    -h | --help) sed -n '2,12p' "$0"; exit 0 ;;
+    --deadline) deadline=$2; shift 2 ;;
+    --out-dir) out_dir=$2; shift 2 ;;
+    -h | --help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "gpu-check: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -65,14 +74,33 @@ logs=$build/gpu-check-logs
 mkdir -p "$logs"
 start_seconds=$SECONDS
 failures=()
+skipped=()
 note() { echo "gpu-check: $*"; }
+# may_start STEP: false (and STEP named in the record) once the deadline has passed.
+may_start() {
+  if ((deadline > 0 && SECONDS - start_seconds >= deadline)); then
+    skipped+=("$1")
+    note "skipped (the ${deadline} s deadline passed): $1"
+    return 1
+  fi
+}
+# step_limit: seconds a step may run: until two minutes past the deadline (at least 30), so that
+# the record is still written before the caller's own limit; an hour without a deadline.
+step_limit() {
+  if ((deadline > 0)); then
+    local left=$((start_seconds + deadline + 120 - SECONDS))
+    echo $((left > 30 ? left : 30))
+  else
+    echo 3600
+  fi
+}
 
 # --- configure and build -------------------------------------------------------------------------
 # Gloo and MPI are optional: configure with both, then without MPI, without Gloo, without both.
 arch=()
 cmake_version=$(cmake --version | head -n 1 | awk '{print $3}')
 if printf '%s\n3.24\n' "$cmake_version" | sort -V -C 2>/dev/null; then :; else
-  arch=(-DCMAKE_CUDA_ARCHITECTURES=native)  # this GPU only: half the nvcc time
+  arch=("-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-native}")  # this GPU only: half the nvcc time
 fi
 configured=""
 for backends in "ON ON" "ON OFF" "OFF ON" "OFF OFF"; do
@@ -95,9 +123,33 @@ if ! grep -q "tandem: nccl ON" "$logs/configure.log"; then
   note "FAILED: NCCL was not found (set NCCL_ROOT or CMAKE_PREFIX_PATH); see $logs/configure.log"
   exit 1
 fi
-note "building with $jobs jobs"
+# --- the libtorch bridge against the installed PyTorch's libtorch, beside the build -------------
+# Its CUDA steps alone (the CPU ones run on any machine): two nvcc translation units, one job,
+# while the build below takes the other cores.
+torch_result="not run: python3 has no PyTorch"
+torch_pid=""
+torch_dir=$(python3 -c 'import torch, os; print(os.path.dirname(torch.__file__))' 2>/dev/null)
+if [[ -n $torch_dir && -d $torch_dir/include ]]; then
+  note "the libtorch bridge's CUDA steps (scripts/check-libtorch2.sh --only cuda $torch_dir)"
+  NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)} \
+    "$root/scripts/check-libtorch2.sh" --only cuda "$torch_dir" "$build-libtorch" \
+    >"$logs/libtorch.log" 2>&1 &
+  torch_pid=$!
+fi
+
+# First what the `cuda` tests, the benchmarks and the GPU example need; the rest (the simulator's
+# tests) later, before they run.
+first_targets=()
+while read -r test_name; do
+  [[ $test_name == compile_fail_* ]] && continue  # a target that must not compile
+  ninja -C "$build" -t query "$test_name" >/dev/null 2>&1 && first_targets+=("$test_name")
+done < <(cd "$build" && ctest -L '^cuda$' -N | sed -n 's/^ *Test *#[0-9]*: *//p')
+for target in tandemrun bench_nccl bench_step bench_step_cuda fashion_mnist_cuda; do
+  ninja -C "$build" -t query "$target" >/dev/null 2>&1 && first_targets+=("$target")
+done
+note "building ${#first_targets[@]} targets with $jobs jobs: ${first_targets[*]}"
 build_start=$SECONDS
-if ! cmake --build "$build" -j "$jobs" >"$logs/build.log" 2>&1; then
+if ! cmake --build "$build" -j "$jobs" --target "${first_targets[@]}" >"$logs/build.log" 2>&1; then
   failures+=("build (see $logs/build.log)")
   tail -n 40 "$logs/build.log"
 fi
@@ -113,13 +165,37 @@ cuda_summary=$(grep -E "tests passed|tests failed" "$logs/ctest-cuda.log" | tail
 # nccl_comm's two-GPU case on a one-GPU machine.
 skipped_cases=$(grep -hE "^\[doctest\] test cases:.*[1-9][0-9]* skipped" "$logs/ctest-cuda.log" | wc -l)
 
-# --- the same tests on the simulated CUDA runtime and NCCL (label cuda-sim; a minute or two) ------
-sim_summary="not built (no CUDA or NCCL headers found for the simulator; see configure.log)"
-if grep -q "tandem: cuda-sim ON" "$logs/configure.log"; then
-  note "ctest -L cuda-sim"
-  (cd "$build" && ctest -L '^cuda-sim$' -j "$jobs" --output-on-failure --timeout 900) \
-    >"$logs/ctest-cuda-sim.log" 2>&1 || failures+=("ctest -L cuda-sim")
-  sim_summary=$(grep -E "tests passed|tests failed" "$logs/ctest-cuda-sim.log" | tail -n 1)
+# --- the libtorch bridge's result (started beside the build) --------------------------------------
+if [[ -n $torch_pid ]]; then
+  wait "$torch_pid"
+  status=$?
+  torch_result=$(sed -n '/^libtorch .*_GLIBCXX_USE_CXX11_ABI=[01]:$/,$p' "$logs/libtorch.log")
+  [[ $status -eq 0 ]] || failures+=("the libtorch bridge (see gpu-check-logs/libtorch.log)")
+fi
+
+# --- benchmarks ----------------------------------------------------------------------------------
+nccl_table=""
+step_output=""
+fashion_output=""
+if [[ $bench -eq 1 ]]; then
+  note "bench/nccl"
+  if ! may_start "bench/nccl"; then
+    nccl_table="not run (deadline)"
+  elif timeout "$(step_limit)" "$root/bench/nccl/run_nccl.sh" "$build" --out "$logs/nccl.md" >"$logs/bench-nccl.log" 2>&1; then
+    nccl_table=$(grep -E '^\|' "$logs/nccl.md" || true)
+  else
+    failures+=("bench/nccl")
+    nccl_table="bench/nccl failed: see gpu-check-logs/bench-nccl.log"
+  fi
+  note "bench/step (host and GPU, with the PyTorch peers)"
+  if ! may_start "bench/step"; then
+    step_output="not run (deadline)"
+  elif timeout "$(step_limit)" "$root/bench/step/run_step.sh" "$build" "$build" >"$logs/bench-step.log" 2>&1; then
+    step_output=$(grep -vE '^RESULT' "$logs/bench-step.log")
+  else
+    failures+=("bench/step (a benchmark failed or found its work skipped)")
+    step_output="bench/step failed: $(tail -n 5 "$logs/bench-step.log")"
+  fi
 fi
 
 # --- compute-sanitizer memcheck over the device tests -------------------------------------------
@@ -143,17 +219,20 @@ if [[ $memcheck -eq 1 ]]; then
           ;;
         *) exe=$(find "$build/tests" -type f -name "$test" -perm -u+x | head -n 1) ;;
       esac
-      [[ -n "$exe" ]] || { memcheck_rows+=("| $test | not built | - |"); continue; }
+      [[ -n "$exe" ]] || { memcheck_rows+=("| $test | not built | - | - |"); continue; }
+      may_start "memcheck $test" || { memcheck_rows+=("| $test | not run (deadline) | - | - |"); continue; }
       note "memcheck $test"
       t0=$SECONDS
-      timeout 240 "$sanitizer" --tool memcheck --report-api-errors no --error-exitcode 99 \
+      limit=$(step_limit)
+      ((limit < 240)) || limit=240
+      timeout "$limit" "$sanitizer" --tool memcheck --report-api-errors no --error-exitcode 99 \
         "$exe" "${args[@]}" >"$logs/memcheck-$test.log" 2>&1
       status=$?
       errors=$(sed -n 's/.*ERROR SUMMARY: \([0-9]*\) error.*/\1/p' "$logs/memcheck-$test.log" | tail -n 1)
       case $status in
         0) result="passed" ;;
         77) result="skipped (exit 77)" ;;
-        124) result="timed out (240 s)"; failures+=("memcheck $test: timed out") ;;
+        124) result="timed out ($limit s)"; failures+=("memcheck $test: timed out") ;;
         99) result="**memory errors**"; failures+=("memcheck $test: memory errors") ;;
         *) result="**failed (exit $status)**"; failures+=("memcheck $test: exit $status") ;;
       esac
@@ -164,9 +243,38 @@ if [[ $memcheck -eq 1 ]]; then
   fi
 fi
 
+# --- the GPU example beside PyTorch (the longest benchmark: last) -----------------------------
+if [[ $bench -eq 1 ]]; then
+  note "bench/fashion_mnist on the GPU (fashion_mnist_cuda beside PyTorch)"
+  status=0
+  may_start "bench/fashion_mnist" &&
+    timeout "$(step_limit)" "$root/bench/fashion_mnist/run_fashion_mnist_gpu.sh" "$build" --out "$logs/fashion-mnist-gpu.md" \
+    >"$logs/bench-fashion-mnist-gpu.log" 2>&1
+  status=$?
+  if ((${#skipped[@]})) && [[ ${skipped[-1]} == bench/fashion_mnist ]]; then
+    fashion_output="not run (deadline)"
+  elif [[ $status -eq 0 ]]; then
+    fashion_output=$(grep -vE '^# ' "$logs/fashion-mnist-gpu.md")
+  else
+    failures+=("bench/fashion_mnist GPU (exit $status: a run failed or did not train)")
+    fashion_output="bench/fashion_mnist failed (exit $status): $(tail -n 8 "$logs/bench-fashion-mnist-gpu.log")"
+  fi
+fi
+
+# --- the same tests on the simulated CUDA runtime and NCCL (label cuda-sim; a minute or two) ------
+sim_summary="not built (no CUDA or NCCL headers found for the simulator, or the deadline passed; see configure.log)"
+if grep -q "tandem: cuda-sim ON" "$logs/configure.log" && may_start "the rest of the build and ctest -L cuda-sim"; then
+  note "building the rest (the simulator's tests)"
+  cmake --build "$build" -j "$jobs" >>"$logs/build.log" 2>&1 || failures+=("build of the rest (see $logs/build.log)")
+  note "ctest -L cuda-sim"
+  (cd "$build" && timeout "$(step_limit)" ctest -L '^cuda-sim$' -j "$jobs" --output-on-failure --timeout 900) \
+    >"$logs/ctest-cuda-sim.log" 2>&1 || failures+=("ctest -L cuda-sim")
+  sim_summary=$(grep -E "tests passed|tests failed" "$logs/ctest-cuda-sim.log" | tail -n 1)
+fi
+
 # --- NcclComm with the host code under AddressSanitizer ------------------------------------------
-asan_result="not run (--no-asan)"
-if [[ $asan -eq 1 ]]; then
+asan_result="not run (--no-asan, or the deadline passed)"
+if [[ $asan -eq 1 ]] && may_start "nccl_comm under AddressSanitizer"; then
   note "nccl_comm with AddressSanitizer"
   if cmake -S "$root" -B "$build-asan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DTANDEM_BUILD_TESTS=ON -DTANDEM_WITH_CUDA=ON -DTANDEM_WITH_GLOO=OFF -DTANDEM_WITH_MPI=OFF \
@@ -177,7 +285,7 @@ if [[ $asan -eq 1 ]]; then
     cmake --build "$build-asan" -j "$jobs" --target nccl_comm >"$logs/asan-build.log" 2>&1; then
     exe=$(find "$build-asan/tests" -type f -name nccl_comm -perm -u+x | head -n 1)
     # CUDA maps memory where ASan's shadow gap would be; leaks in the driver are not ours.
-    ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=0 timeout 420 "$exe" >"$logs/asan-nccl_comm.log" 2>&1
+    ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=0 timeout "$(step_limit)" "$exe" >"$logs/asan-nccl_comm.log" 2>&1
     status=$?
     case $status in
       0) asan_result="passed" ;;
@@ -187,49 +295,6 @@ if [[ $asan -eq 1 ]]; then
   else
     asan_result="**could not build** (see gpu-check-logs/asan-*.log)"
     failures+=("ASan build of nccl_comm")
-  fi
-fi
-
-# --- the libtorch bridge against the installed PyTorch's libtorch ----------------------------------
-torch_result="not run: python3 has no PyTorch"
-torch_dir=$(python3 -c 'import torch, os; print(os.path.dirname(torch.__file__))' 2>/dev/null)
-if [[ -n $torch_dir && -d $torch_dir/include ]]; then
-  note "the libtorch bridge (scripts/check-libtorch2.sh $torch_dir)"
-  NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)} \
-    "$root/scripts/check-libtorch2.sh" "$torch_dir" "$build-libtorch" >"$logs/libtorch.log" 2>&1
-  status=$?
-  torch_result=$(sed -n '/^libtorch .*_GLIBCXX_USE_CXX11_ABI=[01]:$/,$p' "$logs/libtorch.log")
-  [[ $status -eq 0 ]] || failures+=("the libtorch bridge (see gpu-check-logs/libtorch.log)")
-fi
-
-# --- benchmarks ----------------------------------------------------------------------------------
-nccl_table=""
-step_output=""
-fashion_output=""
-if [[ $bench -eq 1 ]]; then
-  note "bench/nccl"
-  if "$root/bench/nccl/run_nccl.sh" "$build" --out "$logs/nccl.md" >"$logs/bench-nccl.log" 2>&1; then
-    nccl_table=$(grep -E '^\|' "$logs/nccl.md" || true)
-  else
-    failures+=("bench/nccl")
-    nccl_table="bench/nccl failed: see gpu-check-logs/bench-nccl.log"
-  fi
-  note "bench/step (host and GPU, with the PyTorch peers)"
-  if "$root/bench/step/run_step.sh" "$build" "$build" >"$logs/bench-step.log" 2>&1; then
-    step_output=$(grep -vE '^RESULT' "$logs/bench-step.log")
-  else
-    failures+=("bench/step (a benchmark failed or found its work skipped)")
-    step_output="bench/step failed: $(tail -n 5 "$logs/bench-step.log")"
-  fi
-  note "bench/fashion_mnist on the GPU (fashion_mnist_cuda beside PyTorch)"
-  "$root/bench/fashion_mnist/run_fashion_mnist_gpu.sh" "$build" --out "$logs/fashion-mnist-gpu.md" \
-    >"$logs/bench-fashion-mnist-gpu.log" 2>&1
-  status=$?
-  if [[ $status -eq 0 ]]; then
-    fashion_output=$(grep -vE '^# ' "$logs/fashion-mnist-gpu.md")
-  else
-    failures+=("bench/fashion_mnist GPU (exit $status: a run failed or did not train)")
-    fashion_output="bench/fashion_mnist failed (exit $status): $(tail -n 8 "$logs/bench-fashion-mnist-gpu.log")"
   fi
 fi
 
@@ -304,14 +369,26 @@ torch_version=$(python3 -c "import torch; print(torch.__version__, 'CUDA', torch
   fi
   echo "## Result"
   echo
+  if ((${#skipped[@]})); then
+    echo "Not run: the ${deadline} s deadline had passed before these steps:"
+    printf -- '- %s\n' "${skipped[@]}"
+    echo
+  fi
   if ((${#failures[@]} == 0)); then
-    echo "Every step passed."
+    echo "Every step that ran passed."
   else
     echo "Failed:"
     printf -- '- %s\n' "${failures[@]}"
   fi
 } >"$record"
 note "record: $record ($((SECONDS - start_seconds)) s)"
+if [[ -n $out_dir ]]; then
+  mkdir -p "$out_dir"
+  cp "$record" "$out_dir/"
+  mkdir -p "$logs/libtorch"
+  cp "$build-libtorch"/*.log "$logs/libtorch/" 2>/dev/null
+  tar -czf "$out_dir/gpu-check-logs.tar.gz" -C "$build" gpu-check-logs
+fi
 if ((${#failures[@]} != 0)); then
   note "FAILED: ${failures[*]}"
   exit 1
