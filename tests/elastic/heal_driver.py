@@ -151,13 +151,19 @@ def check_trial(args, trial, directory, reference):
         missing = [n for n in want if n not in names]
         if bad or missing or not text:
             failures.append(f"checkpoints: damaged {bad}, missing {missing} (found: {names})")
+        # Where the kill landed (not asserted: a machine's timing decides): a temporary file left
+        # behind is a save the kill interrupted.
+        landed = "inside the write" if any(n.startswith("TEMP:") for n in names) else \
+            "outside the write"
+    else:
+        landed = None
     sanitizer = re.search(r"(ERROR: \w+Sanitizer[^\n]*|WARNING: ThreadSanitizer[^\n]*|"
                           r"runtime error:[^\n]*)", err)
     if sanitizer:
         failures.append(f"a sanitizer reported: {sanitizer.group(1)}")
     if failures:
         failures.append("stderr ends: " + err[-3000:])
-    info = {"took": took,
+    info = {"took": took, "landed": landed,
             "heal_s": max((v["heal_us"] for v in done.values()), default=0) / 1e6,
             "join_s": max((v["join_us"] for v in done.values()), default=0) / 1e6}
     return failures, info
@@ -210,7 +216,8 @@ def main():
         status = "FAIL" if failures else "PASS"
         print(f"[{status}] {args.backend} trial {i}: {args.world} ranks, victim rank "
               f"{trial['victim']} killed at step {trial['step']}" +
-              (f", {trial['delay_us']} us into its save" if args.save else "") +
+              (f", {trial['delay_us']} us into its save (landed {info['landed']})"
+               if args.save else "") +
               f" (longest heal {info['heal_s']:.3f} s, longest join {info['join_s']:.3f} s, "
               f"run {info['took']:.2f} s)" + (f" [{directory}]" if args.keep else ""))
         for failure in failures:

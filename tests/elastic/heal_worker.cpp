@@ -195,7 +195,10 @@ int train(tandem::Elastic<Comm>& elastic, const Settings& settings) {
     std::string found;
     for (const auto& entry : std::filesystem::directory_iterator(checkpoints)) {
       const auto name = entry.path().filename().string();
-      if (!name.ends_with(".safetensors")) continue;
+      if (!name.ends_with(".safetensors")) {  // a save a kill interrupted left it
+        found += " TEMP:" + name;
+        continue;
+      }
       try {
         const auto file = tandem::SafetensorsFile::open(entry.path());
         file.verify_checksum();

@@ -329,11 +329,16 @@ class Elastic {
     awaiting_state_ = true;
   }
 
-  /// The commit point: an all-reduce every member enters once its gradients are reduced (so it
-  /// is a barrier), carrying rank 0's count of the join requests in the store.
+  /// The commit point: a barrier every member enters once its gradients are reduced; with
+  /// on_join registered, an all-reduce (a barrier too) carrying rank 0's count of the join
+  /// requests in the store.
   std::int64_t commit() {
+    if (!save_) {  // no state to give a replacement: none is admitted, a barrier will do
+      comm_->barrier();
+      return 0;
+    }
     std::int64_t requests = 0;
-    if (comm_->rank() == 0 && save_ && steps_done_ % elastic_.join_check_every == 0) {
+    if (comm_->rank() == 0 && steps_done_ % elastic_.join_check_every == 0) {
       requests = tickets_;
       while (store_.check(std::vector<std::string>{"join/" + std::to_string(requests + 1)})) {
         ++requests;
