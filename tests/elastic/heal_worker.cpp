@@ -11,8 +11,8 @@
 // callback; the replacement: the sampler's position it receives). The victim (--victim, its
 // first process only) kills itself with SIGKILL in generation 0 at step --fault-step: with the
 // step's gradient buckets in flight, or (--save-every) while its checkpoint save is being
-// written: a thread raises SIGKILL after --kill-delay-us microseconds of the save, which writes
-// a 16 MiB ballast tensor so that the kill lands inside the write.
+// written: a thread raises SIGKILL after --kill-permille thousandths of the time its previous
+// save took (the saves write a 16 MiB ballast tensor, so that the write is long enough to be hit).
 //
 // With --save-every N, the step's compute saves the state (save_checkpoint, every rank takes
 // part, rank 0 writes) to DIR/ckpt/step-<S>.safetensors at each step S that N divides: inside the
@@ -79,7 +79,7 @@ struct Settings {
   int fault_step = -1;
   int victim = 1;
   int save_every = 0;
-  int kill_delay_us = 0;
+  int kill_permille = 0;
 };
 
 void publish(const Settings& settings, const std::string& name, const std::string& text) {
@@ -152,6 +152,7 @@ int train(tandem::Elastic<Comm>& elastic, const Settings& settings) {
   std::vector<int> used(samples, 0);  // by every member, in the applied steps
   const std::filesystem::path checkpoints = std::filesystem::path(settings.dir) / "ckpt";
   if (settings.save_every > 0) std::filesystem::create_directories(checkpoints);
+  std::chrono::microseconds last_save{0};
   while (taken < sampler.size()) {
     const std::int64_t step = elastic.steps_done();
     std::size_t count = 0;
@@ -159,9 +160,14 @@ int train(tandem::Elastic<Comm>& elastic, const Settings& settings) {
         [&](Comm& comm) {
           const bool fault = victim && elastic.generation() == 0 && step == settings.fault_step;
           if (settings.save_every > 0 && step % settings.save_every == 0) {
-            if (fault) kill_after(std::chrono::microseconds(settings.kill_delay_us));
+            // The kill lands at a drawn fraction of the time this rank's last save took: late
+            // fractions fall in the file's write (after the gather and the serialization).
+            if (fault) kill_after(last_save * settings.kill_permille / 1000);
+            const auto started = std::chrono::steady_clock::now();
             tandem::save_checkpoint(
                 comm, checkpoints / ("step-" + std::to_string(step) + ".safetensors"), saved);
+            last_save = std::chrono::duration_cast<std::chrono::microseconds>(
+                std::chrono::steady_clock::now() - started);
           }
           ddp->before_forward();
           params.zero_grad();
@@ -268,7 +274,7 @@ int usage() {
   std::fprintf(stderr,
                "usage: heal_worker --backend shm|gloo --dir DIR [--ranks N] [--steps S]\n"
                "  [--timeout-ms T] [--window-ms W] [--await-ms A] [--fault-step S --victim V]\n"
-               "  [--save-every N --kill-delay-us U]\n");
+               "  [--save-every N --kill-permille P]\n");
   return 2;
 }
 
@@ -286,7 +292,7 @@ int main(int argc, char** argv) {
                                                  {"--fault-step", &settings.fault_step},
                                                  {"--victim", &settings.victim},
                                                  {"--save-every", &settings.save_every},
-                                                 {"--kill-delay-us", &settings.kill_delay_us}};
+                                                 {"--kill-permille", &settings.kill_permille}};
   const bool read =
       fault::read_flags(argc, argv, [&](std::string_view flag, const std::string& value) {
         if (const auto word = words.find(flag); word != words.end()) {
