@@ -44,6 +44,7 @@
 #include <thread>
 #include <vector>
 
+#include "elastic/training.hpp"
 #include "fault/handoff.hpp"
 #include "fault/worker.hpp"
 #include "support/mlp.hpp"
@@ -84,17 +85,6 @@ struct Settings {
 
 void publish(const Settings& settings, const std::string& name, const std::string& text) {
   fault::publish("heal_worker", settings.dir, name, text);
-}
-
-tandem::test::Batch batch_of(const std::vector<std::int64_t>& indices) {
-  tandem::test::Batch batch;
-  batch.count = indices.size();
-  for (const auto index : indices) {
-    const auto one = tandem::test::make_batch(3, 0, static_cast<std::size_t>(index), 1, 8, 4);
-    batch.x.insert(batch.x.end(), one.x.begin(), one.x.end());
-    batch.y.insert(batch.y.end(), one.y.begin(), one.y.end());
-  }
-  return batch;
 }
 
 /// Kills this process with SIGKILL after `delay` from now, from another thread (the caller goes
@@ -174,7 +164,8 @@ int train(tandem::Elastic<Comm>& elastic, const Settings& settings) {
           count = std::min(local_batch, sampler.size() - taken);
           std::vector<std::int64_t> mine;
           for (std::size_t k = taken; k < taken + count; ++k) mine.push_back(sampler[k]);
-          (void)model.forward_backward(batch_of(mine), 1.0 / static_cast<double>(count),
+          (void)model.forward_backward(tandem::test::elastic::batch_of(mine),
+                                       1.0 / static_cast<double>(count),
                                        [&](auto& param) { ddp->grad_ready(param); });
           if (fault && settings.save_every == 0) ::kill(::getpid(), SIGKILL);  // buckets in flight
           ddp->finish_gradient_sync();
@@ -293,18 +284,7 @@ int main(int argc, char** argv) {
                                                  {"--victim", &settings.victim},
                                                  {"--save-every", &settings.save_every},
                                                  {"--kill-permille", &settings.kill_permille}};
-  const bool read =
-      fault::read_flags(argc, argv, [&](std::string_view flag, const std::string& value) {
-        if (const auto word = words.find(flag); word != words.end()) {
-          *word->second = value;
-          return true;
-        }
-        const auto number = numbers.find(flag);
-        const auto parsed = tandem::parse_int(value);
-        if (number == numbers.end() || !parsed || *parsed < -1 || *parsed > 10000000) return false;
-        *number->second = static_cast<int>(*parsed);
-        return true;
-      });
+  const bool read = tandem::test::elastic::read_settings(argc, argv, words, numbers);
   if (!read) return usage();
 #if TANDEM_ELASTIC_WITH_GLOO
   if (settings.backend == "gloo") return run_process<tandem::GlooComm>(settings);

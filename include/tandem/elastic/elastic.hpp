@@ -4,17 +4,19 @@
 // (membership.hpp), rebuild their communicator (and, through the user's callbacks, DDP and the
 // sampler) and take the step again: a step is applied once on every rank or on none.
 //   tandem::Elastic<tandem::ShmComm> elastic("file:///tmp/job.store", options);
+//   if (elastic.finished()) return 0;  // a replacement that came after the run ended
 //   std::optional<tandem::DistributedDataParallel<tandem::ShmComm>> ddp;
-//   ddp.emplace(elastic.comm(), model.params());
-//   elastic.on_heal([&] { ddp.reset(); },                                    // before the old
-//   group goes
+//   elastic.on_heal([&] { ddp.reset(); },  // before the old group goes
 //                   [&](tandem::ShmComm& comm) { ddp.emplace(comm, model.params()); });
+//   elastic.on_join([&] { return state.to_bytes(); },  // io/ TrainingState: a replacement's
+//                   [&](auto bytes) { state.from_bytes(bytes, elastic.comm().rank()); });
+//   ddp.emplace(elastic.comm(), model.params());  // collective: after on_join
 //   while (elastic.steps_done() < steps)
 //     elastic.step([&](tandem::ShmComm&) { /* forward, backward, ddp->finish_gradient_sync() */ },
-//                  [&] { optimizer.step(); });                            // local only
-// A process that tandemrun restarts for a lost rank (TANDEM_ELASTIC_JOIN=1) joins the running
-// group at its next step boundary and receives the state from a live member over the
-// communicator: register it with on_join(save, load) before building anything collective.
+//                  [&] { optimizer.step(); });  // local only
+// A process that tandemrun --elastic --max-restarts starts for a lost rank
+// (TANDEM_ELASTIC_JOIN=1) joins the running group at a step boundary and receives the state on_join
+// names from a live member over the communicator.
 // Needs: a ProcessGroupBackend (ShmComm, GlooComm, HierarchicalComm, LocalComm) and a store that
 // outlives any one rank (file://, or torchrun's agent store; env:// keeps the store in rank 0,
 // whose loss then cannot be healed). docs/elastic.md: what is exact, which backends, how long.
@@ -132,8 +134,9 @@ class Elastic {
     if (!comm_) throw Error(member_, "Elastic::comm", "the group is being re-formed");
     return *comm_;
   }
-  /// True on a replacement that came when the group had already finished its run: it has
-  /// nothing to do and should exit 0. Check it right after construction.
+  /// True on a replacement that came when the group had already finished its run (a member
+  /// said so in the store, or the store holds no group: a file:// store is reset once no process
+  /// has it open): it has nothing to do and should exit 0. Check it right after construction.
   [[nodiscard]] bool finished() const noexcept { return finished_; }
   /// True on a replacement (a process that joined a running group) until on_join received its
   /// state, and false on a member that formed the group or was admitted and loaded.
@@ -288,6 +291,12 @@ class Elastic {
   /// A replacement's side: asks to join (a ticket in the store), waits to be admitted, and forms
   /// the new group's communicator with the members; on_join then receives the state.
   void join(const elastic::MemberRecord& self) {
+    // No record of the member it replaces: the store is not the running group's (a FileStore
+    // starts empty when no process holds it: every member has already ended).
+    if (!store_.check(std::vector<std::string>{"member/" + std::to_string(member_)})) {
+      finished_ = true;
+      return;
+    }
     const std::int64_t ticket = store_.add("joins", 1);
     const std::string key = "join/" + std::to_string(ticket);
     store_.set(key, elastic::JoinRequest{member_, self}.text());
