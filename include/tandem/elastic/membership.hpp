@@ -1,7 +1,8 @@
 // tandem/elastic/membership.hpp - how the survivors of a lost rank agree on the group that goes on:
 // a membership round in the job's store, one per generation, closed within a bounded time; and
 // the decision every survivor takes from it (who is in, the new dense ranks, which step the
-// group redoes and which survivors first apply the step that was committed before the loss).
+// group redoes and which survivors first apply the step that was committed before the loss);
+// and what a replacement and the group tell each other in the store (JoinRequest, Admission).
 //   tandem::elastic::MembershipRound round(store, self_record, {.window = 10s});
 //   auto agreed = round.run(/*generation=*/1, previous_members, {steps_done, reduced});
 //   auto plan = tandem::elastic::plan_heal(agreed.records);   // pure: unit-tested alone
