@@ -67,5 +67,18 @@ expect "no replacement once a worker has finished" 0 \
      kill -KILL \$\$
    fi; exit 0" --max-restarts 1
 
+# torchrun's elastic --nnodes MIN:MAX: with --elastic tandemrun runs MIN nodes (here one: every
+# worker sees WORLD_SIZE=3) and says so; without --elastic it stays refused.
+expect "--nnodes 1:2 with --elastic runs one node" 0 \
+  "tandemrun: --nnodes 1:2: running 1 node(s)" \
+  '[ "$WORLD_SIZE" = 3 ] && [ "$GROUP_WORLD_SIZE" = 1 ] || exit 4; exit 0' --nnodes 1:2
+err=$(timeout 120 "$tandemrun" --standalone --nnodes 1:2 --nproc-per-node 1 /bin/true 2>&1)
+if [[ $? -ne 2 ]] || ! grep -qF "'1:2' is an elastic size" <<<"$err"; then
+  echo "FAILED: --nnodes 1:2 without --elastic is refused: $err"
+  failed=1
+else
+  echo "passed: --nnodes 1:2 without --elastic is refused"
+fi
+
 if [[ $failed -ne 0 ]]; then exit 1; fi
 echo "PASSED: tandemrun --elastic"

@@ -306,6 +306,12 @@ inline int run(const LaunchPlan& plan, const RunOptions& options = {}) {
     detail::write_all(options.console_err, "tandemrun: " + text + "\n");
   };
   if (plan.set_omp_num_threads) detail::write_all(options.console_err, omp_note);
+  if (plan.max_nnodes > plan.nnodes) {
+    say("--nnodes " + std::to_string(plan.nnodes) + ":" + std::to_string(plan.max_nnodes) +
+        ": running " + std::to_string(plan.nnodes) +
+        " node(s); nodes beyond them cannot join a running tandemrun job (--elastic replaces "
+        "lost workers, not nodes)");
+  }
   std::string log_dir = plan.log_dir;
   if (plan.writes_logs() && log_dir.empty()) {
     const char* tmp = std::getenv("TMPDIR");

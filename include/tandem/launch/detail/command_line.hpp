@@ -80,8 +80,8 @@ inline void add_topology_options(CLI::App& app, LaunchOptions& o) {
       ->type_name("N|cpu|gpu|auto")
       ->capture_default_str();
   app.add_option("--nnodes", o.nnodes,
-                 "Number of nodes: N, or N:N (elastic MIN:MAX is not "
-                 "supported)")
+                 "Number of nodes: N, or N:N; MIN:MAX with --elastic runs MIN nodes (more "
+                 "cannot join a running job)")
       ->type_name("N")
       ->capture_default_str();
   app.add_option("--node-rank,--node_rank", o.node_rank, "This node's index, 0 .. nnodes-1")
