@@ -54,6 +54,8 @@ def run_job(args, directory, trial):
         wargs += ["--fault-step", str(trial["step"]), "--victim", str(trial["victim"])]
         if args.exact:
             wargs += ["--await-ms", "60000"]
+        else:  # the survivors wait for the replacement's ticket two steps after the loss
+            wargs += ["--join-at", str(trial["step"] + 2)]
     if args.save:
         wargs += ["--save-every", str(SAVE_EVERY)]
         if trial is not None:

@@ -14,6 +14,10 @@
 // written: a thread raises SIGKILL after --kill-permille thousandths of the time its previous
 // save took (the saves write a 16 MiB ballast tensor, so that the write is long enough to be hit).
 //
+// With --join-at S, the survivors of the loss wait at step S until the replacement has asked to
+// join (its ticket in the store), so that it joins before they finish (else it would find the
+// run over, which Elastic allows: finished()).
+//
 // With --save-every N, the step's compute saves the state (save_checkpoint, every rank takes
 // part, rank 0 writes) to DIR/ckpt/step-<S>.safetensors at each step S that N divides: inside the
 // step, so a save that a loss interrupts is taken again by the healed group.
@@ -58,6 +62,7 @@
 #include "tandem/io/training_state.hpp"
 #include "tandem/optim/ema.hpp"
 #include "tandem/optim/sgd.hpp"
+#include "tandem/rendezvous/file_store.hpp"
 #if TANDEM_ELASTIC_WITH_GLOO
 #include "tandem/comm/gloo/gloo.hpp"
 #endif
@@ -81,6 +86,7 @@ struct Settings {
   int victim = 1;
   int save_every = 0;
   int kill_permille = 0;
+  int join_at = -1;  // members wait at this step, after a heal, until the replacement asked
 };
 
 void publish(const Settings& settings, const std::string& name, const std::string& text) {
@@ -149,6 +155,14 @@ int train(tandem::Elastic<Comm>& elastic, const Settings& settings) {
     elastic.step(
         [&](Comm& comm) {
           const bool fault = victim && elastic.generation() == 0 && step == settings.fault_step;
+          if (step == settings.join_at && elastic.heals() > 0 && elastic.joins() == 0) {
+            // The survivors must not finish before the replacement asks (on a loaded machine its
+            // start-up can outlast the rest of this short run): wait for its ticket in the store
+            // (white-box: Elastic's prefix ends in "/").
+            tandem::FileStore store(settings.dir + "/store");
+            const std::vector<std::string> asked{"tandem/elastic//join/1"};
+            while (!store.check(asked)) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+          }
           if (settings.save_every > 0 && step % settings.save_every == 0) {
             // The kill lands at a drawn fraction of the time this rank's last save took: late
             // fractions fall in the file's write (after the gather and the serialization).
@@ -265,7 +279,7 @@ int usage() {
   std::fprintf(stderr,
                "usage: heal_worker --backend shm|gloo --dir DIR [--ranks N] [--steps S]\n"
                "  [--timeout-ms T] [--window-ms W] [--await-ms A] [--fault-step S --victim V]\n"
-               "  [--save-every N --kill-permille P]\n");
+               "  [--save-every N --kill-permille P] [--join-at S]\n");
   return 2;
 }
 
@@ -283,7 +297,8 @@ int main(int argc, char** argv) {
                                                  {"--fault-step", &settings.fault_step},
                                                  {"--victim", &settings.victim},
                                                  {"--save-every", &settings.save_every},
-                                                 {"--kill-permille", &settings.kill_permille}};
+                                                 {"--kill-permille", &settings.kill_permille},
+                                                 {"--join-at", &settings.join_at}};
   const bool read = tandem::test::elastic::read_settings(argc, argv, words, numbers);
   if (!read) return usage();
 #if TANDEM_ELASTIC_WITH_GLOO
