@@ -2,7 +2,8 @@
 // every survivor takes from a round's arrivals (who is in, which step is redone, who first
 // applies the committed one), the World of a member of the new group, and the membership round
 // over a HashStore with members as threads: it closes without a member known lost, without one
-// that cannot be told after the window, and leaves a latecomer out with an Error.
+// that cannot be told after the window, and leaves a latecomer out with an Error; and the texts a
+// replacement and the group exchange in the store (JoinRequest, Admission).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -139,4 +140,37 @@ TEST_CASE(
   });
   CHECK(late.find("re-formed as generation 1 without this rank") != std::string::npos);
   CHECK(late.find("rank 2") != std::string::npos);
+}
+
+TEST_CASE("JoinRequest and Admission: text round trips; what is not one is refused") {
+  el::MemberRecord record;
+  record.host = "node7";
+  record.pid_space = "pid:[4026531836]";
+  record.pid = 4242;
+  record.tid = 4243;
+  record.node_rank = 1;
+  const auto request = el::JoinRequest::parse(el::JoinRequest{2, record}.text());
+  REQUIRE(request);
+  CHECK(request->member == 2);
+  CHECK(request->record.text() == record.text());
+  CHECK_FALSE(el::JoinRequest::parse("2"));
+  CHECK_FALSE(el::JoinRequest::parse("x node7 ns 1 2 0"));
+  CHECK_FALSE(el::JoinRequest::parse("-1 node7 ns 1 2 0"));
+  CHECK_FALSE(el::JoinRequest::parse("2 node7 ns"));
+
+  const el::Admission admitted{3, 41, 0, 2, {0, 1, 2}, {}};
+  const auto back = el::Admission::parse(admitted.text());
+  REQUIRE(back);
+  CHECK(back->generation == 3);
+  CHECK(back->steps_done == 41);
+  CHECK(back->sender == 0);
+  CHECK(back->tickets == 2);
+  CHECK(back->members == std::vector<int>{0, 1, 2});
+  CHECK(back->refused.empty());
+  const auto refused = el::Admission::parse(el::Admission{0, 0, 0, 0, {}, "rank 1 is live"}.text());
+  REQUIRE(refused);
+  CHECK(refused->refused == "rank 1 is live");
+  CHECK_FALSE(el::Admission::parse("3 41 0 2"));      // no members
+  CHECK_FALSE(el::Admission::parse("3 41 0 2 2 0"));  // members out of order
+  CHECK_FALSE(el::Admission::parse("three"));
 }

@@ -41,6 +41,7 @@
 #include <thread>
 #include <vector>
 
+#include "elastic/training.hpp"
 #include "fault/handoff.hpp"
 #include "fault/worker.hpp"
 #include "support/mlp.hpp"
@@ -139,18 +140,6 @@ class FaultPlan {
   LocalStop* stop_;
 };
 
-/// Samples `indices` of the synthetic data set (each sample a function of its index alone).
-tandem::test::Batch batch_of(const std::vector<std::int64_t>& indices) {
-  tandem::test::Batch batch;
-  batch.count = indices.size();
-  for (const auto index : indices) {
-    const auto one = tandem::test::make_batch(3, 0, static_cast<std::size_t>(index), 1, 8, 4);
-    batch.x.insert(batch.x.end(), one.x.begin(), one.x.end());
-    batch.y.insert(batch.y.end(), one.y.begin(), one.y.end());
-  }
-  return batch;
-}
-
 /// One epoch of ranks * steps * 16 samples under Elastic (steps per rank at the full size: more
 /// after a loss, the epoch's rest re-split over the survivors in the rebuild callback); writes
 /// its result file and the samples each applied step used, every member's. Returns whether the
@@ -188,9 +177,9 @@ bool train(tandem::Elastic<Comm>& elastic, const Settings& settings, FaultPlan& 
           count = std::min(local_batch, sampler.size() - taken);
           std::vector<std::int64_t> mine;
           for (std::size_t k = taken; k < taken + count; ++k) mine.push_back(sampler[k]);
-          const double loss =
-              model.forward_backward(batch_of(mine), 1.0 / static_cast<double>(count),
-                                     [&](auto& param) { ddp->grad_ready(param); });
+          const double loss = model.forward_backward(tandem::test::elastic::batch_of(mine),
+                                                     1.0 / static_cast<double>(count),
+                                                     [&](auto& param) { ddp->grad_ready(param); });
           plan.at(generation, step, "grads", "inside");
           ddp->finish_gradient_sync();
           plan.at(generation, step, "grads", "passed");
@@ -324,18 +313,7 @@ int main(int argc, char** argv) {
       {"--ranks", &settings.ranks},           {"--steps", &settings.steps},
       {"--timeout-ms", &settings.timeout_ms}, {"--window-ms", &settings.window_ms},
       {"--fault-step", &settings.fault_step}, {"--victim", &settings.victim}};
-  const bool read =
-      fault::read_flags(argc, argv, [&](std::string_view flag, const std::string& value) {
-        if (const auto word = words.find(flag); word != words.end()) {
-          *word->second = value;
-          return true;
-        }
-        const auto number = numbers.find(flag);
-        const auto parsed = tandem::parse_int(value);
-        if (number == numbers.end() || !parsed || *parsed < -1 || *parsed > 10000000) return false;
-        *number->second = static_cast<int>(*parsed);
-        return true;
-      });
+  const bool read = tandem::test::elastic::read_settings(argc, argv, words, numbers);
   if (!read) return usage();
   if (settings.backend == "local") return run_threads(settings);
 #if TANDEM_ELASTIC_WITH_GLOO

@@ -4,31 +4,43 @@
 // (membership.hpp), rebuild their communicator (and, through the user's callbacks, DDP and the
 // sampler) and take the step again: a step is applied once on every rank or on none.
 //   tandem::Elastic<tandem::ShmComm> elastic("file:///tmp/job.store", options);
+//   if (elastic.finished()) return 0;  // a replacement that came after the run ended
 //   std::optional<tandem::DistributedDataParallel<tandem::ShmComm>> ddp;
-//   ddp.emplace(elastic.comm(), model.params());
-//   elastic.on_heal([&] { ddp.reset(); },                                    // before the old
-//   group goes
+//   elastic.on_heal([&] { ddp.reset(); },  // before the old group goes
 //                   [&](tandem::ShmComm& comm) { ddp.emplace(comm, model.params()); });
+//   elastic.on_join([&] { return state.to_bytes(); },  // io/ TrainingState: a replacement's
+//                   [&](auto bytes) { state.from_bytes(bytes, elastic.comm().rank()); });
+//   ddp.emplace(elastic.comm(), model.params());  // collective: after on_join
 //   while (elastic.steps_done() < steps)
 //     elastic.step([&](tandem::ShmComm&) { /* forward, backward, ddp->finish_gradient_sync() */ },
-//                  [&] { optimizer.step(); });                            // local only
+//                  [&] { optimizer.step(); });  // local only
+// A process that tandemrun --elastic --max-restarts starts for a lost rank
+// (TANDEM_ELASTIC_JOIN=1) joins the running group at a step boundary and receives the state on_join
+// names from a live member over the communicator.
 // Needs: a ProcessGroupBackend (ShmComm, GlooComm, HierarchicalComm, LocalComm) and a store that
 // outlives any one rank (file://, or torchrun's agent store; env:// keeps the store in rank 0,
 // whose loss then cannot be healed). docs/elastic.md: what is exact, which backends, how long.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <exception>
 #include <functional>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "tandem/comm/communicator.hpp"
 #include "tandem/comm/init.hpp"
+#include "tandem/comm/metrics.hpp"
 #include "tandem/core/env.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/core/timeout.hpp"
@@ -52,6 +64,21 @@ struct ElasticOptions {
   int max_heals = 16;
   /// The smallest group that goes on; a heal that leaves fewer members raises.
   int min_world_size = 1;
+  /// This process replaces a lost member: it joins the running group (at its next step
+  /// boundary) instead of forming generation 0 with the others. The constructors that read the
+  /// environment also set it when TANDEM_ELASTIC_JOIN=1 (tandemrun --elastic --max-restarts sets
+  /// it for the workers it restarts).
+  bool replacement = false;
+  /// How long a replacement waits to be admitted before it raises.
+  Timeout join_timeout = std::chrono::minutes(10);
+  /// How long the survivors of a loss wait, in the heal, for replacements of the members they
+  /// lost before going on without them (0: they do not wait; a replacement joins at a later step
+  /// boundary). Waiting keeps the world size, and with it the run bit for bit the undisturbed
+  /// one (docs/elastic.md).
+  Timeout await_replacement = Timeout::zero();
+  /// Rank 0 looks for waiting replacements (one store lookup) at the commit point of every
+  /// this many steps; the group learns it through the commit point's all-reduce.
+  int join_check_every = 1;
 };
 
 /// One rank of an elastic group over backend B. Not copyable or movable: the callbacks given to
@@ -67,7 +94,8 @@ class Elastic {
   /// forms generation 0 with every rank of `world`. Collective.
   Elastic(const World& world, std::string_view url, const options_type& options = {},
           ElasticOptions elastic = {}, const EnvLookup& env = process_env)
-      : Elastic(open(world, url, options, env), options, elastic) {}
+      : Elastic(open(world, url, options, env, replaces(elastic, env)), options,
+                replaces(elastic, env)) {}
 
   /// As above, with the World from the launcher's variables.
   explicit Elastic(std::string_view url = "env://", const options_type& options = {},
@@ -80,19 +108,48 @@ class Elastic {
   /// meet). Collective.
   Elastic(const World& world, AnyStore store, const options_type& options = {},
           ElasticOptions elastic = {})
-      : Elastic(Opened{world, std::move(store)}, options, elastic) {}
+      : Elastic(Opened{world, std::move(store)}, options, replaces(elastic, process_env)) {}
 
   Elastic(const Elastic&) = delete;
   Elastic& operator=(const Elastic&) = delete;
   /// Ends this rank's part of the group. Destroy what holds comm() (DDP) first: declare it after
   /// the Elastic. The release callback is not called here (what it names may be gone already).
-  ~Elastic() = default;
+  /// A member that ends without an exception in flight tells replacements still waiting that
+  /// the job is over (they see finished()).
+  ~Elastic() {
+    if (std::uncaught_exceptions() != 0 || finished_) return;
+    try {
+      store_.set("done", std::to_string(steps_done_));
+    } catch (...) {  // NOLINT(bugprone-empty-catch): a store gone with the job tells them too
+    }
+  }
 
   /// The current generation's communicator (a new object after each heal: take it again, or
   /// rebuild what holds it in the rebuild callback).
   [[nodiscard]] B& comm() {
+    if (finished_) {
+      throw Error(member_, "Elastic::comm",
+                  "this replacement came after the group had finished (see finished())");
+    }
     if (!comm_) throw Error(member_, "Elastic::comm", "the group is being re-formed");
     return *comm_;
+  }
+  /// True on a replacement that came when the group had already finished its run (a member
+  /// said so in the store, or the store holds no group: a file:// store is reset once no process
+  /// has it open): it has nothing to do and should exit 0. Check it right after construction.
+  [[nodiscard]] bool finished() const noexcept { return finished_; }
+  /// True on a replacement (a process that joined a running group) until on_join received its
+  /// state, and false on a member that formed the group or was admitted and loaded.
+  [[nodiscard]] bool awaiting_state() const noexcept { return awaiting_state_; }
+  /// Whether this process joined a running group as a replacement.
+  [[nodiscard]] bool replacement() const noexcept { return elastic_.replacement; }
+  /// Replacements admitted so far (as seen by this member).
+  [[nodiscard]] int joins() const noexcept { return joins_; }
+  /// How long the last admission of replacements took on this member, from the step boundary
+  /// (or the heal's agreement) to the rebuilt group with the state sent: release, rendezvous,
+  /// the state's transfer, rebuild; on a replacement, from its start to its loaded state.
+  [[nodiscard]] std::chrono::steady_clock::duration last_join_time() const noexcept {
+    return last_join_time_;
   }
   /// 0 for the group as it first formed, +1 per heal.
   [[nodiscard]] int generation() const noexcept { return generation_; }
@@ -122,6 +179,26 @@ class Elastic {
     rebuild_ = std::move(rebuild);
   }
 
+  /// The state a replacement needs: `save()` (called on one member, the sender, when a
+  /// replacement is admitted) returns it as bytes (TrainingState::to_bytes: parameters,
+  /// optimizer, EMA, GradScaler, RNG streams, the sampler's position), `load(bytes)` restores it
+  /// on the replacement (TrainingState::from_bytes). Register it on every member, before the
+  /// first step; without it no replacement is admitted. On a replacement the state is received
+  /// here, from the sender over comm() (a collective with the members' admission), so register
+  /// it after the model, optimizer and sampler exist and before anything collective (DDP's
+  /// constructor): the members rebuild DDP once the state is sent.
+  void on_join(std::function<std::vector<std::byte>()> save,
+               std::function<void(std::span<const std::byte>)> load) {
+    save_ = std::move(save);
+    load_ = std::move(load);
+    if (!awaiting_state_) return;
+    std::vector<std::uint8_t> bytes;
+    broadcast_vector(comm(), bytes, rank_of(sender_));
+    load_(std::as_bytes(std::span<const std::uint8_t>(bytes)));
+    awaiting_state_ = false;
+    last_join_time_ = std::chrono::steady_clock::now() - started_;
+  }
+
   /// Takes one step: compute(comm) runs every collective of the step (forward, backward and
   /// the gradient reduction, metrics), then the group passes the step's commit point (a
   /// barrier), then apply() updates the model: local work only, no collectives, and nothing that
@@ -132,19 +209,35 @@ class Elastic {
   /// applied on every member; steps_done() has grown by one.
   template <class Compute, class Apply>
   void step(Compute&& compute, Apply&& apply) {
+    if (awaiting_state_) {
+      throw Error(member_, "Elastic::step",
+                  "this replacement has not received its state: call on_join(save, load) first");
+    }
     const std::int64_t target = steps_done_ + 1;
+    std::int64_t requests = 0;
     while (steps_done_ < target) {
       reduced_ = false;
       try {
         compute(comm());
         reduced_ = true;
-        comm().barrier();  // the commit point
+        requests = commit();
       } catch (const Error& lost) {
         heal(lost, apply);
         continue;
       }
       apply();
       ++steps_done_;
+      reduced_ = false;
+    }
+    if (requests > tickets_) {
+      try {
+        const auto started = std::chrono::steady_clock::now();
+        release_and_drop();
+        reform(members_, requests, steps_done_);
+        last_join_time_ = std::chrono::steady_clock::now() - started;
+      } catch (const Error& lost) {  // a loss while admitting: heal (no step is in flight)
+        heal(lost, apply);
+      }
     }
   }
 
@@ -154,12 +247,22 @@ class Elastic {
     AnyStore store;
   };
 
+  static ElasticOptions replaces(ElasticOptions elastic, const EnvLookup& env) {
+    if (const auto join = env("TANDEM_ELASTIC_JOIN"); join && *join == "1") {
+      elastic.replacement = true;
+    }
+    return elastic;
+  }
+
   static Opened open(const World& world, std::string_view url, const options_type& options,
-                     const EnvLookup& env) {
+                     const EnvLookup& env, const ElasticOptions& elastic) {
     const InitMethod method = parse_init_method(url, env);
     const World resolved = resolve_world(method, world, env);
     AnyStore store = open_store(method, resolved, options.timeout, env);
-    join_store(store, resolved, options.timeout, method.url, detail::wait_notice_interval(env));
+    // A replacement's rank is held in the store by the member it replaces: it joins later.
+    if (!elastic.replacement) {
+      join_store(store, resolved, options.timeout, method.url, detail::wait_notice_interval(env));
+    }
     return {resolved, std::move(store)};
   }
 
@@ -168,13 +271,184 @@ class Elastic {
         options_(options),
         elastic_(elastic),
         member_(opened.world.rank),
+        world_size_(opened.world.world_size),
         round_(store_, opened.world.rank, elastic::MemberRecord::mine(opened.world),
                elastic::RoundOptions{.window = elastic.window}) {
     opened.world.validate();
+    if (elastic_.join_check_every < 1) {
+      throw Error(member_, "Elastic", "ElasticOptions::join_check_every must be at least 1");
+    }
+    if (elastic_.replacement) {
+      join(elastic::MemberRecord::mine(opened.world));
+      return;
+    }
     round_.announce();
     for (int r = 0; r < opened.world.world_size; ++r) members_.push_back(r);
     AnyStore scoped = generation_store();
     comm_.emplace(B::rendezvous(opened.world, scoped, options_));
+  }
+
+  /// A replacement's side: asks to join (a ticket in the store), waits to be admitted, and forms
+  /// the new group's communicator with the members; on_join then receives the state.
+  void join(const elastic::MemberRecord& self) {
+    // No record of the member it replaces: the store is not the running group's (a FileStore
+    // starts empty when no process holds it: every member has already ended).
+    if (!store_.check(std::vector<std::string>{"member/" + std::to_string(member_)})) {
+      finished_ = true;
+      return;
+    }
+    const std::int64_t ticket = store_.add("joins", 1);
+    const std::string key = "join/" + std::to_string(ticket);
+    store_.set(key, elastic::JoinRequest{member_, self}.text());
+    const Deadline deadline(elastic_.join_timeout);
+    const std::vector<std::string> answered{key + "/admitted"};
+    const std::vector<std::string> done{"done"};
+    while (!store_.check(answered)) {
+      if (store_.check(done)) {
+        finished_ = true;
+        return;
+      }
+      if (deadline.expired()) {
+        throw Error(member_, "elastic join",
+                    "not admitted within " + describe(elastic_.join_timeout) +
+                        " (ElasticOptions::join_timeout): the group never reached a step boundary "
+                        "with on_join registered");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    const auto text = store_.get(answered.front());
+    const auto admission = elastic::Admission::parse(text);
+    if (!admission) {
+      throw Error(member_, "elastic join", "the admission '" + text + "' is unreadable");
+    }
+    if (!admission->refused.empty()) {
+      throw Error(member_, "elastic join",
+                  "the group refused this replacement: " + admission->refused);
+    }
+    generation_ = admission->generation;
+    members_ = admission->members;
+    steps_done_ = admission->steps_done;
+    sender_ = admission->sender;
+    tickets_ = admission->tickets;
+    round_.replace_record(member_, self, false);
+    std::map<int, int> node_of;
+    for (int m : members_) node_of[m] = round_.record_of(m).node_rank;
+    AnyStore scoped = generation_store();
+    comm_.emplace(B::rendezvous(elastic::world_of(members_, node_of, member_), scoped, options_));
+    awaiting_state_ = true;
+  }
+
+  /// The commit point: a barrier every member enters once its gradients are reduced; with
+  /// on_join registered, an all-reduce (a barrier too) carrying rank 0's count of the join
+  /// requests in the store.
+  std::int64_t commit() {
+    if (!save_) {  // no state to give a replacement: none is admitted, a barrier will do
+      comm_->barrier();
+      return 0;
+    }
+    std::int64_t requests = 0;
+    if (comm_->rank() == 0 && steps_done_ % elastic_.join_check_every == 0) {
+      requests = tickets_;
+      while (store_.check(std::vector<std::string>{"join/" + std::to_string(requests + 1)})) {
+        ++requests;
+      }
+    }
+    return reduce_sum(*comm_, requests);
+  }
+
+  /// Drops what holds the communicator, and the communicator (no loss: nothing to abort).
+  void release_and_drop() {
+    if (release_) release_();
+    comm_.reset();
+  }
+
+  /// Forms the next generation of `members` (the group agreed on) and the replacements that
+  /// asked with tickets up to `requests`: the lowest member answers each (admitted, or refused:
+  /// a rank that is a member, or outside the job), the group meets over the backend, the
+  /// lowest member sends the state to the replacements (on_join's save), and rebuild runs.
+  void reform(std::vector<int> members, std::int64_t requests, std::int64_t steps) {
+    const int sender = members.front();
+    const std::vector<int> before = members;
+    std::vector<std::pair<std::int64_t, elastic::JoinRequest>> admitted;
+    std::vector<std::pair<std::int64_t, std::string>> refused;
+    for (std::int64_t t = tickets_ + 1; t <= requests; ++t) {
+      const auto text = store_.get("join/" + std::to_string(t), elastic_.window);
+      const auto request = elastic::JoinRequest::parse(text);
+      std::string why;
+      if (!request) {
+        why = "its request '" + text + "' is unreadable";
+      } else if (request->member >= world_size_) {
+        why = "rank " + std::to_string(request->member) + " is outside the job's " +
+              std::to_string(world_size_) + " ranks";
+      } else if (std::find(members.begin(), members.end(), request->member) != members.end()) {
+        why = "rank " + std::to_string(request->member) + " is a live member";
+      }
+      if (!why.empty()) {
+        refused.emplace_back(t, why);
+        continue;
+      }
+      members.push_back(request->member);
+      admitted.emplace_back(t, *request);
+    }
+    std::sort(members.begin(), members.end());
+    const bool answers = member_ == sender;
+    for (const auto& [ticket, request] : admitted) {
+      round_.replace_record(request.member, request.record, answers);
+    }
+    if (answers) {
+      for (const auto& [ticket, why] : refused) {
+        store_.set("join/" + std::to_string(ticket) + "/admitted",
+                   elastic::Admission{0, 0, 0, 0, {}, why}.text());
+      }
+      for (const auto& [ticket, request] : admitted) {
+        store_.set(
+            "join/" + std::to_string(ticket) + "/admitted",
+            elastic::Admission{generation_ + 1, steps, sender, requests, members, {}}.text());
+      }
+    }
+    tickets_ = requests;
+    joins_ += static_cast<int>(admitted.size());
+    std::map<int, int> node_of;
+    for (int m : members) node_of[m] = round_.record_of(m).node_rank;
+    members_ = std::move(members);
+    ++generation_;
+    AnyStore scoped = generation_store();
+    comm_.emplace(B::rendezvous(elastic::world_of(members_, node_of, member_), scoped, options_));
+    if (!admitted.empty()) {
+      std::vector<std::uint8_t> bytes;
+      if (answers) {
+        const auto state = save_();
+        bytes.resize(state.size());
+        if (!state.empty()) std::memcpy(bytes.data(), state.data(), state.size());
+      }
+      broadcast_vector(*comm_, bytes, rank_of(sender));
+    }
+    if (rebuild_) rebuild_(*comm_);
+  }
+
+  /// How many join requests wait beyond those answered, as the lowest survivor of a heal sees
+  /// them within await_replacement (until `lost` are there), published for the others.
+  std::int64_t awaited_requests(std::size_t lost, bool decides) {
+    const std::string key = "gen" + std::to_string(generation_ + 1) + "/requests";
+    if (!decides) {
+      return std::stoll(store_.get(key, elastic_.await_replacement + elastic_.window));
+    }
+    const Deadline deadline(elastic_.await_replacement);
+    std::int64_t requests = tickets_;
+    for (;;) {
+      while (store_.check(std::vector<std::string>{"join/" + std::to_string(requests + 1)})) {
+        ++requests;
+      }
+      if (static_cast<std::size_t>(requests - tickets_) >= lost || deadline.expired()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    store_.set(key, std::to_string(requests));
+    return requests;
+  }
+
+  /// `member`'s rank in the current group.
+  [[nodiscard]] int rank_of(int member) const {
+    return static_cast<int>(std::find(members_.begin(), members_.end(), member) - members_.begin());
   }
 
   AnyStore generation_store() {
@@ -214,15 +488,15 @@ class Elastic {
         apply();                            // members() is still the group that reduced it
         ++steps_done_;
       }
-      std::map<int, int> node_of;
-      for (int m : plan.members) node_of[m] = round_.record_of(m).node_rank;
-      members_ = plan.members;
-      ++generation_;
+      // Replacements: those waiting now, or (await_replacement) those of the lost members
+      // that come in time; the lowest survivor decides how many and tells the others.
+      std::int64_t requests = tickets_;
+      if (save_ && elastic_.await_replacement > Timeout::zero()) {
+        requests = awaited_requests(members_.size() - plan.members.size(),
+                                    member_ == plan.members.front());
+      }
       try {
-        AnyStore scoped = generation_store();
-        comm_.emplace(
-            B::rendezvous(elastic::world_of(members_, node_of, member_), scoped, options_));
-        if (rebuild_) rebuild_(*comm_);
+        reform(plan.members, requests, plan.steps_done);
         last_heal_time_ = std::chrono::steady_clock::now() - started;
         return;
       } catch (const Error& again) {  // another loss while re-forming: heal again
@@ -274,6 +548,7 @@ class Elastic {
   options_type options_;
   ElasticOptions elastic_;
   int member_;
+  int world_size_;  // the job's ranks when it first formed: a replacement takes one of them
   elastic::MembershipRound<AnyStore> round_;
   std::vector<int> members_;
   int generation_ = 0;
@@ -284,6 +559,15 @@ class Elastic {
   std::optional<B> comm_;
   std::function<void()> release_;
   std::function<void(B&)> rebuild_;
+  std::function<std::vector<std::byte>()> save_;
+  std::function<void(std::span<const std::byte>)> load_;
+  std::int64_t tickets_ = 0;  // join requests answered
+  int joins_ = 0;
+  int sender_ = 0;  // a replacement's sender (first rank)
+  bool awaiting_state_ = false;
+  bool finished_ = false;
+  std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::duration last_join_time_{};
 };
 
 }  // namespace tandem

@@ -1,7 +1,8 @@
 // tandem/elastic/membership.hpp - how the survivors of a lost rank agree on the group that goes on:
 // a membership round in the job's store, one per generation, closed within a bounded time; and
 // the decision every survivor takes from it (who is in, the new dense ranks, which step the
-// group redoes and which survivors first apply the step that was committed before the loss).
+// group redoes and which survivors first apply the step that was committed before the loss);
+// and what a replacement and the group tell each other in the store (JoinRequest, Admission).
 //   tandem::elastic::MembershipRound round(store, self_record, {.window = 10s});
 //   auto agreed = round.run(/*generation=*/1, previous_members, {steps_done, reduced});
 //   auto plan = tandem::elastic::plan_heal(agreed.records);   // pure: unit-tested alone
@@ -187,6 +188,71 @@ inline World world_of(const std::vector<int>& members, const std::map<int, int>&
   return world;
 }
 
+/// What a replacement (a process started for a lost member) writes when it asks to join: the
+/// first rank it takes over and where it runs.
+struct JoinRequest {
+  int member = 0;       ///< the first rank it takes over (its RANK)
+  MemberRecord record;  ///< where it runs (the lost member's record is replaced by this)
+
+  /// "member host pid_space pid tid node_rank", as the store keeps it.
+  [[nodiscard]] std::string text() const { return std::to_string(member) + " " + record.text(); }
+  /// The request text() wrote; nullopt when it is not one.
+  static std::optional<JoinRequest> parse(const std::string& text) {
+    const auto space = text.find(' ');
+    if (space == std::string::npos) return std::nullopt;
+    JoinRequest request;
+    try {
+      request.member = std::stoi(text.substr(0, space));
+    } catch (...) {
+      return std::nullopt;
+    }
+    auto record = MemberRecord::parse(text.substr(space + 1));
+    if (!record || request.member < 0) return std::nullopt;
+    request.record = std::move(*record);
+    return request;
+  }
+};
+
+/// What the group answers a replacement: the generation it joins, the steps every member has
+/// applied, the member that sends it the state, and the members (first ranks, ascending); or why
+/// it was refused.
+struct Admission {
+  int generation = 0;           ///< the generation the replacement is a member of
+  std::int64_t steps_done = 0;  ///< steps applied by the group it joins
+  int sender = 0;               ///< the first rank of the member that sends the state
+  std::int64_t tickets = 0;     ///< join requests the group has answered, this one among them
+  std::vector<int> members;     ///< the new group
+  std::string refused;          ///< not empty: it is not admitted, and why
+
+  /// "generation steps_done sender tickets m0 m1 ..." or "refused WHY".
+  [[nodiscard]] std::string text() const {
+    if (!refused.empty()) return "refused " + refused;
+    std::string out = std::to_string(generation) + " " + std::to_string(steps_done) + " " +
+                      std::to_string(sender) + " " + std::to_string(tickets);
+    for (int m : members) out += " " + std::to_string(m);
+    return out;
+  }
+  /// The admission text() wrote; nullopt when it is not one.
+  static std::optional<Admission> parse(const std::string& text) {
+    Admission admission;
+    if (text.starts_with("refused ")) {
+      admission.refused = text.substr(8);
+      return admission;
+    }
+    std::istringstream in(text);
+    if (!(in >> admission.generation >> admission.steps_done >> admission.sender >>
+          admission.tickets)) {
+      return std::nullopt;
+    }
+    for (int m = 0; in >> m;) admission.members.push_back(m);
+    if (admission.members.empty() ||
+        !std::is_sorted(admission.members.begin(), admission.members.end())) {
+      return std::nullopt;
+    }
+    return admission;
+  }
+};
+
 /// How a round waits.
 struct RoundOptions {
   /// How long a survivor waits, from its own arrival, for members that have neither arrived nor
@@ -215,6 +281,13 @@ class MembershipRound {
 
   /// Writes this member's record (once, when the group first forms).
   void announce() { store_.set("member/" + std::to_string(member_), self_.text()); }
+
+  /// Takes `record` as `member`'s from now on (a replacement's, once it is admitted) and writes
+  /// it into the store for the members that have not looked `member` up yet.
+  void replace_record(int member, const MemberRecord& record, bool write) {
+    if (write) store_.set("member/" + std::to_string(member), record.text());
+    records_[member] = record;
+  }
 
   /// The record `member` announced (looked up once, then kept).
   const MemberRecord& record_of(int member) {

@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
+#include <span>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -440,6 +441,26 @@ class TrainingState {
       if (part.collective || ranks.rank == 0) part.save(out, meta, ranks);
     }
     out.metadata(metadata_key, meta.dump());
+  }
+
+  /// The state as a one-rank job's checkpoint would hold it, in memory: what Elastic::on_join
+  /// sends a replacement (with no disk involved). Not a collective: each random generator is
+  /// this rank's alone, and a sharded optimizer (whose state only a collective gathers) cannot be
+  /// saved so.
+  [[nodiscard]] std::vector<std::byte> to_bytes() const {
+    SafetensorsWriter out;
+    save_to(out, {0, 1, [](const std::string& mine) { return std::vector<std::string>{mine}; }});
+    return out.serialize();
+  }
+
+  /// Restores what to_bytes wrote, checked as a checkpoint file is, on rank `rank`: rank 0 takes
+  /// the random generators' states as they were sent, another rank a stream derived from them
+  /// (rng()'s rule for a rank beyond the saved ones), and the sampler goes on from the sent
+  /// position over its own ranks.
+  void from_bytes(std::span<const std::byte> bytes, int rank) const {
+    const auto file = SafetensorsFile::parse(bytes, "the training state received from a peer");
+    load_from(file, {rank, rank + 1,
+                     [](const std::string& mine) { return std::vector<std::string>{mine}; }});
   }
 
   /// Restores every part from `in`.

@@ -145,22 +145,27 @@ inline std::string error_file_path(const std::string& error_dir, const std::stri
 /// each worker gets TORCHELASTIC_ERROR_FILE=error_file_path(...) and a failed worker's message
 /// (and the time it wrote it) is read from it; the failures come root cause first
 /// (order_failures). With `flight_dir`, the workers write their flight records there
-/// (TANDEM_FLIGHT_RECORDER_DIR), and the launcher reports a job whose ranks wait long.
+/// (TANDEM_FLIGHT_RECORDER_DIR), and the launcher reports a job whose ranks wait long. With
+/// plan.elastic and `restarts_left`, a lost worker is replaced while restarts are left (each
+/// takes one) and no worker has finished: the new process gets TANDEM_ELASTIC_JOIN=1 and joins
+/// the running group (tandem::Elastic).
 inline GroupOutcome run_attempt(const LaunchPlan& plan, int restart_count,
                                 const std::string& log_dir, detail::SignalCatcher* signals,
                                 const RunOptions& options, const std::string& error_dir = {},
-                                const std::string& flight_dir = {}) {
+                                const std::string& flight_dir = {}, int* restarts_left = nullptr) {
   if (!flight_dir.empty()) detail::make_directories(flight_dir);
   std::vector<detail::Worker> workers;
   workers.reserve(static_cast<std::size_t>(plan.nproc_per_node));
-  for (int local_rank = 0; local_rank < plan.nproc_per_node; ++local_rank) {
-    auto& worker = workers.emplace_back();
-    worker.rank = plan.global_rank(local_rank);
-    worker.local_rank = local_rank;
+  // Starts `worker`'s process: the first of its local rank (replacement 0), or a replacement for
+  // one that was lost (--elastic): its logs go into replacement_K beside the first's, and it
+  // learns that it joins a running group (TANDEM_ELASTIC_JOIN=1).
+  const auto start = [&](detail::Worker& worker, int replacement) {
+    const int local_rank = worker.local_rank;
     const std::string prefix = "[rank " + std::to_string(worker.rank) + "] ";
     const Std redirected = plan.redirects.for_rank(local_rank);
     const Std teed = plan.tee.for_rank(local_rank);
-    const std::string dir = attempt_log_dir(log_dir, plan.run_id, restart_count, local_rank);
+    std::string dir = attempt_log_dir(log_dir, plan.run_id, restart_count, local_rank);
+    if (replacement > 0) dir += "/replacement_" + std::to_string(replacement);
     std::array<detail::Pipe, 2> pipes{detail::make_pipe("launch"), detail::make_pipe("launch")};
     for (int s = 0; s < 2; ++s) {
       const bool out = s == 0;
@@ -181,6 +186,7 @@ inline GroupOutcome run_attempt(const LaunchPlan& plan, int restart_count,
     const detail::ChildSetup setup{pipes[0].write.get(), pipes[1].write.get(),
                                    signals != nullptr ? &signals->original_mask() : nullptr};
     auto environment = worker_environment(plan, local_rank, restart_count);
+    if (replacement > 0) environment.emplace_back("TANDEM_ELASTIC_JOIN=1");
     if (const auto error_file = error_file_path(error_dir, plan.run_id, restart_count, local_rank);
         !error_file.empty()) {
       detail::make_directories(std::filesystem::path(error_file).parent_path().string());
@@ -194,10 +200,26 @@ inline GroupOutcome run_attempt(const LaunchPlan& plan, int restart_count,
       environment.push_back(key + flight_dir);
     }
     worker.child = detail::exec_child(plan.command, environment, setup);
+  };
+  for (int local_rank = 0; local_rank < plan.nproc_per_node; ++local_rank) {
+    auto& worker = workers.emplace_back();
+    worker.rank = plan.global_rank(local_rank);
+    worker.local_rank = local_rank;
+    start(worker, 0);
   }
+  std::map<int, int> replacements;  // by local rank
   detail::SuperviseOptions supervise{plan.monitor_interval, plan.grace, signals, std::nullopt};
   supervise.failure_grace = plan.failure_grace;
   supervise.survivors_go_on = plan.elastic;
+  if (plan.elastic && restarts_left != nullptr) {
+    supervise.replace = [&](detail::Worker& worker) {
+      if (*restarts_left <= 0) return false;
+      --*restarts_left;
+      worker.stopped_since.reset();
+      start(worker, ++replacements[worker.local_rank]);
+      return true;
+    };
+  }
   supervise.report_fd = options.console_err;
   supervise.flight_dir = flight_dir.empty() ? plan.flight_dir : flight_dir;
   auto outcome = detail::supervise(workers, supervise);
@@ -276,13 +298,20 @@ class TemporaryDirectory {
 }  // namespace detail
 
 /// Runs the plan to the end, restarting the whole group up to max_restarts times after a
-/// failure. Returns the launcher's exit code: 0 when every worker exited 0; 1 after a failure
-/// with no restarts left (the summary is printed); 128+N after a caught signal N was forwarded.
+/// failure (with --elastic, each lost worker replaced takes one of those restarts too). Returns the
+/// launcher's exit code: 0 when every worker exited 0; 1 after a failure with no restarts left (the
+/// summary is printed); 128+N after a caught signal N was forwarded.
 inline int run(const LaunchPlan& plan, const RunOptions& options = {}) {
   const auto say = [&](const std::string& text) {
     detail::write_all(options.console_err, "tandemrun: " + text + "\n");
   };
   if (plan.set_omp_num_threads) detail::write_all(options.console_err, omp_note);
+  if (plan.max_nnodes > plan.nnodes) {
+    say("--nnodes " + std::to_string(plan.nnodes) + ":" + std::to_string(plan.max_nnodes) +
+        ": running " + std::to_string(plan.nnodes) +
+        " node(s); nodes beyond them cannot join a running tandemrun job (--elastic replaces "
+        "lost workers, not nodes)");
+  }
   std::string log_dir = plan.log_dir;
   if (plan.writes_logs() && log_dir.empty()) {
     const char* tmp = std::getenv("TMPDIR");
@@ -325,12 +354,14 @@ inline int run(const LaunchPlan& plan, const RunOptions& options = {}) {
 
   std::optional<detail::SignalCatcher> signals;
   if (options.forward_signals) signals.emplace();
+  // With --elastic, replacing a lost worker takes a restart as restarting the group does.
+  int restarts_left = plan.max_restarts;
   for (int restart = 0;; ++restart) {
     attempt_started = std::chrono::duration_cast<std::chrono::nanoseconds>(
                           std::chrono::system_clock::now().time_since_epoch())
                           .count();
     auto outcome = run_attempt(plan, restart, log_dir, signals ? &*signals : nullptr, options,
-                               error_dir, flight_dir(restart));
+                               error_dir, flight_dir(restart), &restarts_left);
     using Kind = GroupOutcome::Kind;
     if (outcome.kind == Kind::succeeded) return 0;
     if (outcome.kind == Kind::interrupted) {
@@ -342,11 +373,13 @@ inline int run(const LaunchPlan& plan, const RunOptions& options = {}) {
       }
       return 128 + outcome.signal;
     }
-    if (restart < plan.max_restarts) {
+    if (restarts_left > 0) {
+      --restarts_left;
       const auto& root = outcome.failures.front();
       say("rank " + std::to_string(root.rank) + " failed (" + root.status.describe() +
           (root.message.empty() ? "" : ": " + detail::shown_message(root.message)) +
-          "); restarting the workers (restart " + std::to_string(restart + 1) + " of " +
+          "); restarting the workers (restart " +
+          std::to_string(plan.max_restarts - restarts_left) + " of " +
           std::to_string(plan.max_restarts) + ")");
       continue;
     }

@@ -14,6 +14,8 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "tandem/comm/flight_settings.hpp"
@@ -60,7 +62,7 @@ struct StdStreams {
 /// flag's name). Defaults are torchrun's.
 struct LaunchOptions {
   std::string nproc_per_node = "1";       ///< N, "cpu", "gpu" or "auto"
-  std::string nnodes = "1";               ///< N or MIN:MAX with MIN == MAX
+  std::string nnodes = "1";               ///< N, or MIN:MAX (MIN < MAX only with --elastic)
   std::string node_rank = "0";            ///< 0 .. nnodes-1
   std::string master_addr = "127.0.0.1";  ///< the address of node 0, where rank 0's store listens
   std::string master_port = "29500";      ///< the port of that store
@@ -84,8 +86,10 @@ struct LaunchOptions {
 
 /// What this node's launcher will do, every value checked.
 struct LaunchPlan {
-  int nproc_per_node = 1;                 ///< worker processes on this node
-  int nnodes = 1;                         ///< nodes in the job
+  int nproc_per_node = 1;  ///< worker processes on this node
+  int nnodes = 1;          ///< nodes in the job
+  /// --nnodes MIN:MAX with --elastic: MAX (nnodes is MIN, the nodes tandemrun runs); else nnodes.
+  int max_nnodes = 1;
   int node_rank = 0;                      ///< this node's index
   std::string master_addr = "127.0.0.1";  ///< the address of node 0, where the store listens
   int master_port = 29500;                ///< the port of that store
@@ -196,17 +200,24 @@ inline int parse_nproc(std::string_view text, const HostFacts& host) {
   return std::max(count, 1);
 }
 
-inline int parse_nnodes(std::string_view text) {
+/// --nnodes N or MIN:MAX as (MIN, MAX). MIN < MAX is torchrun's elastic size: accepted with
+/// --elastic (tandemrun then runs MIN nodes, which the rank count is made of; the nodes torchrun
+/// would admit up to MAX cannot join a running tandemrun job), refused without it.
+inline std::pair<int, int> parse_nnodes(std::string_view text, bool elastic) {
   constexpr std::string_view flag = "--nnodes";
   const auto colon = text.find(':');
-  if (colon == std::string_view::npos) return parse_flag_int(flag, text, 1, 1 << 20);
+  if (colon == std::string_view::npos) {
+    const int n = parse_flag_int(flag, text, 1, 1 << 20);
+    return {n, n};
+  }
   const int low = parse_flag_int(flag, text.substr(0, colon), 1, 1 << 20);
   const int high = parse_flag_int(flag, text.substr(colon + 1), 1, 1 << 20);
-  if (low != high) {
+  if (low != high && !elastic) {
     bad_flag(flag, "'" + std::string(text) +
                        "' is an elastic size; tandemrun supports fixed sizes only (N or N:N)");
   }
-  return low;
+  if (low > high) bad_flag(flag, "'" + std::string(text) + "': MIN is above MAX");
+  return {low, high};
 }
 
 inline std::chrono::milliseconds parse_seconds(std::string_view flag, std::string_view text) {
@@ -291,7 +302,7 @@ inline StdStreams parse_std_streams(std::string_view flag, std::string_view text
 /// says what is wrong.
 inline LaunchPlan resolve(const LaunchOptions& options, const HostFacts& host = {}) {
   LaunchPlan plan;
-  plan.nnodes = detail::parse_nnodes(options.nnodes);
+  std::tie(plan.nnodes, plan.max_nnodes) = detail::parse_nnodes(options.nnodes, options.elastic);
   plan.node_rank = detail::parse_flag_int("--node-rank", options.node_rank, 0, plan.nnodes - 1);
   plan.master_addr = options.master_addr;
   if (plan.master_addr.empty()) detail::bad_flag("--master-addr", "must not be empty");

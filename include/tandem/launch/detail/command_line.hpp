@@ -41,7 +41,9 @@ LOG_DIR/RUN_ID/attempt_K/LOCAL_RANK/{stdout,stderr}.log (--tee: to both).
 A failing worker stops the others (after 2 s in which they may fail on their own: SIGTERM,
 SIGKILL 5 s later) and the launcher exits 1 after a summary, unless restarts are left. With
 --elastic, a worker ended by a signal (or stopped when all others have finished) is reported as
-lost and the others go on (tandem::Elastic, docs/elastic.md). Each
+lost and the others go on (tandem::Elastic, docs/elastic.md); while --max-restarts are left and
+no worker has finished, a lost worker is restarted alone, with TANDEM_ELASTIC_JOIN=1, and joins
+the running group (each replacement takes one restart). Each
 worker gets its own TORCHELASTIC_ERROR_FILE (unless the launcher's environment sets one); the
 message a worker writes there (tandem::run_main, torch's @record) is the summary's error, and
 the summary names first the worker that failed first on its own, not one that followed it.
@@ -78,8 +80,8 @@ inline void add_topology_options(CLI::App& app, LaunchOptions& o) {
       ->type_name("N|cpu|gpu|auto")
       ->capture_default_str();
   app.add_option("--nnodes", o.nnodes,
-                 "Number of nodes: N, or N:N (elastic MIN:MAX is not "
-                 "supported)")
+                 "Number of nodes: N, or N:N; MIN:MAX with --elastic runs MIN nodes (more "
+                 "cannot join a running job)")
       ->type_name("N")
       ->capture_default_str();
   app.add_option("--node-rank,--node_rank", o.node_rank, "This node's index, 0 .. nnodes-1")
@@ -99,7 +101,8 @@ inline void add_topology_options(CLI::App& app, LaunchOptions& o) {
 /// How the launcher watches the workers and where their output goes.
 inline void add_supervision_options(CLI::App& app, LaunchOptions& o) {
   app.add_option("--max-restarts,--max_restarts", o.max_restarts,
-                 "Restarts of the worker group after a failure")
+                 "Restarts of the worker group after a failure (with --elastic, also "
+                 "replacements of lost workers)")
       ->type_name("N")
       ->capture_default_str();
   app.add_flag("--elastic", o.elastic,

@@ -16,6 +16,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -135,6 +136,10 @@ struct SuperviseOptions {
   /// A worker ended by a signal is lost, not a failure: the others go on; a stopped one is ended
   /// (SIGKILL) once every other worker has finished (--elastic).
   bool survivors_go_on = false;
+  /// --elastic with restarts: called for a lost worker while no worker has finished; starts its
+  /// replacement into the same Worker (a new child and streams) and returns true, or returns
+  /// false when no restart is left. Unset: lost workers are not replaced.
+  std::function<bool(Worker&)> replace{};
   /// Where the launcher says what it sees (workers found stopped, a stalled job); -1: nowhere.
   int report_fd = -1;
   /// The workers' flight record directory, watched for long waits ("": not watched).
@@ -185,10 +190,18 @@ class Supervisor {
       if (!worker.child.status().failed()) {
         finished_ = true;
       } else if (options_.survivors_go_on && worker.child.status().signal != 0 && !kill_at_) {
-        report("rank " + std::to_string(worker.rank) + " was lost (" +
-               worker.child.status().describe() + "); the others go on (--elastic)");
-        lost_.push_back({worker.rank, worker.local_rank, worker.child.status(), worker.child.pid(),
-                         host_, worker.ended_at});
+        const std::string lost = "rank " + std::to_string(worker.rank) + " was lost (" +
+                                 worker.child.status().describe() + ")";
+        WorkerFailure failure{
+            worker.rank, worker.local_rank, worker.child.status(), worker.child.pid(),
+            host_,       worker.ended_at};
+        if (!finished_ && options_.replace && options_.replace(worker)) {
+          report(lost + "; the others go on and a replacement joins them (--elastic)");
+          all_ended = false;
+          continue;
+        }
+        report(lost + "; the others go on (--elastic)");
+        lost_.push_back(std::move(failure));
       } else {
         failed_now.push_back({worker.rank, worker.local_rank, worker.child.status(),
                               worker.child.pid(), host_, worker.ended_at});

@@ -1,0 +1,312 @@
+// heal_worker: one rank of a short data-parallel training under tandem::Elastic in which a rank is
+// lost and tandemrun (--elastic --max-restarts) starts a replacement that joins the running group
+// and receives the state from a live member over the communicator (Elastic::on_join with
+// TrainingState::to_bytes / from_bytes). tests/elastic/heal_driver.py starts it under tandemrun
+// and judges the results.
+//
+// The training: tests/support/mlp.hpp's perceptron, DDP overlapping small bucket all_reduces with
+// the backward, SGD with momentum (optimizer state), an EMA of the weights, a random generator
+// drawn once per step (an RNG stream), over one shuffled epoch that a DistributedSampler splits;
+// the epoch's rest is re-split at each change of membership (members: resplit in the rebuild
+// callback; the replacement: the sampler's position it receives). The victim (--victim, its
+// first process only) kills itself with SIGKILL in generation 0 at step --fault-step: with the
+// step's gradient buckets in flight, or (--save-every) while its checkpoint save is being
+// written: a thread raises SIGKILL after --kill-permille thousandths of the time its previous
+// save took (the saves write a 16 MiB ballast tensor, so that the write is long enough to be hit).
+//
+// With --join-at S, the survivors of the loss wait at step S until the replacement has asked to
+// join (its ticket in the store), so that it joins before they finish (else it would find the
+// run over, which Elastic allows: finished()).
+//
+// With --save-every N, the step's compute saves the state (save_checkpoint, every rank takes
+// part, rank 0 writes) to DIR/ckpt/step-<S>.safetensors at each step S that N divides: inside the
+// step, so a save that a loss interrupts is taken again by the healed group.
+//
+// Every rank that finishes writes DIR/rank<R>.result (R its first rank):
+//   "steps applied generation size heals joins replacement state_hash heal_us join_us"
+// (state_hash: FNV-1a of the parameters, the optimizer state and the EMA as TrainingState
+// serializes them; applied: optimizer steps it took, a replacement counting from its join), and,
+// on a rank that was a member from the start, DIR/rank<R>.samples (how often each sample of the
+// epoch went into an applied step, counted for every member of the group that reduced the step).
+// A replacement that came after the group had finished writes "finished" as its result.
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <random>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "elastic/training.hpp"
+#include "fault/handoff.hpp"
+#include "fault/worker.hpp"
+#include "support/mlp.hpp"
+#include "tandem/core/env.hpp"
+#include "tandem/core/error.hpp"
+#include "tandem/core/hash.hpp"
+#include "tandem/data/sampler.hpp"
+#include "tandem/ddp/ddp.hpp"
+#include "tandem/elastic/elastic.hpp"
+#include "tandem/io/checkpoint.hpp"
+#include "tandem/io/training_state.hpp"
+#include "tandem/optim/ema.hpp"
+#include "tandem/optim/sgd.hpp"
+#include "tandem/rendezvous/file_store.hpp"
+#if TANDEM_ELASTIC_WITH_GLOO
+#include "tandem/comm/gloo/gloo.hpp"
+#endif
+#if TANDEM_ELASTIC_WITH_SHM
+#include "tandem/comm/shm/shm.hpp"
+#endif
+
+namespace {
+
+namespace fault = tandem::test::fault;
+
+struct Settings {
+  std::string backend = "shm";
+  std::string dir = ".";
+  int ranks = 3;
+  int steps = 16;
+  int timeout_ms = 10000;
+  int window_ms = 10000;
+  int await_ms = 0;
+  int fault_step = -1;
+  int victim = 1;
+  int save_every = 0;
+  int kill_permille = 0;
+  int join_at = -1;  // members wait at this step, after a heal, until the replacement asked
+};
+
+void publish(const Settings& settings, const std::string& name, const std::string& text) {
+  fault::publish("heal_worker", settings.dir, name, text);
+}
+
+/// Kills this process with SIGKILL after `delay` from now, from another thread (the caller goes
+/// on into the work the kill should land in).
+void kill_after(std::chrono::microseconds delay) {
+  std::thread([delay] {
+    std::this_thread::sleep_for(delay);
+    ::kill(::getpid(), SIGKILL);
+  }).detach();
+}
+
+template <class Comm>
+int train(tandem::Elastic<Comm>& elastic, const Settings& settings) {
+  using Ddp = tandem::DistributedDataParallel<Comm, tandem::overlap, tandem::bucket_cap<4096>>;
+  constexpr std::size_t local_batch = 16;
+  const auto samples = static_cast<std::size_t>(settings.ranks * settings.steps) * local_batch;
+  const bool victim = elastic.first_rank() == settings.victim && !elastic.replacement();
+
+  // The state a replacement receives, registered once. Model, optimizer, EMA, the RNG, the
+  // sampler and the counters exist before on_join; DDP (collective) after it.
+  tandem::test::Mlp<float> model({8, 48, 48, 4}, /*seed=*/7);
+  auto& params = model.params();
+  tandem::optim::SGD sgd(params, {.lr = 0.05, .momentum = 0.9});
+  tandem::EMA ema(params, {.decay = 0.9});
+  // Drawn once per applied step; a replacement at a rank above 0 gets a stream derived from the
+  // sender's (TrainingState::rng's rule), the others keep theirs.
+  std::mt19937_64 noise(1234);
+  tandem::DistributedSampler sampler(samples, elastic.comm(), {.shuffle = true, .seed = 11});
+  sampler.set_epoch(0);
+  std::size_t taken = 0;  // positions of this rank's list (of the current split) applied
+  std::int64_t applied = 0;
+  tandem::Parameters<float> ballast;  // a 16 MiB tensor in the checkpoints, to kill a save in
+  if (settings.save_every > 0) ballast.add("ballast", {std::size_t{4} << 20});
+  ballast.finalize();
+  tandem::TrainingState state;
+  state.model(params).optimizer(sgd).ema(ema, params).sampler(sampler, taken, 1);
+  state.rng("noise", noise);
+  tandem::TrainingState saved = state;  // a checkpoint's: the state and the ballast
+  saved.model(ballast, "ballast.");
+  tandem::TrainingState compared;  // what every rank must hold alike
+  compared.model(params).optimizer(sgd).ema(ema, params);
+
+  std::optional<Ddp> ddp;
+  elastic.on_heal([&] { ddp.reset(); },
+                  [&](Comm& comm) {
+                    ddp.emplace(comm, params);
+                    sampler.resplit(comm, taken);  // the epoch's rest over the new members
+                    taken = 0;
+                  });
+  elastic.on_join(
+      [&] { return state.to_bytes(); },
+      [&](std::span<const std::byte> bytes) { state.from_bytes(bytes, elastic.comm().rank()); });
+  ddp.emplace(elastic.comm(), params);
+
+  std::vector<int> used(samples, 0);  // by every member, in the applied steps
+  const std::filesystem::path checkpoints = std::filesystem::path(settings.dir) / "ckpt";
+  if (settings.save_every > 0) std::filesystem::create_directories(checkpoints);
+  std::chrono::microseconds last_save{0};
+  while (taken < sampler.size()) {
+    const std::int64_t step = elastic.steps_done();
+    std::size_t count = 0;
+    elastic.step(
+        [&](Comm& comm) {
+          const bool fault = victim && elastic.generation() == 0 && step == settings.fault_step;
+          if (step == settings.join_at && elastic.heals() > 0 && elastic.joins() == 0) {
+            // The survivors must not finish before the replacement asks (on a loaded machine its
+            // start-up can outlast the rest of this short run): wait for its ticket in the store
+            // (white-box: Elastic's prefix ends in "/").
+            tandem::FileStore store(settings.dir + "/store");
+            const std::vector<std::string> asked{"tandem/elastic//join/1"};
+            while (!store.check(asked)) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+          }
+          if (settings.save_every > 0 && step % settings.save_every == 0) {
+            // The kill lands at a drawn fraction of the time this rank's last save took: late
+            // fractions fall in the file's write (after the gather and the serialization).
+            if (fault) kill_after(last_save * settings.kill_permille / 1000);
+            const auto started = std::chrono::steady_clock::now();
+            tandem::save_checkpoint(
+                comm, checkpoints / ("step-" + std::to_string(step) + ".safetensors"), saved);
+            last_save = std::chrono::duration_cast<std::chrono::microseconds>(
+                std::chrono::steady_clock::now() - started);
+          }
+          ddp->before_forward();
+          params.zero_grad();
+          count = std::min(local_batch, sampler.size() - taken);
+          std::vector<std::int64_t> mine;
+          for (std::size_t k = taken; k < taken + count; ++k) mine.push_back(sampler[k]);
+          (void)model.forward_backward(tandem::test::elastic::batch_of(mine),
+                                       1.0 / static_cast<double>(count),
+                                       [&](auto& param) { ddp->grad_ready(param); });
+          if (fault && settings.save_every == 0) ::kill(::getpid(), SIGKILL);  // buckets in flight
+          ddp->finish_gradient_sync();
+        },
+        [&] {
+          sgd.step();
+          ema.update();
+          (void)noise();
+          ++applied;
+          const int members = static_cast<int>(elastic.members().size());
+          for (int m = 0; m < members; ++m) {
+            auto theirs = sampler;
+            theirs.resplit(members, m, 0);  // the same split, seen from member m
+            for (std::size_t k = taken; k < taken + count; ++k) {
+              ++used[static_cast<std::size_t>(theirs[k])];
+            }
+          }
+          taken += count;
+        });
+  }
+  // The checkpoints: every file under its final name must be whole (a save a kill interrupted
+  // leaves at most its temporary file); the new group's rank 0 says which steps it found.
+  if (settings.save_every > 0 && elastic.comm().rank() == 0) {
+    std::string found;
+    for (const auto& entry : std::filesystem::directory_iterator(checkpoints)) {
+      const auto name = entry.path().filename().string();
+      if (!name.ends_with(".safetensors")) {  // a save a kill interrupted left it
+        found += " TEMP:" + name;
+        continue;
+      }
+      try {
+        const auto file = tandem::SafetensorsFile::open(entry.path());
+        file.verify_checksum();
+        (void)file.entry("ballast.ballast");  // the checkpoint holds what was saved
+        found += " " + name;
+      } catch (const std::exception& e) {
+        found += " BAD:" + name;
+        std::fprintf(stderr, "heal_worker: checkpoint %s: %s\n", name.c_str(), e.what());
+      }
+    }
+    publish(settings, "checkpoints", found + "\n");
+  }
+  const auto bytes = compared.to_bytes();
+  // Every tensor but the perceptron's buffers (its running mean and forward count, which each
+  // rank updates in its own forward, and a redone step's forward updates again; DDP broadcasts
+  // rank 0's at the next step), and the optimizer's and EMA's JSON.
+  const auto file = tandem::SafetensorsFile::parse(bytes, "compared");
+  std::uint64_t hash = tandem::fnv1a(file.metadata().at(tandem::TrainingState::metadata_key));
+  for (const auto& entry : file.tensors()) {
+    const bool buffer = entry.name.find("running_mean") != std::string::npos ||
+                        entry.name.find("num_batches_tracked") != std::string::npos;
+    if (!buffer) hash = tandem::fnv1a(file.bytes(entry), hash);
+  }
+  const std::string me = "rank" + std::to_string(elastic.first_rank());
+  if (!elastic.replacement()) {
+    std::string counts;
+    for (int n : used) counts += std::to_string(n) + " ";
+    publish(settings, me + ".samples", counts + "\n");
+  }
+  const auto us = [](auto duration) {
+    return std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(duration).count());
+  };
+  publish(settings, me + ".result",
+          std::to_string(elastic.steps_done()) + " " + std::to_string(applied) + " " +
+              std::to_string(elastic.generation()) + " " +
+              std::to_string(elastic.members().size()) + " " + std::to_string(elastic.heals()) +
+              " " + std::to_string(elastic.joins()) + " " + (elastic.replacement() ? "1" : "0") +
+              " " + std::to_string(hash) + " " + us(elastic.last_heal_time()) + " " +
+              us(elastic.last_join_time()) + "\n");
+  return 0;
+}
+
+template <class Comm>
+int run_process(const Settings& settings) {
+  const char* rank_text = std::getenv("RANK");
+  const auto rank = tandem::parse_int(rank_text ? rank_text : "");
+  const int me = rank ? static_cast<int>(*rank) : -1;
+  try {
+    typename Comm::options_type options;
+    options.timeout = std::chrono::milliseconds(settings.timeout_ms);
+    tandem::Elastic<Comm> elastic(
+        "file://" + settings.dir + "/store", options,
+        {.window = std::chrono::milliseconds(settings.window_ms),
+         .await_replacement = std::chrono::milliseconds(settings.await_ms)});
+    if (elastic.finished()) {
+      publish(settings, "rank" + std::to_string(me) + ".result", "finished\n");
+      return 0;
+    }
+    return train(elastic, settings);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "heal_worker: rank %d caught: %s\n", me, e.what());
+    return 1;
+  }
+}
+
+int usage() {
+  std::fprintf(stderr,
+               "usage: heal_worker --backend shm|gloo --dir DIR [--ranks N] [--steps S]\n"
+               "  [--timeout-ms T] [--window-ms W] [--await-ms A] [--fault-step S --victim V]\n"
+               "  [--save-every N --kill-permille P] [--join-at S]\n");
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Settings settings;
+  const std::map<std::string_view, std::string*> words{{"--backend", &settings.backend},
+                                                       {"--dir", &settings.dir}};
+  const std::map<std::string_view, int*> numbers{{"--ranks", &settings.ranks},
+                                                 {"--steps", &settings.steps},
+                                                 {"--timeout-ms", &settings.timeout_ms},
+                                                 {"--window-ms", &settings.window_ms},
+                                                 {"--await-ms", &settings.await_ms},
+                                                 {"--fault-step", &settings.fault_step},
+                                                 {"--victim", &settings.victim},
+                                                 {"--save-every", &settings.save_every},
+                                                 {"--kill-permille", &settings.kill_permille},
+                                                 {"--join-at", &settings.join_at}};
+  const bool read = tandem::test::elastic::read_settings(argc, argv, words, numbers);
+  if (!read) return usage();
+#if TANDEM_ELASTIC_WITH_GLOO
+  if (settings.backend == "gloo") return run_process<tandem::GlooComm>(settings);
+#endif
+#if TANDEM_ELASTIC_WITH_SHM
+  if (settings.backend == "shm") return run_process<tandem::ShmComm>(settings);
+#endif
+  std::fprintf(stderr, "heal_worker: backend '%s' is not built in\n", settings.backend.c_str());
+  return 77;
+}
