@@ -11,7 +11,8 @@
 # built as a torch C++ extension into --build-dir (bench/run_allreduce.sh builds it once before
 # the ranks start; the ranks then load the built module). `import deepspeed` itself is not used:
 # DeepSpeed asks for torch >= 2.0. Its all_reduce runs only when LOCAL_SIZE = WORLD_SIZE (all
-# ranks on this host); barriers and the maximum over ranks go through gloo.
+# ranks on this host); its barrier is its all_reduce of one element; the maximum over ranks (outside
+# the timed part) goes through gloo.
 #
 # Rank 0 prints, per size (IMPL: torch-gloo or deepspeed-shm):
 #   RESULT <impl> <bytes> <ranks> <median_us> <spread> <fastest_run_us> <slowest_run_us>
@@ -39,13 +40,17 @@ def deepspeed_shm_module(src: str, pybind11_include: str, build_dir: str):
                               verbose=False)
 
 
-def all_reduce_of(args, rank: int, size: int):
-    """The timed all_reduce of --impl, in place."""
+def engine_of(args, rank: int, size: int):
+    """(barrier, in-place all_reduce) of --impl: each implementation's own barrier."""
     if args.impl == "torch-gloo":
-        return dist.all_reduce
+        return dist.barrier, dist.all_reduce
     module = deepspeed_shm_module(args.deepspeed_src, args.pybind11_include, args.build_dir)
     module.initialize(size, rank)  # all ranks local only when LOCAL_SIZE == size
-    return torch.ops.deepspeed.inference_all_reduce_
+    all_reduce = torch.ops.deepspeed.inference_all_reduce_
+    token = torch.zeros(1, dtype=torch.float32)
+    # DeepSpeed's op exports no barrier: an all_reduce of one element is one (every rank waits
+    # for every other's contribution), at its own latency rather than gloo's.
+    return (lambda: all_reduce(token)), all_reduce
 
 
 def main() -> int:
@@ -70,11 +75,11 @@ def main() -> int:
 
     dist.init_process_group(backend="gloo")  # env://: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
     rank, size = dist.get_rank(), dist.get_world_size()
-    all_reduce = all_reduce_of(args, rank, size)
+    barrier, all_reduce = engine_of(args, rank, size)
     for nbytes in (int(s) for s in args.sizes.split(",")):
         count = nbytes // 4
         data = torch.full((count,), float(rank + 1), dtype=torch.float32)
-        dist.barrier()
+        barrier()
         all_reduce(data)
         expected = float(size * (size + 1) // 2)
         if not bool(torch.all(data == expected)):
@@ -84,13 +89,13 @@ def main() -> int:
             return 1
         data.zero_()
         for _ in range(args.warmup):
-            dist.barrier()
+            barrier()
             all_reduce(data)
         run_medians = []
         samples = torch.zeros(args.iters, dtype=torch.float64)
         for _ in range(args.runs):
             for i in range(args.iters):
-                dist.barrier()
+                barrier()
                 start = time.perf_counter_ns()
                 all_reduce(data)
                 samples[i] = (time.perf_counter_ns() - start) / 1e3

@@ -126,7 +126,8 @@ w(f"all_reduce, sum, float32, in place, on one host. {env('BENCH_RUNS')} runs x 
   "Implementations of one engine run interleaved in the same processes (tandem-shm beside "
   "tandem-shm-segment; tandem-mpi beside raw MPI; tandem-gloo beside raw gloo); each peer runs "
   "in its own processes: oneCCL (bench/peers/oneccl_allreduce.cpp), DeepSpeed and torch "
-  "(bench/allreduce_torch.py, barriers and the maximum through gloo).")
+  "(bench/allreduce_torch.py; DeepSpeed's barrier is its own all_reduce of one element, "
+  "torch's is dist.barrier).")
 w("")
 w("busbw = bytes / time x 2(n-1)/n (nccl-tests' PERFORMANCE.md; = bytes / time for n = 2); "
   "GB = 10^9 bytes. **x memcpy** = busbw / the bandwidth of a single-thread memcpy of the same "
