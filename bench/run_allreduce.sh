@@ -9,7 +9,7 @@
 #   (BUILD_DIR defaults to build/release; PARTS is a comma list of local, gloo, mpi, shm, torch,
 #   oneccl, deepspeed, default all; LIST defaults to 2,4; --sizes defaults to 4 KiB, 256 KiB,
 #   4 MiB, 64 MiB, the sizes of memcpy's measurement; DIR, where the peers are installed and
-#   built, defaults to BUILD_DIR/peers). Rank counts above the CPU count run 3 runs x 11
+#   built, defaults to BUILD_DIR/peers). Rank counts above the CPU count run 3 runs x 7
 #   iterations at most (oversubscribed peers take up to 0.5 s per all_reduce here); a part that
 #   passes --part-timeout (default 300 s) is reported as failed.
 # Needs: a build with TANDEM_BUILD_BENCH, TANDEM_BUILD_TOOLS, TANDEM_WITH_GLOO, TANDEM_WITH_MPI
@@ -64,6 +64,7 @@ notes=$tmp/notes.txt
 : >"$notes"
 failed=0
 loads=""
+durations=""
 
 # Whether --only names part $1 (or no --only was given).
 wanted() { [[ -z $only || ",$only," == *",$1,"* ]]; }
@@ -96,8 +97,9 @@ part() {
   shift
   echo "== $name: $*" >&2
   loads+="$name $(cut -d' ' -f1 /proc/loadavg), "
-  local rc=0
+  local rc=0 start=$SECONDS
   timeout "$part_timeout" "$@" >"$tmp/$name.out" 2>&1 || rc=$?
+  durations+="$name $((SECONDS - start)) s, "
   collect "$name" "$tmp/$name.out" "$rc"
 }
 
@@ -110,7 +112,7 @@ by_hand() {
   port=$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   echo "== $name: $n x $* (MASTER_PORT=$port)" >&2
   loads+="$name $(cut -d' ' -f1 /proc/loadavg), "
-  local pids=() rank rc=0 status
+  local pids=() rank rc=0 status start=$SECONDS
   for ((rank = 0; rank < n; rank++)); do
     RANK=$rank WORLD_SIZE=$n LOCAL_RANK=$rank LOCAL_WORLD_SIZE=$n LOCAL_SIZE=$n \
       MASTER_ADDR=127.0.0.1 MASTER_PORT=$port OMP_NUM_THREADS=1 \
@@ -125,6 +127,7 @@ by_hand() {
       cat "$tmp/$name-$rank.out" >>"$tmp/$name-errors.out"
     fi
   done
+  durations+="$name $((SECONDS - start)) s, "
   if ((rc)); then
     collect "$name" "$tmp/$name-errors.out" "$rc"
   else
@@ -253,7 +256,7 @@ for n in ${rank_counts//,/ }; do
   runs=$all_runs iters=$all_iters
   if ((n > nproc)); then
     over=(--oversubscribe)
-    runs=$((all_runs < 3 ? all_runs : 3)) iters=$((all_iters < 11 ? all_iters : 11))
+    runs=$((all_runs < 3 ? all_runs : 3)) iters=$((all_iters < 7 ? all_iters : 7))
     over_counts="$runs runs x $iters iterations"
   fi
   echo "=== $n ranks$( ((n > nproc)) && echo ", oversubscribed on $nproc CPUs")" >&2
@@ -355,6 +358,7 @@ export BENCH_TANDEM=$(sed -n 's/#define TANDEM_VERSION_\(MAJOR\|MINOR\|PATCH\) /
 export BENCH_TANDEM_COMMIT=$tandem_state
 export BENCH_MODES=$modes
 export BENCH_LOADS=${loads%, }
+export BENCH_DURATIONS="${durations%, }; in all $SECONDS s"
 export BENCH_GLOO="libgloo-dev $(version_of libgloo-dev)"
 export BENCH_MPI=$(mpirun --version 2>/dev/null | head -1 || echo unknown)
 export BENCH_TORCH=$("$python" -c 'import sys, torch; print(f"torch {torch.__version__} (python3-torch, Python {sys.version.split()[0]})")' 2>/dev/null || echo unknown)

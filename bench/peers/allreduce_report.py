@@ -106,7 +106,7 @@ w("")
 w(f"- Machine: {env('BENCH_NPROC')} CPUs ({env('BENCH_CPU')}), {env('BENCH_MEMORY')}, "
   f"{env('BENCH_OS')}, {env('BENCH_KERNEL')}. Shared with other work: load average (1, 5, 15 min) "
   f"{env('BENCH_LOAD_BEFORE')} before, {env('BENCH_LOAD_AFTER')} after; 1-minute load as each part "
-  f"started: {env('BENCH_LOADS')}.")
+  f"started: {env('BENCH_LOADS')}. Time per part: {env('BENCH_DURATIONS')}.")
 w(f"- Build: {env('BENCH_BUILD_TYPE')}, {env('BENCH_COMPILER')}; tandem {env('BENCH_TANDEM')} "
   f"(commit {env('BENCH_TANDEM_COMMIT')}). Programs listed by bench_allreduce_rank --modes: "
   f"{env('BENCH_MODES') or 'none'}.")
