@@ -282,15 +282,13 @@ for n in ${rank_counts//,/ }; do
   fi
 
   # tandem-mpi and raw MPI_Allreduce in the same processes (MPI_THREAD_MULTIPLE, as MpiComm asks);
-  # at 2 ranks also raw MPI alone after a plain MPI_Init, for reference.
+  # then raw MPI alone after a plain MPI_Init (a plain MPI program; often faster on a busy host).
   if wanted mpi; then
     if [[ " $modes " == *" mpi "* ]] && command -v mpirun >/dev/null; then
       part "mpi@$n" mpirun -n "$n" "${over[@]}" --bind-to none "$rank_program" --mode mpi \
         --runs "$runs" --iters "$iters" "${sizes_flag[@]}"
-      if ((n == 2)); then
-        part "mpi-single@$n" mpirun -n "$n" --bind-to none "$rank_program" --mode mpi \
-          --mpi-thread single --runs "$runs" --iters "$iters" "${sizes_flag[@]}"
-      fi
+      part "mpi-single@$n" mpirun -n "$n" "${over[@]}" --bind-to none "$rank_program" --mode mpi \
+        --mpi-thread single --runs "$runs" --iters "$iters" "${sizes_flag[@]}"
     else
       note_missing mpi "no $rank_program with MPI, or no mpirun"
     fi
