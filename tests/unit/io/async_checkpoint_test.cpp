@@ -22,6 +22,10 @@
 #include "tandem/io/async_checkpoint.hpp"
 #include "tandem/io/checkpoint.hpp"
 
+// One namespace per file: io_checkpoints builds this room's checkpoint tests as one unity
+// translation unit (CI time), where the files' anonymous namespaces and using-directives meet.
+namespace io_async_checkpoint_test {
+
 namespace {
 
 using tandem::test::misuse::contains;
@@ -164,3 +168,5 @@ TEST_CASE("a background write that fails is reported by the next check, with its
   REQUIRE(kept.size() == 1);  // step 7 never appeared; 8 did
   CHECK(kept[0].first == 8);
 }
+
+}  // namespace io_async_checkpoint_test

@@ -5,6 +5,10 @@
 #include "support/runners.hpp"
 #include "support/temp_dir.hpp"
 
+// One namespace per file: io_checkpoints builds this room's checkpoint tests as one unity
+// translation unit (CI time), where the files' anonymous namespaces and using-directives meet.
+namespace io_checkpoint_gloo_test {
+
 TEST_CASE("a resumed Gloo run ends bit for bit where an uninterrupted one does") {
   for (bool broadcast : {false, true}) {
     CAPTURE(broadcast);
@@ -13,3 +17,5 @@ TEST_CASE("a resumed Gloo run ends bit for bit where an uninterrupted one does")
                                              broadcast) == 2);
   }
 }
+
+}  // namespace io_checkpoint_gloo_test

@@ -33,6 +33,10 @@
 #include "tandem/optim/lr_scheduler.hpp"
 #include "tandem/optim/sgd.hpp"
 
+// One namespace per file: io_checkpoints builds this room's checkpoint tests as one unity
+// translation unit (CI time), where the files' anonymous namespaces and using-directives meet.
+namespace io_checkpoint_misuse_test {
+
 namespace fs = std::filesystem;
 using namespace tandem::test::misuse;
 
@@ -537,3 +541,5 @@ TEST_CASE("training state values out of range are refused, naming the field") {
     CHECK(contains(error, expected));
   }
 }
+
+}  // namespace io_checkpoint_misuse_test

@@ -18,6 +18,10 @@
 #include "tandem/io/checkpoint.hpp"
 #include "tandem/tandem.hpp"
 
+// One namespace per file: io_checkpoints builds this room's checkpoint tests as one unity
+// translation unit (CI time), where the files' anonymous namespaces and using-directives meet.
+namespace io_checkpoint_test {
+
 using tandem::test::resume::Run;
 
 // TrainingState::sampler takes what it saves and checks through a concept (io/ includes no data/
@@ -195,3 +199,5 @@ TEST_CASE("list_checkpoints passes over names whose step is not a number that fi
   REQUIRE(all.size() == 1);
   CHECK(all[0].first == 7);
 }
+
+}  // namespace io_checkpoint_test

@@ -22,6 +22,10 @@
 #include "tandem/comm/local/local.hpp"
 #include "tandem/io/checkpoint.hpp"
 
+// One namespace per file: io_checkpoints builds this room's checkpoint tests as one unity
+// translation unit (CI time), where the files' anonymous namespaces and using-directives meet.
+namespace io_crash_safety_test {
+
 namespace {
 
 // The model a writer saves: 1 Mi floats, every value equal to the step, so that a save takes a
@@ -133,3 +137,5 @@ TEST_CASE("a checkpoint loads into device memory through pinned staging") {
   from_device.add("w", on_device, {3, 2});
   CHECK(tandem::SafetensorsFile::parse(from_device.serialize(), "x").values<float>("w") == weights);
 }
+
+}  // namespace io_crash_safety_test

@@ -37,6 +37,10 @@
 #include "tandem/optim/lr_scheduler.hpp"
 #include "tandem/optim/sgd.hpp"
 
+// One namespace per file: io_checkpoints builds this room's checkpoint tests as one unity
+// translation unit (CI time), where the files' anonymous namespaces and using-directives meet.
+namespace io_resize_test {
+
 namespace {
 
 using namespace tandem::test::resize;
@@ -289,3 +293,5 @@ TEST_CASE("a saved sampler position outside its epoch is refused, naming the fie
       }(),
       doctest::Contains("batch_size = 0"), tandem::Error);
 }
+
+}  // namespace io_resize_test
