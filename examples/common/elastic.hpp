@@ -4,32 +4,26 @@
 // either tandem::Elastic<Comm> or FixedGroup<Comm> (the plain run: every step taken at once,
 // no heal), both offering comm(), generation(), first_rank(), on_heal(release, rebuild) and
 // step(compute, apply) (docs/elastic.md).
-//   auto accuracy = examples::run_elastic_backend(s.backend, store, timeout,
-//                                                 [&](auto& group) { return train(group, s); });
+// Here: FixedGroup, what the loop needs across heals (HealingBatches, HealingProgress,
+// report_heal, crash_if_asked) and the checks of the flags; elastic_run.hpp starts the group.
 //   examples::FixedGroup group(comm);  train(group, s);                 // the plain run
-// Needs: the backends the example is built with (shm, gloo, hierarchical heal; local and mpi do
-// not: see elastic_problem).
+// Needs: common/run.hpp (no tandem::Elastic itself: the CUDA programs include this too).
 #pragma once
 
+#include <signal.h>
+
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <optional>
 #include <string>
 #include <utility>
 
+#include "common/run.hpp"  // the backends' headers, RunSettings
 #include "tandem/core/env.hpp"
-#include "tandem/elastic/elastic.hpp"
 #include "tandem/io/log.hpp"
-#if TANDEM_EXAMPLE_WITH_GLOO
-#include "tandem/comm/gloo/gloo.hpp"
-#endif
-#if TANDEM_EXAMPLE_WITH_SHM
-#include "tandem/comm/shm/shm.hpp"
-#endif
-#if TANDEM_EXAMPLE_WITH_SHM && TANDEM_EXAMPLE_WITH_GLOO
-#include "tandem/comm/hierarchical/hierarchical.hpp"
-#endif
+#include "tandem/io/progress.hpp"
 
 namespace examples {
 
@@ -57,16 +51,94 @@ class FixedGroup {
   Comm* comm_;
 };
 
-/// Rank 0's line after a step during which the group healed ("healed at step S: N ranks go on;
-/// the heal took T ms": bench/elastic reads it); `heals_seen` is the count already reported.
+/// The Loader's position across heals: the training loop takes each step's batch through it,
+/// and a heal's release stops the Loader (its workers read the sampler, which the rebuild
+/// re-splits); the step's next compute then starts it on the new split from the batches done.
+template <class Loader>
+class HealingBatches {
+ public:
+  explicit HealingBatches(Loader& loader) : loader_(&loader) {}
+  /// An epoch's start: the Loader from batch `done`, in the group's `generation`.
+  void start(std::size_t done, int generation) {
+    loader_->resume_at(done);
+    batch_ = loader_->begin();
+    generation_ = generation;
+  }
+  /// A heal's release: the Loader stops.
+  void stop() {
+    loader_->finish_epoch();
+    generation_ = -1;
+  }
+  /// The step's batch; after a heal, from the Loader started again on the new split.
+  const auto& current(std::size_t done, int generation) {
+    if (generation_ != generation) start(done, generation);
+    return *batch_;
+  }
+  /// The step was applied: on to the next batch (not once the Loader stopped: a survivor applies
+  /// a step committed elsewhere during the heal, after the release).
+  void next(int generation) {
+    if (generation_ == generation) ++batch_;
+  }
+
+ private:
+  Loader* loader_;
+  decltype(std::declval<Loader&>().begin()) batch_{};
+  int generation_ = -1;  // the group's generation batch_ was started in; -1: stopped
+};
+
+/// Rank 0's progress bar over an epoch's batches; after a heal, a new one over the new split's.
+class HealingProgress {
+ public:
+  /// The bar of `group`'s current generation over `left` batches (a new one if the group healed
+  /// since the last call), to update after each step.
+  template <class Group>
+  tandem::Progress& of(Group& group, int epoch, std::size_t left) {
+    if (generation_ != group.generation()) {
+      progress_.reset();
+      progress_.emplace(left, tandem::ProgressOptions{.label = "epoch " + std::to_string(epoch),
+                                                      .enabled = group.comm().rank() == 0});
+      generation_ = group.generation();
+    }
+    return *progress_;
+  }
+
+ private:
+  std::optional<tandem::Progress> progress_;
+  int generation_ = -1;
+};
+
+/// --crash-at-step (the tests): rank 1 of the group as it first formed kills itself at `step`,
+/// once: on the launcher's first attempt, before any heal.
 template <class Group>
-void report_heal(Group& group, int& heals_seen, std::int64_t step) {
-  if (group.heals() == heals_seen) return;
-  heals_seen = group.heals();
-  const auto took = std::chrono::duration<double, std::milli>(group.last_heal_time()).count();
-  tandem::log0(group.comm()) << "healed at step " << step << ": " << group.comm().size()
-                             << " ranks go on; the heal took " << took << " ms";
+void crash_if_asked(const RunSettings& settings, std::int64_t step, Group& group) {
+  if (settings.crash_at_step == step && group.first_rank() == 1 && group.generation() == 0 &&
+      first_attempt())
+    ::raise(SIGKILL);
 }
+
+/// Takes the group's steps and says on rank 0 when one healed: "healed during step S (what):
+/// N ranks go on; the heal took T ms, the step X ms" (X: from the step's start to its end on
+/// this rank: the work lost in flight, the detection, the heal and the step taken again;
+/// bench/elastic/run_elastic.sh reads it).
+class HealLog {
+ public:
+  /// group.step(compute, apply), then the line if the group healed during it.
+  template <class Group, class Compute, class Apply>
+  void step(Group& group, std::int64_t step, const char* what, Compute&& compute, Apply&& apply) {
+    const auto start = std::chrono::steady_clock::now();
+    group.step(std::forward<Compute>(compute), std::forward<Apply>(apply));
+    if (group.heals() == seen_) return;
+    seen_ = group.heals();
+    using ms = std::chrono::duration<double, std::milli>;
+    tandem::log0(group.comm()) << "healed during step " << step << " (" << what
+                               << "): " << group.comm().size() << " ranks go on; the heal took "
+                               << ms(group.last_heal_time()).count() << " ms, the step "
+                               << ms(std::chrono::steady_clock::now() - start).count() << " ms";
+  }
+
+ private:
+  int seen_ = 0;
+};
 
 /// Why `backend` (with `zero`, a ZeRO stage, 0 for none) cannot run --elastic, or "".
 inline std::string elastic_problem(const std::string& backend, int zero) {
@@ -98,40 +170,6 @@ inline std::optional<std::string> elastic_store_url(const std::string& given) {
   const char* tmp = std::getenv("TMPDIR");
   return "file://" + std::string(tmp && *tmp == '/' ? tmp : "/tmp") + "/tandem-elastic-" + run_id +
          ".store";
-}
-
-/// train(group) as this process's member of an elastic job over Comm (tandem::Elastic<Comm>
-/// meeting in `store_url`), `timeout` bounding each collective.
-template <class Comm, class Train>
-double run_elastic_rank(const std::string& store_url, std::chrono::seconds timeout, Train& train) {
-  typename Comm::options_type options;
-  options.timeout = timeout;
-  tandem::Elastic<Comm> elastic(store_url, options);
-  return train(elastic);
-}
-
-/// Runs train(group) with a tandem::Elastic group over the backend `backend` names (shm, gloo or
-/// hierarchical: those that heal); nullopt where it is not built in or cannot heal (check
-/// elastic_problem first for the reason).
-template <class Train>
-std::optional<double> run_elastic_backend(const std::string& backend, const std::string& store_url,
-                                          std::chrono::seconds timeout, Train&& train) {
-#if TANDEM_EXAMPLE_WITH_GLOO
-  if (backend == "gloo") return run_elastic_rank<tandem::GlooComm>(store_url, timeout, train);
-#endif
-#if TANDEM_EXAMPLE_WITH_SHM
-  if (backend == "shm") return run_elastic_rank<tandem::ShmComm>(store_url, timeout, train);
-#endif
-#if TANDEM_EXAMPLE_WITH_SHM && TANDEM_EXAMPLE_WITH_GLOO
-  if (backend == "hierarchical") {
-    return run_elastic_rank<tandem::HierarchicalComm<tandem::ShmComm, tandem::GlooComm>>(
-        store_url, timeout, train);
-  }
-#endif
-  (void)store_url;
-  (void)timeout;
-  (void)train;
-  return std::nullopt;
 }
 
 }  // namespace examples

@@ -26,7 +26,6 @@
 //        not end the run; the survivors heal through tandem::Elastic and go on with the epoch's
 //        rest re-split over them; shm, gloo, hierarchical; not with --zero; README.md here)
 #include <cblas.h>
-#include <signal.h>
 
 #include <algorithm>
 #include <chrono>
@@ -45,6 +44,7 @@
 #include <vector>
 
 #include "common/elastic.hpp"
+#include "common/elastic_run.hpp"
 #include "common/run.hpp"
 #include "recipe.hpp"
 #include "tandem/arena/parameters.hpp"
@@ -298,7 +298,6 @@ double train(Group& group, const Settings& settings) {
   examples::resume_from_latest(first, settings.resume, settings.checkpoint_dir, state, loader,
                                batches_done, step);
   tandem::TensorBoardWriter board = examples::rank0_board(first, settings.tensorboard);
-  const bool first_attempt = examples::first_attempt();
   // A heal (--elastic): the Loader stops (its workers read the sampler), DDP and SyncBatchNorm
   // are made over the new group, the epoch's samples not yet trained on are dealt out over it
   // (batches_done full batches of this rank's list were taken; the new list starts at 0), and the
@@ -307,13 +306,12 @@ double train(Group& group, const Settings& settings) {
   std::optional<tandem::AsyncCheckpoints<Comm>> async_saves;
   if (settings.async_save && !settings.checkpoint_dir.empty())
     async_saves.emplace(first, settings.checkpoint_dir);
-  decltype(loader.begin()) batch;  // started at each epoch's start
-  int loader_generation = -1;      // the group's generation `batch` was started in; -1: stopped
+  examples::HealingBatches batches_of(loader);
+  examples::HealLog heal_log;  // rank 0's line after a step during which the group healed
   group.on_heal(
       [&] {
         ddp.reset();
-        loader.finish_epoch();
-        loader_generation = -1;
+        batches_of.stop();
         // Rank 0's write in flight ends first (a failure of it goes to stderr).
         if (async_saves) async_saves.reset();
       },
@@ -330,44 +328,24 @@ double train(Group& group, const Settings& settings) {
   double mean_loss = 0;
   double trained_seconds = 0;  // training only: the evaluations are not counted
   using clock = std::chrono::steady_clock;
-  int heals_seen = 0;
   for (auto epoch = static_cast<int>(sampler.epoch()); epoch < settings.epochs; ++epoch) {
     examples::begin_epoch(sampler, epoch, batches_done);
     const auto epoch_start = clock::now();
-    // Rank 0's bar; after a heal, a new one over the new split's batches (with the step just
-    // taken, which the update after it counts).
-    std::optional<tandem::Progress> progress;
-    int progress_generation = -1;
-    auto show_progress = [&](std::size_t just_taken) {
-      if (progress_generation != group.generation()) {
-        progress.reset();
-        progress.emplace(batches.size() - batches_done + just_taken,
-                         tandem::ProgressOptions{.label = "epoch " + std::to_string(epoch),
-                                                 .enabled = group.comm().rank() == 0});
-        progress_generation = group.generation();
-      }
-    };
-    show_progress(0);
-    loader.resume_at(batches_done);
-    batch = loader.begin();
-    loader_generation = group.generation();
+    examples::HealingProgress progress;
+    (void)progress.of(group, epoch, batches.size() - batches_done);
+    batches_of.start(batches_done, group.generation());
     while (batches_done < batches.size()) {
-      if (settings.crash_at_step == step && group.first_rank() == 1 && group.generation() == 0 &&
-          first_attempt)
-        ::raise(SIGKILL);
-      group.step(
+      examples::crash_if_asked(settings, step, group);
+      heal_log.step(
+          group, step, "training",
           [&](Comm& comm) {
-            if (loader_generation != group.generation()) {  // healed: the new split's batches
-              loader.resume_at(batches_done);
-              batch = loader.begin();
-              loader_generation = group.generation();
-            }
-            auto [images, labels] = batch->views();
+            const auto& batch = batches_of.current(batches_done, group.generation());
+            auto [images, labels] = batch.views();
             ddp->before_forward();
             optimizer.zero_grad();
-            model.forward(images.data(), batch->size());
+            model.forward(images.data(), batch.size());
             const double loss =
-                model.loss_and_backward(images.data(), labels.data(), batch->size(),
+                model.loss_and_backward(images.data(), labels.data(), batch.size(),
                                         [&](auto& param) { ddp->grad_ready(param); });
             ddp->finish_gradient_sync();
             if ((step + 1) % 50 == 0 || batches_done + 1 == batches.size())
@@ -380,19 +358,20 @@ double train(Group& group, const Settings& settings) {
             if (!settings.plain) ema.update();
             ++batches_done;
             ++step;
-            if (loader_generation == group.generation()) ++batch;  // not once the Loader stopped
+            batches_of.next(group.generation());
           });
       if (step % 50 == 0 || batches_done == batches.size())
         board.add_scalar("train/loss", mean_loss, step);
-      examples::report_heal(group, heals_seen, step);
-      show_progress(1);
-      progress->update({{"loss", mean_loss}, {"lr", optimizer.lr(0)}});
+      // The step just taken counts in a bar made after a heal.
+      progress.of(group, epoch, batches.size() - batches_done + 1)
+          .update({{"loss", mean_loss}, {"lr", optimizer.lr(0)}});
       if (settings.max_steps >= 0 && step >= settings.max_steps) break;
     }
-    progress->finish();
+    progress.of(group, epoch, 0).finish();
     trained_seconds += std::chrono::duration<double>(clock::now() - epoch_start).count();
     double ema_accuracy = 0;
-    group.step(
+    heal_log.step(
+        group, step, "evaluation",
         [&](Comm& comm) {
           accuracy = evaluate(comm, model, test_set);
           ema_accuracy = accuracy;
@@ -405,7 +384,8 @@ double train(Group& group, const Settings& settings) {
     examples::end_epoch(group.comm(), board, {epoch, step, accuracy, ema_accuracy, trained_seconds},
                         sampler, batches_done, batches.size());
     if (!settings.checkpoint_dir.empty()) {
-      group.step(
+      heal_log.step(
+          group, step, "checkpoint",
           [&](Comm& comm) {
             if (async_saves)
               async_saves->save(step, state);  // returns once the snapshot is taken
@@ -416,7 +396,9 @@ double train(Group& group, const Settings& settings) {
     }
     if (settings.max_steps >= 0 && step >= settings.max_steps) break;
   }
-  if (async_saves) group.step([&](Comm&) { async_saves->wait(); }, [] {});  // the last file
+  if (async_saves)  // the last file on disk
+    heal_log.step(
+        group, step, "checkpoint", [&](Comm&) { async_saves->wait(); }, [] {});
   examples::log_final_accuracy(group.comm(), accuracy, step);
   if (group.heals() > 0) {
     tandem::log0(group.comm()) << "healed " << group.heals() << " time(s): " << group.comm().size()

@@ -36,6 +36,7 @@
 #include <torch/torch.h>
 
 #include "common/elastic.hpp"
+#include "common/elastic_run.hpp"
 #include "common/run.hpp"
 #include "torch_resnet.hpp"
 #if TANDEM_EXAMPLE_WITH_GLOO

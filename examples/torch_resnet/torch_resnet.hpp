@@ -7,8 +7,6 @@
 // Needs: libtorch and the tandem torch, data and io components.
 #pragma once
 
-#include <signal.h>
-
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -359,24 +357,23 @@ double train_in(Group& group, const Settings& settings) {
   examples::resume_from_latest(first, settings.resume, settings.checkpoint_dir, state, loader,
                                batches_done, step);
   tandem::TensorBoardWriter board = examples::rank0_board(first, settings.tensorboard);
-  const bool first_attempt = examples::first_attempt();
-  auto checkpoint = [&] {
-    if (settings.checkpoint_dir.empty()) return;
-    group.step(
-        [&](Comm& comm) { tandem::save_checkpoint(comm, settings.checkpoint_dir, step, state); },
-        [] {});
-  };
   // A heal (--elastic): the Loader stops (its workers read the sampler), the bridge's DDP leaves
   // the old group and reduces over the new one (its arena, and so the optimizer, EMA and
   // checkpoint state, stay), the SyncBatchNorms move onto it, the epoch's samples not yet trained
   // on are dealt out over it, and the step's next compute restarts the Loader on the new list.
-  decltype(loader.begin()) batch;  // started at each epoch's start
-  int loader_generation = -1;      // the group's generation `batch` was started in; -1: stopped
+  examples::HealingBatches batches_of(loader);
+  examples::HealLog heal_log;  // rank 0's line after a step during which the group healed
+  auto checkpoint = [&] {
+    if (settings.checkpoint_dir.empty()) return;
+    heal_log.step(
+        group, step, "checkpoint",
+        [&](Comm& comm) { tandem::save_checkpoint(comm, settings.checkpoint_dir, step, state); },
+        [] {});
+  };
   group.on_heal(
       [&] {
         ddp.release();
-        loader.finish_epoch();
-        loader_generation = -1;
+        batches_of.stop();
       },
       [&](Comm& comm) {
         if (settings.sync_bn) tandem::torch::rebind_sync_batchnorm(*net, comm);
@@ -391,40 +388,20 @@ double train_in(Group& group, const Settings& settings) {
   const bool limited = settings.max_steps >= 0;
   using clock = std::chrono::steady_clock;
   net->train();
-  int heals_seen = 0;
   for (auto epoch = static_cast<int>(sampler.epoch()); epoch < settings.epochs; ++epoch) {
     examples::begin_epoch(sampler, epoch, batches_done);
     const auto epoch_start = clock::now();
-    // Rank 0's bar; after a heal, a new one over the new split's batches (with the step just
-    // taken, which the update after it counts).
-    std::optional<tandem::Progress> progress;
-    int progress_generation = -1;
-    auto show_progress = [&](std::size_t just_taken) {
-      if (progress_generation != group.generation()) {
-        progress.reset();
-        progress.emplace(batches.size() - batches_done + just_taken,
-                         tandem::ProgressOptions{.label = "epoch " + std::to_string(epoch),
-                                                 .enabled = group.comm().rank() == 0});
-        progress_generation = group.generation();
-      }
-    };
-    show_progress(0);
-    loader.resume_at(batches_done);
-    batch = loader.begin();
-    loader_generation = group.generation();
+    examples::HealingProgress progress;
+    (void)progress.of(group, epoch, batches.size() - batches_done);
+    batches_of.start(batches_done, group.generation());
     while (batches_done < batches.size()) {
-      if (settings.crash_at_step == step && group.first_rank() == 1 && group.generation() == 0 &&
-          first_attempt)
-        ::raise(SIGKILL);
+      examples::crash_if_asked(settings, step, group);
       bool stepped = true;
-      group.step(
+      heal_log.step(
+          group, step, "training",
           [&](Comm& comm) {
-            if (loader_generation != group.generation()) {  // healed: the new split's batches
-              loader.resume_at(batches_done);
-              batch = loader.begin();
-              loader_generation = group.generation();
-            }
-            const auto [x, y] = batch_tensors(*batch, device);
+            const auto& batch = batches_of.current(batches_done, group.generation());
+            const auto [x, y] = batch_tensors(batch, device);
             torch::Tensor loss;
             {
               [[maybe_unused]] const auto autocast = Placement::autocast();
@@ -450,23 +427,24 @@ double train_in(Group& group, const Settings& settings) {
             ema.update();
             ++batches_done;
             ++step;
-            if (loader_generation == group.generation()) ++batch;  // not once the Loader stopped
+            batches_of.next(group.generation());
           });
       if (step % 50 == 0 || batches_done == batches.size())
         board.add_scalar("train/loss", mean_loss, step);
-      examples::report_heal(group, heals_seen, step);
-      show_progress(1);
-      progress->update({{"loss", mean_loss}, {"lr", optimizer.lr(0)}});
+      // The step just taken counts in a bar made after a heal.
+      progress.of(group, epoch, batches.size() - batches_done + 1)
+          .update({{"loss", mean_loss}, {"lr", optimizer.lr(0)}});
       if (limited && step >= settings.max_steps) break;  // saved after the evaluation
       // Between epochs' ends too; the end of an epoch is saved after its evaluation.
       if (settings.checkpoint_every > 0 && step % settings.checkpoint_every == 0 &&
           batches_done != batches.size())
         checkpoint();
     }
-    progress->finish();
+    progress.of(group, epoch, 0).finish();
     trained_seconds += std::chrono::duration<double>(clock::now() - epoch_start).count();
     double ema_accuracy = 0;
-    group.step(
+    heal_log.step(
+        group, step, "evaluation",
         [&](Comm& comm) {
           accuracy = evaluate(comm, net, ddp, test_set);
           auto applied = ema.applied();  // the module's tensors hold the average until it ends
