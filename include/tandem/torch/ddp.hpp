@@ -120,11 +120,10 @@ class DistributedDataParallel {
     }
   }
 
-  /// Elastic training (tandem::Elastic's release callback, docs/libtorch.md): drops the tandem
-  /// DDP that holds the communicator (its buckets and any reduction in flight), so that the old
-  /// group can go. The module stays wired to the arena, with its hooks, and the arena stays
-  /// (optimizers, EMA and checkpoints made over parameters() keep working). Until rebind(),
-  /// forward, backward and step are an Error. Calling it again does nothing.
+  /// Elastic training (the release callback; docs/libtorch.md): drops the tandem DDP that holds
+  /// the communicator (buckets, a reduction in flight). The module stays wired to the arena with
+  /// its hooks, and the arena stays (optimizers, EMA, checkpoints over parameters() keep working).
+  /// Until rebind(), forward, backward and step are an Error. A second call does nothing.
   void release() noexcept {
     inner_.reset();
     comm_ = nullptr;
@@ -132,29 +131,22 @@ class DistributedDataParallel {
     reduced_since_forward_ = false;
   }
 
-  /// Elastic training (the rebuild callback): reduces over `comm` (the healed group) from now
-  /// on, with a new tandem DDP over the same arena. Collective, as the constructor: the ranks'
-  /// modules are compared, and rank 0's parameters and buffers are broadcast (a survivor that
-  /// caught up on a step already holds them). No shard policy (ZeRO's optimizer shards are not
-  /// kept across a change of group). An Error unless release() came first.
+  /// Elastic training (the rebuild callback): reduces over `comm`, the healed group, with a new
+  /// tandem DDP over the same arena (the modules were compared at construction and cannot have
+  /// changed). Collective: rank 0's values and buffers are broadcast. Not under shard<1|2>: a lost
+  /// rank's optimizer shard is gone. An Error unless release() came first.
   void rebind(Comm& comm) {
     static_assert(inner_type::config::shard_stage == 0,
-                  "torch::DistributedDataParallel::rebind: a ZeRO shard lives on its rank only; "
-                  "a lost rank's part of the optimizer state cannot be rebuilt");
+                  "rebind: a ZeRO shard lives on its rank only; a lost rank's part is gone");
     if (inner_) {
       throw Error(comm.rank(), "torch::DistributedDataParallel::rebind",
                   "the wrapper still reduces over its communicator; call release() first");
     }
     comm_ = &comm;
     rank_ = comm.rank();
-    detail::require_same_entries(
-        comm, detail::module_entries(module_->named_parameters(true), module_->named_buffers(true)),
-        operation);
     attach();
     attach_grads(/*undefined_is_zero=*/true);
-    inner_ = std::make_unique<inner_type>(tandem::detail::ddp::registration_compared_by_caller,
-                                          comm, arena_, exec_);
-    broadcast_other_buffers();
+    bind_inner();
   }
 
   /// Runs the module's forward(args...) and returns what it returns (ReturnType, torch::Tensor
@@ -178,7 +170,7 @@ class DistributedDataParallel {
   /// zero) and, in training mode, broadcasts the buffers from rank 0 (policy broadcast_buffers,
   /// the default; collective).
   void before_forward() {
-    require_bound("torch::DistributedDataParallel::forward");
+    (void)bound("torch::DistributedDataParallel::forward");
     check_stream("torch::DistributedDataParallel::forward");
     check_unchanged("torch::DistributedDataParallel::forward");
     reduced_since_forward_ = false;
@@ -211,8 +203,7 @@ class DistributedDataParallel {
   /// `auto guard = ddp.no_sync();` - backward passes accumulate gradients locally until the
   /// guard ends; the first backward after it reduces the sum (gradient accumulation).
   [[nodiscard]] NoSyncGuard no_sync() {
-    require_bound("torch::DistributedDataParallel::no_sync");
-    return NoSyncGuard(inner_->no_sync(), &no_sync_depth_);
+    return NoSyncGuard(bound("torch::DistributedDataParallel::no_sync").no_sync(), &no_sync_depth_);
   }
 
   /// ZeRO (policies shard<1>, shard<2>; docs/zero.md): gives `opt`, a tandem optimizer over
@@ -220,21 +211,18 @@ class DistributedDataParallel {
   /// through step(opt). Does nothing without a shard policy.
   template <class O>
   void shard(O& opt) {
-    require_bound("torch::DistributedDataParallel::shard");
-    inner_->shard(opt);
+    bound("torch::DistributedDataParallel::shard").shard(opt);
   }
   /// Steps `opt` after loss.backward(): opt.step() and, under shard<1>/shard<2>, the all_gather
   /// that brings every rank's updated parts into the module's parameters (collective then).
   template <class O>
   void step(O& opt) {
-    require_bound("torch::DistributedDataParallel::step");
-    inner_->step(opt);
+    bound("torch::DistributedDataParallel::step").step(opt);
   }
   /// The same through a GradScaler (tandem::DistributedDataParallel::step); whether it stepped.
   template <class Scaler, class O>
   bool step(Scaler& scaler, O& opt) {
-    require_bound("torch::DistributedDataParallel::step");
-    return inner_->step(scaler, opt);
+    return bound("torch::DistributedDataParallel::step").step(scaler, opt);
   }
 
   /// The arena (parameters, gradients, buffers): what tandem's optimizers, GradScaler and EMA
@@ -252,13 +240,10 @@ class DistributedDataParallel {
     return module_;
   }
   /// The tandem DDP that reduces the arena (its buckets, for instance).
-  [[nodiscard]] inner_type& ddp() {
-    require_bound("torch::DistributedDataParallel::ddp");
-    return *inner_;
-  }
+  [[nodiscard]] inner_type& ddp() { return bound("torch::DistributedDataParallel::ddp"); }
   /// The communicator.
   [[nodiscard]] Comm& comm() const {
-    require_bound("torch::DistributedDataParallel::comm");
+    (void)bound("torch::DistributedDataParallel::comm");
     return *comm_;
   }
   /// Buffers that are not float32 (BatchNorm's num_batches_tracked), by name: the module's own
@@ -294,9 +279,9 @@ class DistributedDataParallel {
                          at::TensorOptions().dtype(at::kFloat).device(device_));
   }
 
-  /// An Error naming `where` while released (between release() and rebind()).
-  void require_bound(const char* where) const {
-    if (inner_) return;
+  /// The tandem DDP; an Error naming `where` while released (between release() and rebind()).
+  inner_type& bound(const char* where) const {
+    if (inner_) return *inner_;
     throw Error(rank_, where,
                 "the wrapper was released from its communicator (release(), a heal in progress); "
                 "call rebind(comm) with the new group first");
@@ -406,8 +391,13 @@ class DistributedDataParallel {
       slot.hook_key = slot.accumulator->add_post_hook(
           std::make_unique<detail::GradReadyHook<DistributedDataParallel>>(this, i));
     }
-    // tandem's DDP checks its arena once more (cheap) and broadcasts rank 0's values and buffers.
-    // The module's entries were compared above, so the inner DDP does not compare its arena's.
+    bind_inner();
+  }
+
+  /// tandem's DDP over comm_ (it checks its arena once more, cheap, and broadcasts rank 0's
+  /// values and buffers; the module's entries were compared, so it does not compare its
+  /// arena's), and rank 0's other buffers.
+  void bind_inner() {
     inner_ = std::make_unique<inner_type>(tandem::detail::ddp::registration_compared_by_caller,
                                           *comm_, arena_, exec_);
     broadcast_other_buffers();
@@ -484,7 +474,7 @@ class DistributedDataParallel {
 
   /// From the hook: parameter i's gradient is complete for this backward.
   void on_grad_ready(std::size_t i) {
-    require_bound("torch::DistributedDataParallel (backward)");
+    (void)bound("torch::DistributedDataParallel (backward)");
     check_stream("torch::DistributedDataParallel (backward)");
     if (reduced_since_forward_ && no_sync_depth_ == 0) {
       throw Error(rank_, "torch::DistributedDataParallel (backward)",
