@@ -20,12 +20,17 @@
 //        --plain (the benchmark's recipe: one constant learning rate for all, no EMA)
 //        --zero 1|2 (ZeRO: the SGD momentum sharded across ranks; 2 also reduce-scatters the
 //        gradients; docs/zero.md)
+//        --async-save (with --checkpoint-dir: each checkpoint written by a thread of rank 0 while
+//        training goes on, tandem::AsyncCheckpoints)
+//        --elastic [--elastic-store file:///PATH] (under `tandemrun --elastic`: a lost rank does
+//        not end the run; the survivors heal through tandem::Elastic and go on with the epoch's
+//        rest re-split over them; shm, gloo, hierarchical; not with --zero; README.md here)
 #include <cblas.h>
-#include <signal.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <concepts>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -35,8 +40,11 @@
 #include <random>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
+#include "common/elastic.hpp"
+#include "common/elastic_run.hpp"
 #include "common/run.hpp"
 #include "recipe.hpp"
 #include "tandem/arena/parameters.hpp"
@@ -48,6 +56,7 @@
 #include "tandem/data/mnist.hpp"
 #include "tandem/data/sampler.hpp"
 #include "tandem/ddp/ddp.hpp"
+#include "tandem/io/async_checkpoint.hpp"
 #include "tandem/io/checkpoint.hpp"
 #include "tandem/io/log.hpp"
 #include "tandem/io/progress.hpp"
@@ -70,6 +79,20 @@ namespace {
 using fashion_mnist::classes;
 using fashion_mnist::pixels;
 using fashion_mnist::Settings;
+
+/// An arena whose add() and add_buffer() return the entry already registered under the name: a
+/// SyncBatchNorm made over it binds to the tensors it had (how Mlp::rebind makes it anew).
+struct Registered {
+  using value_type = float;
+  using memory_space = tandem::Parameters<float>::memory_space;
+  using Parameter = tandem::Parameters<float>::Parameter;
+  tandem::Parameters<float>& arena;
+  Parameter& add(const std::string& name, const tandem::Shape& /*shape*/) { return arena[name]; }
+  Parameter& add_buffer(const std::string& name, const tandem::Shape& /*shape*/,
+                        tandem::BufferKind /*kind*/) {
+    return arena[name];
+  }
+};
 
 /// The model: fc1 -> SyncBatchNorm -> ReLU -> fc2, its forward and backward written out, the
 /// products through OpenBLAS. Names are those of the PyTorch module
@@ -96,6 +119,14 @@ class Mlp {
 
   tandem::Parameters<float>& params() { return params_; }
   tandem::SyncBatchNorm<Comm>& batch_norm() { return *bn_; }
+
+  /// The SyncBatchNorm over `comm` (a heal's new group, --elastic), on the parameters and
+  /// running statistics it already has in the arena.
+  void rebind(Comm& comm) {
+    Registered registered{params_};
+    bn_.reset();
+    bn_.emplace(comm, registered, "bn1.", static_cast<std::int64_t>(hidden_));
+  }
 
   /// Logits of `count` images (count x 784) into logits_ (count x 10).
   void forward(const float* x, std::size_t count) {
@@ -217,23 +248,34 @@ struct DdpFor<Comm, 0> {
   using type = tandem::DistributedDataParallel<Comm, tandem::overlap>;
 };
 
-/// One rank's whole run under ZeRO stage Stage (0: plain DDP). Returns the final test accuracy.
-template <int Stage, tandem::Communicator Comm>
-double train(Comm& comm, const Settings& settings) {
-  examples::agree_on_flags(
-      comm, settings,
-      {{"--wide", settings.wide}, {"--plain", settings.plain}, {"--zero", settings.zero}});
+/// One rank's whole run under ZeRO stage Stage (0: plain DDP) in `group`: an
+/// examples::FixedGroup (the plain run) or a tandem::Elastic (--elastic: a lost rank's survivors
+/// heal and go on, the epoch's rest re-split over them; only plain DDP). Every collective runs in
+/// a step's compute; apply is local. Returns the final test accuracy.
+template <int Stage, class Group>
+double train(Group& group, const Settings& settings) {
+  using Comm = std::remove_reference_t<decltype(group.comm())>;
+  static_assert(Stage == 0 || std::same_as<Group, examples::FixedGroup<Comm>>,
+                "ZeRO cannot heal: a lost rank's optimizer shard is gone (elastic_problem)");
+  Comm& first = group.comm();
+  examples::agree_on_flags(first, settings,
+                           {{"--wide", settings.wide},
+                            {"--plain", settings.plain},
+                            {"--zero", settings.zero},
+                            {"--elastic", settings.elastic},
+                            {"--async-save", settings.async_save}});
   const tandem::FashionMNIST train_set(tandem::split::train, settings.data);
   const tandem::FashionMNIST test_set(tandem::split::test, settings.data);
   examples::check_data_fits(train_set, pixels, classes, settings.data);  // or labels index past
   examples::check_data_fits(test_set, pixels, classes, settings.data);   // the model's outputs
-  Mlp<Comm> model(comm, fashion_mnist::hidden_width(settings), settings.seed);
-  typename DdpFor<Comm, Stage>::type ddp(comm, model.params());
+  Mlp<Comm> model(first, fashion_mnist::hidden_width(settings), settings.seed);
+  std::optional<typename DdpFor<Comm, Stage>::type> ddp;
+  ddp.emplace(first, model.params());
 
   const auto groups = fashion_mnist::sgd_groups(settings);
   tandem::optim::SGD optimizer(model.params(), std::span(groups));
-  ddp.shard(optimizer);  // --zero: momentum for this rank's parts only (before a resume loads it)
-  tandem::DistributedSampler sampler(train_set.size(), comm,
+  ddp->shard(optimizer);  // --zero: momentum for this rank's parts only (before a resume loads it)
+  tandem::DistributedSampler sampler(train_set.size(), first,
                                      {.shuffle = true, .seed = settings.seed});
   auto batches = sampler | tandem::views::batches(settings.batch_size);
   const auto steps_per_epoch = static_cast<std::int64_t>(batches.size());
@@ -244,7 +286,7 @@ double train(Comm& comm, const Settings& settings) {
 
   std::int64_t step = 0;
   std::size_t batches_done = 0;
-  std::mt19937 generator(static_cast<unsigned>(settings.seed + 1000 * comm.rank()));
+  std::mt19937 generator(static_cast<unsigned>(settings.seed + 1000 * first.rank()));
   tandem::TrainingState state;
   state.model(model.params())
       .optimizer(optimizer)
@@ -253,10 +295,34 @@ double train(Comm& comm, const Settings& settings) {
       .sampler(sampler, batches_done, settings.batch_size)
       .counter("step", step)
       .rng("generator", generator);
-  examples::resume_from_latest(comm, settings.resume, settings.checkpoint_dir, state, loader,
+  examples::resume_from_latest(first, settings.resume, settings.checkpoint_dir, state, loader,
                                batches_done, step);
-  tandem::TensorBoardWriter board = examples::rank0_board(comm, settings.tensorboard);
-  const bool first_attempt = examples::first_attempt();
+  tandem::TensorBoardWriter board = examples::rank0_board(first, settings.tensorboard);
+  // A heal (--elastic): the Loader stops (its workers read the sampler), DDP and SyncBatchNorm
+  // are made over the new group, the epoch's samples not yet trained on are dealt out over it
+  // (batches_done full batches of this rank's list were taken; the new list starts at 0), and the
+  // step's next compute restarts the Loader on the new list.
+  // --async-save: rank 0 writes each checkpoint in the background while training goes on.
+  std::optional<tandem::AsyncCheckpoints<Comm>> async_saves;
+  if (settings.async_save && !settings.checkpoint_dir.empty())
+    async_saves.emplace(first, settings.checkpoint_dir);
+  examples::HealingBatches batches_of(loader);
+  examples::HealLog heal_log;  // rank 0's line after a step during which the group healed
+  group.on_heal(
+      [&] {
+        ddp.reset();
+        batches_of.stop();
+        // Rank 0's write in flight ends first (a failure of it goes to stderr).
+        if (async_saves) async_saves.reset();
+      },
+      [&](Comm& comm) {
+        if (settings.async_save && !settings.checkpoint_dir.empty())
+          async_saves.emplace(comm, settings.checkpoint_dir);
+        model.rebind(comm);
+        ddp.emplace(comm, model.params());  // rank 0's values and buffers everywhere
+        sampler.resplit(comm, std::min(sampler.size(), batches_done * settings.batch_size));
+        batches_done = 0;
+      });
 
   double accuracy = 0;
   double mean_loss = 0;
@@ -265,45 +331,79 @@ double train(Comm& comm, const Settings& settings) {
   for (auto epoch = static_cast<int>(sampler.epoch()); epoch < settings.epochs; ++epoch) {
     examples::begin_epoch(sampler, epoch, batches_done);
     const auto epoch_start = clock::now();
-    tandem::Progress progress =
-        examples::epoch_progress(comm, epoch, batches.size() - batches_done);
-    for (const auto& batch : loader) {
-      if (settings.crash_at_step == step && comm.rank() == 1 && first_attempt) ::raise(SIGKILL);
-      auto [images, labels] = batch.views();
-      ddp.before_forward();
-      optimizer.zero_grad();
-      model.forward(images.data(), batch.size());
-      const double loss = model.loss_and_backward(images.data(), labels.data(), batch.size(),
-                                                  [&](auto& param) { ddp.grad_ready(param); });
-      ddp.finish_gradient_sync();
-      ddp.step(optimizer);  // optimizer.step(); with --zero, then the parameters' all_gather
-      schedule.step();
-      if (!settings.plain) ema.update();
-      ++batches_done;
-      ++step;
-      if (step % 50 == 0 || batches_done == batches.size()) {
-        mean_loss = tandem::reduce_mean(comm, loss);  // the same on every rank
+    examples::HealingProgress progress;
+    (void)progress.of(group, epoch, batches.size() - batches_done);
+    batches_of.start(batches_done, group.generation());
+    while (batches_done < batches.size()) {
+      examples::crash_if_asked(settings, step, group);
+      heal_log.step(
+          group, step, "training",
+          [&](Comm& comm) {
+            const auto& batch = batches_of.current(batches_done, group.generation());
+            auto [images, labels] = batch.views();
+            ddp->before_forward();
+            optimizer.zero_grad();
+            model.forward(images.data(), batch.size());
+            const double loss =
+                model.loss_and_backward(images.data(), labels.data(), batch.size(),
+                                        [&](auto& param) { ddp->grad_ready(param); });
+            ddp->finish_gradient_sync();
+            if ((step + 1) % 50 == 0 || batches_done + 1 == batches.size())
+              mean_loss = tandem::reduce_mean(comm, loss);   // the same on every rank
+            if constexpr (Stage != 0) ddp->step(optimizer);  // the shards' all_gather
+          },
+          [&] {  // local only (a survivor may apply a step committed elsewhere during a heal)
+            if constexpr (Stage == 0) optimizer.step();
+            schedule.step();
+            if (!settings.plain) ema.update();
+            ++batches_done;
+            ++step;
+            batches_of.next(group.generation());
+          });
+      if (step % 50 == 0 || batches_done == batches.size())
         board.add_scalar("train/loss", mean_loss, step);
-      }
-      progress.update({{"loss", mean_loss}, {"lr", optimizer.lr(0)}});
+      // The step just taken counts in a bar made after a heal.
+      progress.of(group, epoch, batches.size() - batches_done + 1)
+          .update({{"loss", mean_loss}, {"lr", optimizer.lr(0)}});
       if (settings.max_steps >= 0 && step >= settings.max_steps) break;
     }
-    progress.finish();
+    progress.of(group, epoch, 0).finish();
     trained_seconds += std::chrono::duration<double>(clock::now() - epoch_start).count();
-    accuracy = evaluate(comm, model, test_set);
-    double ema_accuracy = accuracy;
-    if (!settings.plain) {
-      auto applied = ema.applied();
-      ema_accuracy = evaluate(comm, model, test_set);
-    }
-    examples::end_epoch(comm, board, {epoch, step, accuracy, ema_accuracy, trained_seconds},
+    double ema_accuracy = 0;
+    heal_log.step(
+        group, step, "evaluation",
+        [&](Comm& comm) {
+          accuracy = evaluate(comm, model, test_set);
+          ema_accuracy = accuracy;
+          if (!settings.plain) {
+            auto applied = ema.applied();
+            ema_accuracy = evaluate(comm, model, test_set);
+          }
+        },
+        [] {});
+    examples::end_epoch(group.comm(), board, {epoch, step, accuracy, ema_accuracy, trained_seconds},
                         sampler, batches_done, batches.size());
     if (!settings.checkpoint_dir.empty()) {
-      tandem::save_checkpoint(comm, settings.checkpoint_dir, step, state);
+      heal_log.step(
+          group, step, "checkpoint",
+          [&](Comm& comm) {
+            if (async_saves)
+              async_saves->save(step, state);  // returns once the snapshot is taken
+            else
+              tandem::save_checkpoint(comm, settings.checkpoint_dir, step, state);
+          },
+          [] {});
     }
     if (settings.max_steps >= 0 && step >= settings.max_steps) break;
   }
-  examples::log_final_accuracy(comm, accuracy, step);
+  if (async_saves)  // the last file on disk
+    heal_log.step(
+        group, step, "checkpoint", [&](Comm&) { async_saves->wait(); }, [] {});
+  examples::log_final_accuracy(group.comm(), accuracy, step);
+  if (group.heals() > 0) {
+    tandem::log0(group.comm()) << "healed " << group.heals() << " time(s): " << group.comm().size()
+                               << " ranks went on";
+  }
   return accuracy;
 }
 
@@ -314,19 +414,38 @@ int main(int argc, char** argv) {
   if (!settings) return fashion_mnist::usage(fashion_mnist::program::cpu);
   openblas_set_num_threads(1);  // one core per rank: the ranks are the parallelism
   const auto timeout = std::chrono::seconds(settings->timeout_seconds);
+  std::optional<std::string> store;
+  if (settings->elastic) {
+    if (const auto problem = examples::elastic_problem(settings->backend, settings->zero);
+        !problem.empty()) {
+      std::fprintf(stderr, "fashion_mnist: %s\n", problem.c_str());
+      return fashion_mnist::usage(fashion_mnist::program::cpu);
+    }
+    store = examples::elastic_store_url(settings->elastic_store);
+    if (!store) {
+      std::fprintf(stderr,
+                   "fashion_mnist: --elastic needs a launcher (tandemrun --elastic sets "
+                   "TORCHELASTIC_RUN_ID, which names the store) or --elastic-store file:///PATH\n");
+      return fashion_mnist::usage(fashion_mnist::program::cpu);
+    }
+  }
   // run_main prints an exception that ends the run and writes torchrun's error file.
   return tandem::run_main([&]() -> int {
-    const auto accuracy =
-        examples::run_cpu_backend(settings->backend, settings->ranks, timeout, [&](auto& comm) {
-          switch (settings->zero) {
-            case 1:
-              return train<1>(comm, *settings);
-            case 2:
-              return train<2>(comm, *settings);
-            default:
-              return train<0>(comm, *settings);
-          }
-        });
+    const auto accuracy = store ? examples::run_elastic_backend(
+                                      settings->backend, *store, timeout,
+                                      [&](auto& elastic) { return train<0>(elastic, *settings); })
+                                : examples::run_cpu_backend(settings->backend, settings->ranks,
+                                                            timeout, [&](auto& comm) {
+                                                              examples::FixedGroup group(comm);
+                                                              switch (settings->zero) {
+                                                                case 1:
+                                                                  return train<1>(group, *settings);
+                                                                case 2:
+                                                                  return train<2>(group, *settings);
+                                                                default:
+                                                                  return train<0>(group, *settings);
+                                                              }
+                                                            });
     if (!accuracy) {
       std::fprintf(stderr, "fashion_mnist: backend '%s' is not built in\n",
                    settings->backend.c_str());

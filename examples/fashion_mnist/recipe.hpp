@@ -33,6 +33,9 @@ struct Settings : examples::RunSettings {
   bool wide = false;
   bool plain = false;  // the benchmark's recipe: one constant lr, no EMA
   int zero = 0;  // CPU only: ZeRO stage (DistributedDataParallel's shard<1>, shard<2>), 0: none
+  bool elastic = false;       // CPU only: survivors go on after a lost rank (tandem::Elastic)
+  std::string elastic_store;  // CPU only: where they meet (file:///PATH); "": from the run id
+  bool async_save = false;    // CPU only: checkpoints written in the background (AsyncCheckpoints)
   // GPU only:
   std::string precision = "fp16";  // compute copies of the weights: fp16 (O2), bf16 (O2), fp32
   bool resident = false;           // the whole data set on the GPU, no Loader
@@ -102,6 +105,8 @@ inline int usage(program which) {
                  "  [--epochs E] [--batch-size B] [--lr LR] [--seed S] [--data DIR]\n"
                  "  [--checkpoint-dir DIR] [--resume] [--timeout SECONDS] [--workers W]\n"
                  "  [--tensorboard DIR] [--max-steps N] [--wide] [--plain] [--zero 1|2]\n"
+                 "  [--elastic [--elastic-store file:///PATH]] (under tandemrun --elastic)\n"
+                 "  [--async-save] (with --checkpoint-dir: saves written in the background)\n"
                  "  default backend: hierarchical under a launcher (WORLD_SIZE set: shared memory\n"
                  "  within a node, Gloo between nodes), else local; plain Gloo: --backend gloo\n");
   } else {
@@ -150,6 +155,10 @@ inline std::optional<Settings> parse(int argc, char** argv, program which,
       s.wide = true;
     else if (gpu && arg == "--resident")
       s.resident = true;
+    else if (!gpu && arg == "--elastic")
+      s.elastic = true;
+    else if (!gpu && arg == "--async-save")
+      s.async_save = true;
     else if (!has_value)
       return examples::refuse(errors, name, arg, "", "unknown, or its value is missing");
     else if (arg == "--backend")
@@ -160,7 +169,12 @@ inline std::optional<Settings> parse(int argc, char** argv, program which,
       s.checkpoint_dir = argv[++i];
     else if (arg == "--tensorboard")
       s.tensorboard = argv[++i];
-    else if (!gpu && arg == "--zero") {
+    else if (!gpu && arg == "--elastic-store") {
+      s.elastic_store = argv[++i];
+      if (!s.elastic_store.starts_with("file:///"))
+        return examples::refuse(errors, name, arg, s.elastic_store,
+                                "not file:///PATH (a store that outlives every rank)");
+    } else if (!gpu && arg == "--zero") {
       const auto stage = number(0, 2);
       if (!stage) return std::nullopt;
       s.zero = static_cast<int>(*stage);

@@ -19,6 +19,10 @@
 //        --checkpoint-dir DIR --checkpoint-every N --resume --timeout SECONDS --workers W
 //        --tensorboard DIR --max-steps N --min-accuracy PERCENT --no-sync-bn (BatchNorm per rank,
 //        what PyTorch's DDP does on a CPU) --ranks N (local)
+//        --elastic [--elastic-store file:///PATH] (under `tandemrun --elastic`: a lost rank does
+//        not end the run; the survivors heal through tandem::Elastic, the bridge's DDP and the
+//        SyncBatchNorms move onto the new group, and the epoch's rest is re-split over them;
+//        examples/fashion_mnist/README.md, docs/libtorch.md "Elastic training")
 // One epoch (60 k images, batch 64 per rank) takes about a minute on 2 ranks of a 2-core machine:
 // each rank runs libtorch on one thread (torch::set_num_threads(1)): the ranks are the
 // parallelism. bench/torch_resnet runs it beside PyTorch DDP (bench/results/torch-resnet.md).
@@ -26,9 +30,13 @@
 // CUDA, NcclComm, autocast fp16 + GradScaler), built where libtorch has CUDA.
 #include <cmath>
 #include <cstdio>
+#include <optional>
+#include <string>
 
 #include <torch/torch.h>
 
+#include "common/elastic.hpp"
+#include "common/elastic_run.hpp"
 #include "common/run.hpp"
 #include "torch_resnet.hpp"
 #if TANDEM_EXAMPLE_WITH_GLOO
@@ -44,11 +52,32 @@ int main(int argc, char** argv) {
   if (!settings) return torch_resnet::usage();
   torch::set_num_threads(1);  // one core per rank: the ranks are the parallelism
   const auto timeout = std::chrono::seconds(settings->timeout_seconds);
+  std::optional<std::string> store;
+  if (settings->elastic) {
+    if (const auto problem = examples::elastic_problem(settings->backend, 0); !problem.empty()) {
+      std::fprintf(stderr, "torch_resnet: %s\n", problem.c_str());
+      return torch_resnet::usage();
+    }
+    store = examples::elastic_store_url(settings->elastic_store);
+    if (!store) {
+      std::fprintf(stderr,
+                   "torch_resnet: --elastic needs a launcher (tandemrun --elastic sets "
+                   "TORCHELASTIC_RUN_ID, which names the store) or --elastic-store file:///PATH\n");
+      return torch_resnet::usage();
+    }
+  }
   // run_main prints an exception that ends the run and writes torchrun's error file.
   return tandem::run_main([&]() -> int {
-    const auto result = examples::run_cpu_backend(
-        settings->backend, settings->ranks, timeout,
-        [&](auto& comm) { return torch_resnet::train<torch_resnet::OnCpu>(comm, *settings); });
+    const auto result =
+        store ? examples::run_elastic_backend(settings->backend, *store, timeout,
+                                              [&](auto& elastic) {
+                                                return torch_resnet::train_in<torch_resnet::OnCpu>(
+                                                    elastic, *settings);
+                                              })
+              : examples::run_cpu_backend(
+                    settings->backend, settings->ranks, timeout, [&](auto& comm) {
+                      return torch_resnet::train<torch_resnet::OnCpu>(comm, *settings);
+                    });
     if (!result) {
       std::fprintf(stderr, "torch_resnet: backend '%s' is not built in\n",
                    settings->backend.c_str());

@@ -7,8 +7,6 @@
 // Needs: libtorch and the tandem torch, data and io components.
 #pragma once
 
-#include <signal.h>
-
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -21,11 +19,13 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include <torch/torch.h>
 
+#include "common/elastic.hpp"
 #include "common/run.hpp"
 #include "tandem/amp/grad_scaler.hpp"
 #include "tandem/comm/local/local.hpp"
@@ -45,6 +45,7 @@
 #include "tandem/optim/lr_scheduler.hpp"
 #include "tandem/optim/sgd.hpp"
 #include "tandem/torch.hpp"
+#include "tandem/torch/elastic.hpp"
 
 namespace torch_resnet {
 
@@ -57,6 +58,8 @@ struct Settings : examples::RunSettings {
   std::int64_t checkpoint_every = 0;  // steps; 0: at each epoch's end only
   double min_accuracy = 0;            // percent; below it the run fails
   bool sync_bn = true;
+  bool elastic = false;       // survivors go on after a lost rank (tandem::Elastic)
+  std::string elastic_store;  // where they meet (file:///PATH); "": from the launcher's run id
 };
 
 int usage() {
@@ -66,6 +69,7 @@ int usage() {
                "  [--seed S] [--data DIR] [--init FILE] [--checkpoint-dir DIR]\n"
                "  [--checkpoint-every N] [--resume] [--timeout SECONDS] [--workers W]\n"
                "  [--tensorboard DIR] [--max-steps N] [--min-accuracy PERCENT] [--no-sync-bn]\n"
+               "  [--elastic [--elastic-store file:///PATH]] (under tandemrun --elastic)\n"
                "  default backend: hierarchical under a launcher (WORLD_SIZE set: shared memory\n"
                "  within a node, Gloo between nodes), else local; plain Gloo: --backend gloo\n");
   return 2;
@@ -85,6 +89,10 @@ std::optional<Settings> parse(int argc, char** argv) {
     }
     if (arg == "--no-sync-bn") {
       s.sync_bn = false;
+      continue;
+    }
+    if (arg == "--elastic") {
+      s.elastic = true;
       continue;
     }
     if (i + 1 >= argc) return examples::refuse(stderr, name, arg, "", "unknown, or no value");
@@ -123,6 +131,11 @@ std::optional<Settings> parse(int argc, char** argv) {
       s.checkpoint_dir = value;
     else if (arg == "--tensorboard")
       s.tensorboard = value;
+    else if (arg == "--elastic-store" && std::string_view(value).starts_with("file:///"))
+      s.elastic_store = value;
+    else if (arg == "--elastic-store")
+      return examples::refuse(stderr, name, arg, value,
+                              "not file:///PATH (a store that outlives every rank)");
     else if (arg == "--lr" && (x = real(0, true, 1e6)))
       s.lr = *x;
     else if (arg == "--weight-decay" && (x = real(0, false, 1e6)))
@@ -282,36 +295,42 @@ struct OnCpu {
   static int autocast() { return 0; }
 };
 
-/// One rank's whole run. Returns the final test accuracy. Placement says where: device(comm) is
-/// where the module and batches live, mixed_precision whether the forward runs under autocast
-/// (autocast() returns its guard) with a GradScaler (OnCpu: no; torch_resnet_cuda.cu: fp16).
-template <class Placement, tandem::Communicator Comm>
-double train(Comm& comm, const Settings& settings) {
-  examples::agree_on_flags(comm, settings,
+/// One rank's whole run in `group`: an examples::FixedGroup (the plain run, train() below) or a
+/// tandem::Elastic (--elastic: a lost rank's survivors heal and go on, the epoch's rest re-split
+/// over them). Every collective runs in a step's compute; apply is local. Returns the final test
+/// accuracy. Placement says where: device(comm) is where the module and batches live,
+/// mixed_precision whether the forward runs under autocast (autocast() returns its guard) with a
+/// GradScaler (OnCpu: no; torch_resnet_cuda.cu: fp16).
+template <class Placement, class Group>
+double train_in(Group& group, const Settings& settings) {
+  using Comm = std::remove_reference_t<decltype(group.comm())>;
+  Comm& first = group.comm();
+  examples::agree_on_flags(first, settings,
                            {{"--weight-decay", settings.weight_decay},
                             {"--width", settings.width},
                             {"--checkpoint-every", settings.checkpoint_every},
-                            {"--no-sync-bn", !settings.sync_bn}});
+                            {"--no-sync-bn", !settings.sync_bn},
+                            {"--elastic", settings.elastic}});
   const tandem::FashionMNIST train_set(tandem::split::train, settings.data);
   const tandem::FashionMNIST test_set(tandem::split::test, settings.data);
 
   torch::manual_seed(settings.seed);  // the same initial weights on every rank (DDP checks them)
   Net net(settings.width);
   if (!settings.init.empty()) load_initial_weights(net, settings.init);
-  net->to(Placement::device(comm));  // before wrapping: DDP takes the module where it lives
+  net->to(Placement::device(first));  // before wrapping: DDP takes the module where it lives
   if (settings.sync_bn) {
-    const auto replaced = tandem::torch::convert_sync_batchnorm(*net, comm);
-    tandem::log0(comm) << "SyncBatchNorm in place of " << replaced.converted.size()
-                       << " BatchNorm2d modules";
+    const auto replaced = tandem::torch::convert_sync_batchnorm(*net, first);
+    tandem::log0(first) << "SyncBatchNorm in place of " << replaced.converted.size()
+                        << " BatchNorm2d modules";
   }
-  tandem::torch::DistributedDataParallel<Comm, tandem::overlap> ddp(comm, net);
+  tandem::torch::DistributedDataParallel<Comm, tandem::overlap> ddp(first, net);
   auto& params = ddp.parameters();
   const auto device = ddp.device();
 
   const auto groups = sgd_groups(params, settings);
   // ddp.executor(): tandem's passes in libtorch's stream order (CUDA); host_exec on the CPU.
   tandem::optim::SGD optimizer(params, std::span(groups), ddp.executor());
-  tandem::DistributedSampler sampler(train_set.size(), comm,
+  tandem::DistributedSampler sampler(train_set.size(), first,
                                      {.shuffle = true, .seed = settings.seed});
   auto batches = sampler | tandem::views::batches(settings.batch_size);
   const auto steps_per_epoch = static_cast<std::int64_t>(batches.size());
@@ -335,14 +354,33 @@ double train(Comm& comm, const Settings& settings) {
       .sampler(sampler, batches_done, settings.batch_size)
       .counter("step", step);
   if constexpr (Placement::mixed_precision) state.scaler(scaler);
-  examples::resume_from_latest(comm, settings.resume, settings.checkpoint_dir, state, loader,
+  examples::resume_from_latest(first, settings.resume, settings.checkpoint_dir, state, loader,
                                batches_done, step);
-  tandem::TensorBoardWriter board = examples::rank0_board(comm, settings.tensorboard);
-  const bool first_attempt = examples::first_attempt();
+  tandem::TensorBoardWriter board = examples::rank0_board(first, settings.tensorboard);
+  // A heal (--elastic): the Loader stops (its workers read the sampler), the bridge's DDP leaves
+  // the old group and reduces over the new one (its arena, and so the optimizer, EMA and
+  // checkpoint state, stay), the SyncBatchNorms move onto it, the epoch's samples not yet trained
+  // on are dealt out over it, and the step's next compute restarts the Loader on the new list.
+  examples::HealingBatches batches_of(loader);
+  examples::HealLog heal_log;  // rank 0's line after a step during which the group healed
   auto checkpoint = [&] {
-    if (!settings.checkpoint_dir.empty())
-      tandem::save_checkpoint(comm, settings.checkpoint_dir, step, state);
+    if (settings.checkpoint_dir.empty()) return;
+    heal_log.step(
+        group, step, "checkpoint",
+        [&](Comm& comm) { tandem::save_checkpoint(comm, settings.checkpoint_dir, step, state); },
+        [] {});
   };
+  group.on_heal(
+      [&] {
+        ddp.release();
+        batches_of.stop();
+      },
+      [&](Comm& comm) {
+        if (settings.sync_bn) tandem::torch::rebind_sync_batchnorm(*net, comm);
+        ddp.rebind(comm);  // rank 0's values and buffers everywhere
+        sampler.resplit(comm, std::min(sampler.size(), batches_done * settings.batch_size));
+        batches_done = 0;
+      });
 
   double accuracy = 0;
   double mean_loss = 0;
@@ -353,55 +391,84 @@ double train(Comm& comm, const Settings& settings) {
   for (auto epoch = static_cast<int>(sampler.epoch()); epoch < settings.epochs; ++epoch) {
     examples::begin_epoch(sampler, epoch, batches_done);
     const auto epoch_start = clock::now();
-    tandem::Progress progress =
-        examples::epoch_progress(comm, epoch, batches.size() - batches_done);
-    for (const auto& batch : loader) {
-      if (settings.crash_at_step == step && comm.rank() == 1 && first_attempt) ::raise(SIGKILL);
-      const auto [x, y] = batch_tensors(batch, device);
-      torch::Tensor loss;
-      {
-        [[maybe_unused]] const auto autocast = Placement::autocast();
-        loss = torch::nn::functional::cross_entropy(ddp.forward(x), y);
-      }
-      optimizer.zero_grad();
-      if constexpr (Placement::mixed_precision) {
-        (loss * scaler.scale(1.0f)).backward();  // averaged over the ranks when it returns
-        ddp.step(scaler, optimizer);  // unscale + inf check, then the step unless one was found
-        scaler.update();
-      } else {
-        loss.backward();  // the gradients are averaged over the ranks when it returns
-        optimizer.step();
-      }
-      schedule.step();
-      ema.update();
-      ++batches_done;
-      ++step;
-      if (step % 50 == 0 || batches_done == batches.size()) {
-        mean_loss = tandem::reduce_mean(comm, loss.template item<double>());
+    examples::HealingProgress progress;
+    (void)progress.of(group, epoch, batches.size() - batches_done);
+    batches_of.start(batches_done, group.generation());
+    while (batches_done < batches.size()) {
+      examples::crash_if_asked(settings, step, group);
+      bool stepped = true;
+      heal_log.step(
+          group, step, "training",
+          [&](Comm& comm) {
+            const auto& batch = batches_of.current(batches_done, group.generation());
+            const auto [x, y] = batch_tensors(batch, device);
+            torch::Tensor loss;
+            {
+              [[maybe_unused]] const auto autocast = Placement::autocast();
+              loss = torch::nn::functional::cross_entropy(ddp.forward(x), y);
+            }
+            optimizer.zero_grad();
+            if constexpr (Placement::mixed_precision) {
+              (loss * scaler.scale(1.0f)).backward();  // averaged over the ranks when it returns
+            } else {
+              loss.backward();  // the gradients are averaged over the ranks when it returns
+            }
+            if ((step + 1) % 50 == 0 || batches_done + 1 == batches.size())
+              mean_loss = tandem::reduce_mean(comm, loss.template item<double>());
+            if constexpr (Placement::mixed_precision) {
+              stepped = ddp.step(scaler, optimizer);  // unscale + inf check (collective), the step
+              scaler.update();
+            }
+          },
+          [&] {  // local only (a survivor may apply a step committed elsewhere during a heal)
+            if constexpr (!Placement::mixed_precision) optimizer.step();
+            (void)stepped;
+            schedule.step();
+            ema.update();
+            ++batches_done;
+            ++step;
+            batches_of.next(group.generation());
+          });
+      if (step % 50 == 0 || batches_done == batches.size())
         board.add_scalar("train/loss", mean_loss, step);
-      }
-      progress.update({{"loss", mean_loss}, {"lr", optimizer.lr(0)}});
+      // The step just taken counts in a bar made after a heal.
+      progress.of(group, epoch, batches.size() - batches_done + 1)
+          .update({{"loss", mean_loss}, {"lr", optimizer.lr(0)}});
       if (limited && step >= settings.max_steps) break;  // saved after the evaluation
       // Between epochs' ends too; the end of an epoch is saved after its evaluation.
       if (settings.checkpoint_every > 0 && step % settings.checkpoint_every == 0 &&
           batches_done != batches.size())
         checkpoint();
     }
-    progress.finish();
+    progress.of(group, epoch, 0).finish();
     trained_seconds += std::chrono::duration<double>(clock::now() - epoch_start).count();
-    accuracy = evaluate(comm, net, ddp, test_set);
     double ema_accuracy = 0;
-    {
-      auto applied = ema.applied();  // the module's tensors hold the average until it ends
-      ema_accuracy = evaluate(comm, net, ddp, test_set);
-    }
-    examples::end_epoch(comm, board, {epoch, step, accuracy, ema_accuracy, trained_seconds},
+    heal_log.step(
+        group, step, "evaluation",
+        [&](Comm& comm) {
+          accuracy = evaluate(comm, net, ddp, test_set);
+          auto applied = ema.applied();  // the module's tensors hold the average until it ends
+          ema_accuracy = evaluate(comm, net, ddp, test_set);
+        },
+        [] {});
+    examples::end_epoch(group.comm(), board, {epoch, step, accuracy, ema_accuracy, trained_seconds},
                         sampler, batches_done, batches.size());
     checkpoint();
     if (limited && step >= settings.max_steps) break;
   }
-  examples::log_final_accuracy(comm, accuracy, step);
+  examples::log_final_accuracy(group.comm(), accuracy, step);
+  if (group.heals() > 0) {
+    tandem::log0(group.comm()) << "healed " << group.heals() << " time(s): " << group.comm().size()
+                               << " ranks went on";
+  }
   return accuracy;
+}
+
+/// One rank's whole run over `comm`, a group that never changes (see train_in).
+template <class Placement, tandem::Communicator Comm>
+double train(Comm& comm, const Settings& settings) {
+  examples::FixedGroup group(comm);
+  return train_in<Placement>(group, settings);
 }
 
 }  // namespace torch_resnet

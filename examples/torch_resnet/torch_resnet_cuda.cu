@@ -60,6 +60,13 @@ int main(int argc, char** argv) {
                  settings->backend.c_str());
     return torch_resnet::usage();
   }
+  if (settings->elastic) {
+    std::fprintf(
+        stderr,
+        "torch_resnet_cuda: --elastic: NcclComm cannot heal in this slice (docs/elastic.md, "
+        "Backends); use tandemrun --max-restarts with --checkpoint-dir and --resume\n");
+    return torch_resnet::usage();
+  }
   if (tandem::cuda::device_count() == 0) {
     std::printf("torch_resnet_cuda: SKIPPED: no CUDA device here (no driver, or no GPU)\n");
     return 77;

@@ -87,7 +87,7 @@ class DistributedDataParallel {
   template <class Module>
   requires std::derived_from<Module, ::torch::nn::Module> DistributedDataParallel(
       Comm& comm, std::shared_ptr<Module> module)
-      : comm_(&comm), module_(module) {
+      : comm_(&comm), rank_(comm.rank()), module_(module) {
     if (!module_) throw Error(comm.rank(), operation, "the module is null");
     if constexpr (::torch::detail::has_forward<Module>::value) {
       forward_ = ::torch::nn::AnyModule(module);
@@ -120,6 +120,35 @@ class DistributedDataParallel {
     }
   }
 
+  /// Elastic training (the release callback; docs/libtorch.md): drops the tandem DDP that holds
+  /// the communicator (buckets, a reduction in flight). The module stays wired to the arena with
+  /// its hooks, and the arena stays (optimizers, EMA, checkpoints over parameters() keep working).
+  /// Until rebind(), forward, backward and step are an Error. A second call does nothing.
+  void release() noexcept {
+    inner_.reset();
+    comm_ = nullptr;
+    callback_queued_ = false;  // a backward that failed in flight never ran its callback
+    reduced_since_forward_ = false;
+  }
+
+  /// Elastic training (the rebuild callback): reduces over `comm`, the healed group, with a new
+  /// tandem DDP over the same arena (the modules were compared at construction and cannot have
+  /// changed). Collective: rank 0's values and buffers are broadcast. Not under shard<1|2>: a lost
+  /// rank's optimizer shard is gone. An Error unless release() came first.
+  void rebind(Comm& comm) {
+    static_assert(inner_type::config::shard_stage == 0,
+                  "rebind: a ZeRO shard lives on its rank only; a lost rank's part is gone");
+    if (inner_) {
+      throw Error(comm.rank(), "torch::DistributedDataParallel::rebind",
+                  "the wrapper still reduces over its communicator; call release() first");
+    }
+    comm_ = &comm;
+    rank_ = comm.rank();
+    attach();
+    attach_grads(/*undefined_is_zero=*/true);
+    bind_inner();
+  }
+
   /// Runs the module's forward(args...) and returns what it returns (ReturnType, torch::Tensor
   /// by default; through torch::nn::AnyModule, so argument types must match forward's exactly).
   /// Before it, as before_forward(). An Error for a module without a single non-template
@@ -128,7 +157,7 @@ class DistributedDataParallel {
   ReturnType forward(Args&&... args) {
     before_forward();
     if (forward_.is_empty()) {
-      throw Error(comm_->rank(), "torch::DistributedDataParallel::forward",
+      throw Error(rank_, "torch::DistributedDataParallel::forward",
                   "the module has no single non-template forward(); call ddp.before_forward() "
                   "and then the module's forward yourself");
     }
@@ -141,6 +170,7 @@ class DistributedDataParallel {
   /// zero) and, in training mode, broadcasts the buffers from rank 0 (policy broadcast_buffers,
   /// the default; collective).
   void before_forward() {
+    (void)bound("torch::DistributedDataParallel::forward");
     check_stream("torch::DistributedDataParallel::forward");
     check_unchanged("torch::DistributedDataParallel::forward");
     reduced_since_forward_ = false;
@@ -172,25 +202,27 @@ class DistributedDataParallel {
 
   /// `auto guard = ddp.no_sync();` - backward passes accumulate gradients locally until the
   /// guard ends; the first backward after it reduces the sum (gradient accumulation).
-  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(inner_->no_sync(), &no_sync_depth_); }
+  [[nodiscard]] NoSyncGuard no_sync() {
+    return NoSyncGuard(bound("torch::DistributedDataParallel::no_sync").no_sync(), &no_sync_depth_);
+  }
 
   /// ZeRO (policies shard<1>, shard<2>; docs/zero.md): gives `opt`, a tandem optimizer over
   /// parameters(), only this rank's parts of the arena. Call it before the first step and step
   /// through step(opt). Does nothing without a shard policy.
   template <class O>
   void shard(O& opt) {
-    inner_->shard(opt);
+    bound("torch::DistributedDataParallel::shard").shard(opt);
   }
   /// Steps `opt` after loss.backward(): opt.step() and, under shard<1>/shard<2>, the all_gather
   /// that brings every rank's updated parts into the module's parameters (collective then).
   template <class O>
   void step(O& opt) {
-    inner_->step(opt);
+    bound("torch::DistributedDataParallel::step").step(opt);
   }
   /// The same through a GradScaler (tandem::DistributedDataParallel::step); whether it stepped.
   template <class Scaler, class O>
   bool step(Scaler& scaler, O& opt) {
-    return inner_->step(scaler, opt);
+    return bound("torch::DistributedDataParallel::step").step(scaler, opt);
   }
 
   /// The arena (parameters, gradients, buffers): what tandem's optimizers, GradScaler and EMA
@@ -208,9 +240,12 @@ class DistributedDataParallel {
     return module_;
   }
   /// The tandem DDP that reduces the arena (its buckets, for instance).
-  [[nodiscard]] inner_type& ddp() noexcept { return *inner_; }
+  [[nodiscard]] inner_type& ddp() { return bound("torch::DistributedDataParallel::ddp"); }
   /// The communicator.
-  [[nodiscard]] Comm& comm() const noexcept { return *comm_; }
+  [[nodiscard]] Comm& comm() const {
+    (void)bound("torch::DistributedDataParallel::comm");
+    return *comm_;
+  }
   /// Buffers that are not float32 (BatchNorm's num_batches_tracked), by name: the module's own
   /// tensors, broadcast with the arena's buffers.
   [[nodiscard]] std::vector<std::pair<std::string, at::Tensor>> other_buffers() const {
@@ -242,6 +277,14 @@ class DistributedDataParallel {
   at::Tensor blob(float* data, const Slot& slot) const {
     return at::from_blob(data, slot.tensor.sizes(),
                          at::TensorOptions().dtype(at::kFloat).device(device_));
+  }
+
+  /// The tandem DDP; an Error naming `where` while released (between release() and rebind()).
+  inner_type& bound(const char* where) const {
+    if (inner_) return *inner_;
+    throw Error(rank_, where,
+                "the wrapper was released from its communicator (release(), a heal in progress); "
+                "call rebind(comm) with the new group first");
   }
 
   void wrap() {
@@ -348,8 +391,13 @@ class DistributedDataParallel {
       slot.hook_key = slot.accumulator->add_post_hook(
           std::make_unique<detail::GradReadyHook<DistributedDataParallel>>(this, i));
     }
-    // tandem's DDP checks its arena once more (cheap) and broadcasts rank 0's values and buffers.
-    // The module's entries were compared above, so the inner DDP does not compare its arena's.
+    bind_inner();
+  }
+
+  /// tandem's DDP over comm_ (it checks its arena once more, cheap, and broadcasts rank 0's
+  /// values and buffers; the module's entries were compared, so it does not compare its
+  /// arena's), and rank 0's other buffers.
+  void bind_inner() {
     inner_ = std::make_unique<inner_type>(tandem::detail::ddp::registration_compared_by_caller,
                                           *comm_, arena_, exec_);
     broadcast_other_buffers();
@@ -378,7 +426,7 @@ class DistributedDataParallel {
   void check_stream(const char* where) const {
     if constexpr (StreamExecutor<executor_type>) {
       if (CurrentStream<arena_space>::of(device_).stream == exec_.stream) return;
-      throw Error(comm_->rank(), where,
+      throw Error(rank_, where,
                   "libtorch's current CUDA stream on " + device_.str() +
                       " is not the one DistributedDataParallel was constructed under; the "
                       "arena's passes and the communicator's operations are ordered with that "
@@ -402,7 +450,7 @@ class DistributedDataParallel {
             "torch::Device(torch::kCUDA, " + std::to_string(device_.index()) +
             "))) before wrapping";
     }
-    throw Error(comm_->rank(), operation,
+    throw Error(rank_, operation,
                 std::string(kind) + " '" + name + "' is on " + t.device().str() + "; " + fix);
   }
 
@@ -426,9 +474,10 @@ class DistributedDataParallel {
 
   /// From the hook: parameter i's gradient is complete for this backward.
   void on_grad_ready(std::size_t i) {
+    (void)bound("torch::DistributedDataParallel (backward)");
     check_stream("torch::DistributedDataParallel (backward)");
     if (reduced_since_forward_ && no_sync_depth_ == 0) {
-      throw Error(comm_->rank(), "torch::DistributedDataParallel (backward)",
+      throw Error(rank_, "torch::DistributedDataParallel (backward)",
                   "parameter '" + trained_[i].name +
                       "' was marked ready twice in one step: a second backward() after the one "
                       "that reduced the gradients, with no forward (ddp.forward() or "
@@ -468,7 +517,7 @@ class DistributedDataParallel {
           names += (names.empty() ? "'" : ", '") + item.key() + "'";
         }
       }
-      throw Error(comm_->rank(), where,
+      throw Error(rank_, where,
                   "the module's parameters changed after it was wrapped (added or replaced: " +
                       (names.empty() ? std::string("some were removed") : names) +
                       "); register every parameter before constructing DistributedDataParallel");
@@ -478,7 +527,7 @@ class DistributedDataParallel {
       const void* data = slot.tensor.data_ptr();
       if (data != attached_values_ + slot.entry->offset() &&
           data != values + slot.entry->offset()) {
-        throw Error(comm_->rank(), where,
+        throw Error(rank_, where,
                     "parameter '" + slot.name +
                         "' no longer lies in the arena (set_data or .to() after wrapping?); "
                         "move or convert the module before constructing DistributedDataParallel");
@@ -506,7 +555,7 @@ class DistributedDataParallel {
       std::size_t at = 0;
       for (const auto& [name, t] : other_buffers_) {
         if (!t.is_contiguous()) {
-          throw Error(comm_->rank(), operation, "buffer '" + name + "' is not contiguous");
+          throw Error(rank_, operation, "buffer '" + name + "' is not contiguous");
         }
         std::memcpy(bytes.data() + at, t.data_ptr(), t.nbytes());
         at += t.nbytes();
@@ -520,7 +569,8 @@ class DistributedDataParallel {
     }
   }
 
-  Comm* comm_;
+  Comm* comm_;  // null between release() and rebind()
+  int rank_;    // this rank in comm_ (the last one while released), for Errors
   std::shared_ptr<::torch::nn::Module> module_;
   ::torch::nn::AnyModule forward_;
   arena_type arena_;

@@ -60,10 +60,13 @@ inline Parent kind_of(::torch::nn::Module& module) {
 /// Walks `parent`'s subtree. With `group` null it only collects the member-held BatchNorms
 /// (a dry run, so that an error leaves the model unchanged); otherwise it replaces each with a
 /// Sync (SyncBatchNormImpl) made from the group and the BatchNorm's parts. Names go into
-/// result.converted and result.skipped (ConvertedBatchNorms).
-template <class Sync, class Erased, class Result>
+/// result.converted and result.skipped (ConvertedBatchNorms). `parts_of(child, parts)` says
+/// which children are replaced (BatchNorm1d/2d/3d; torch/elastic.hpp: SyncBatchNorms, to move
+/// them onto a healed group).
+template <class Sync, class Erased, class Result, class PartsOf = decltype(&batch_norm_parts)>
 void convert(::torch::nn::Module& parent, const std::string& prefix,
-             const std::shared_ptr<const Erased>& group, bool skip_member_held, Result& result) {
+             const std::shared_ptr<const Erased>& group, bool skip_member_held, Result& result,
+             PartsOf parts_of = &batch_norm_parts) {
   const Parent kind = kind_of(parent);
   // A copy of the registry: each child's handle count is 1 (the registry) + 1 (this copy) + one
   // per container slot (Sequential's AnyModule, ModuleList's vector, ModuleDict's dict) + one per
@@ -75,8 +78,8 @@ void convert(::torch::nn::Module& parent, const std::string& prefix,
     const std::shared_ptr<::torch::nn::Module>& child = item.value();
     const std::size_t position = index++;
     BatchNormParts parts;
-    if (!batch_norm_parts(child, parts)) {
-      convert<Sync>(*child, name, group, skip_member_held, result);
+    if (!parts_of(child, parts)) {
+      convert<Sync>(*child, name, group, skip_member_held, result, parts_of);
       continue;
     }
     const long container_slot = kind == Parent::other ? 0 : 1;

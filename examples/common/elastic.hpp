@@ -1,0 +1,175 @@
+// examples/common/elastic.hpp - --elastic for the training examples (issue 32): a run under
+// `tandemrun --elastic` whose ranks may be lost (SIGKILL, an OOM kill) goes on with the
+// survivors through tandem::Elastic. A training loop is written once against a Group, which is
+// either tandem::Elastic<Comm> or FixedGroup<Comm> (the plain run: every step taken at once,
+// no heal), both offering comm(), generation(), first_rank(), on_heal(release, rebuild) and
+// step(compute, apply) (docs/elastic.md).
+// Here: FixedGroup, what the loop needs across heals (HealingBatches, HealingProgress,
+// report_heal, crash_if_asked) and the checks of the flags; elastic_run.hpp starts the group.
+//   examples::FixedGroup group(comm);  train(group, s);                 // the plain run
+// Needs: common/run.hpp (no tandem::Elastic itself: the CUDA programs include this too).
+#pragma once
+
+#include <signal.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "common/run.hpp"  // the backends' headers, RunSettings
+#include "tandem/core/env.hpp"
+#include "tandem/io/log.hpp"
+#include "tandem/io/progress.hpp"
+
+namespace examples {
+
+/// A group that never changes: tandem::Elastic's interface over a plain communicator, so that one
+/// training loop serves both runs. step() runs compute then apply, with no commit point; the
+/// heal callbacks are never called.
+template <class Comm>
+class FixedGroup {
+ public:
+  explicit FixedGroup(Comm& comm) : comm_(&comm) {}
+  Comm& comm() { return *comm_; }
+  int generation() const noexcept { return 0; }
+  int first_rank() const { return comm_->rank(); }
+  int heals() const noexcept { return 0; }
+  std::chrono::steady_clock::duration last_heal_time() const noexcept { return {}; }
+  template <class Release, class Rebuild>
+  void on_heal(Release&& /*release*/, Rebuild&& /*rebuild*/) {}
+  template <class Compute, class Apply>
+  void step(Compute&& compute, Apply&& apply) {
+    compute(*comm_);
+    apply();
+  }
+
+ private:
+  Comm* comm_;
+};
+
+/// The Loader's position across heals: the training loop takes each step's batch through it,
+/// and a heal's release stops the Loader (its workers read the sampler, which the rebuild
+/// re-splits); the step's next compute then starts it on the new split from the batches done.
+template <class Loader>
+class HealingBatches {
+ public:
+  explicit HealingBatches(Loader& loader) : loader_(&loader) {}
+  /// An epoch's start: the Loader from batch `done`, in the group's `generation`.
+  void start(std::size_t done, int generation) {
+    loader_->resume_at(done);
+    batch_ = loader_->begin();
+    generation_ = generation;
+  }
+  /// A heal's release: the Loader stops.
+  void stop() {
+    loader_->finish_epoch();
+    generation_ = -1;
+  }
+  /// The step's batch; after a heal, from the Loader started again on the new split.
+  const auto& current(std::size_t done, int generation) {
+    if (generation_ != generation) start(done, generation);
+    return *batch_;
+  }
+  /// The step was applied: on to the next batch (not once the Loader stopped: a survivor applies
+  /// a step committed elsewhere during the heal, after the release).
+  void next(int generation) {
+    if (generation_ == generation) ++batch_;
+  }
+
+ private:
+  Loader* loader_;
+  decltype(std::declval<Loader&>().begin()) batch_{};
+  int generation_ = -1;  // the group's generation batch_ was started in; -1: stopped
+};
+
+/// Rank 0's progress bar over an epoch's batches; after a heal, a new one over the new split's.
+class HealingProgress {
+ public:
+  /// The bar of `group`'s current generation over `left` batches (a new one if the group healed
+  /// since the last call), to update after each step.
+  template <class Group>
+  tandem::Progress& of(Group& group, int epoch, std::size_t left) {
+    if (generation_ != group.generation()) {
+      progress_.reset();
+      progress_.emplace(left, tandem::ProgressOptions{.label = "epoch " + std::to_string(epoch),
+                                                      .enabled = group.comm().rank() == 0});
+      generation_ = group.generation();
+    }
+    return *progress_;
+  }
+
+ private:
+  std::optional<tandem::Progress> progress_;
+  int generation_ = -1;
+};
+
+/// --crash-at-step (the tests): rank 1 of the group as it first formed kills itself at `step`,
+/// once: on the launcher's first attempt, before any heal.
+template <class Group>
+void crash_if_asked(const RunSettings& settings, std::int64_t step, Group& group) {
+  if (settings.crash_at_step == step && group.first_rank() == 1 && group.generation() == 0 &&
+      first_attempt())
+    ::raise(SIGKILL);
+}
+
+/// Takes the group's steps and says on rank 0 when one healed: "healed during step S (what):
+/// N ranks go on; the heal took T ms, the step X ms" (X: from the step's start to its end on
+/// this rank: the work lost in flight, the detection, the heal and the step taken again;
+/// bench/elastic/run_elastic.sh reads it).
+class HealLog {
+ public:
+  /// group.step(compute, apply), then the line if the group healed during it.
+  template <class Group, class Compute, class Apply>
+  void step(Group& group, std::int64_t step, const char* what, Compute&& compute, Apply&& apply) {
+    const auto start = std::chrono::steady_clock::now();
+    group.step(std::forward<Compute>(compute), std::forward<Apply>(apply));
+    if (group.heals() == seen_) return;
+    seen_ = group.heals();
+    using ms = std::chrono::duration<double, std::milli>;
+    tandem::log0(group.comm()) << "healed during step " << step << " (" << what
+                               << "): " << group.comm().size() << " ranks go on; the heal took "
+                               << ms(group.last_heal_time()).count() << " ms, the step "
+                               << ms(std::chrono::steady_clock::now() - start).count() << " ms";
+  }
+
+ private:
+  int seen_ = 0;
+};
+
+/// Why `backend` (with `zero`, a ZeRO stage, 0 for none) cannot run --elastic, or "".
+inline std::string elastic_problem(const std::string& backend, int zero) {
+  if (zero != 0) {
+    return "--elastic with --zero: ZeRO keeps each rank's part of the optimizer state (the "
+           "momentum) on that rank only, so a lost rank takes its part with it and the survivors "
+           "cannot go on exactly; train with plain DDP (no --zero), or use tandemrun "
+           "--max-restarts to restart from checkpoints";
+  }
+  if (backend == "local") {
+    return "--elastic with --backend local: threads of one process are lost together with it; "
+           "start the ranks as processes under `tandemrun --elastic` (backend shm, gloo or "
+           "hierarchical)";
+  }
+  if (backend == "mpi") {
+    return "--elastic with --backend mpi: MPI cannot shrink a communicator (mpirun ends the job "
+           "when a rank dies); use shm, gloo or hierarchical under `tandemrun --elastic`";
+  }
+  return {};
+}
+
+/// The store the survivors meet in: `given` (file:///PATH) when set, else a file named after the
+/// launcher's run id (TORCHELASTIC_RUN_ID, unique per tandemrun launch) in $TMPDIR or /tmp.
+/// nullopt outside a launcher without `given`.
+inline std::optional<std::string> elastic_store_url(const std::string& given) {
+  if (!given.empty()) return given;
+  const char* run_id = std::getenv("TORCHELASTIC_RUN_ID");
+  if (!run_id || !*run_id || std::string(run_id) == "none") return std::nullopt;
+  const char* tmp = std::getenv("TMPDIR");
+  return "file://" + std::string(tmp && *tmp == '/' ? tmp : "/tmp") + "/tandem-elastic-" + run_id +
+         ".store";
+}
+
+}  // namespace examples

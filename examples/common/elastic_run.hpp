@@ -1,0 +1,53 @@
+// examples/common/elastic_run.hpp - starts a training example's rank as a member of a
+// tandem::Elastic group over the backend --backend names (--elastic; common/elastic.hpp has the
+// rest).
+//   auto accuracy = examples::run_elastic_backend(s.backend, store, timeout,
+//                                                 [&](auto& group) { return train(group, s); });
+// Needs: the backends the example is built with (shm, gloo, hierarchical heal; local and mpi do
+// not: see elastic_problem).
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+
+#include "common/run.hpp"  // the backends' headers
+#include "tandem/elastic/elastic.hpp"
+
+namespace examples {
+
+/// train(group) as this process's member of an elastic job over Comm (tandem::Elastic<Comm>
+/// meeting in `store_url`), `timeout` bounding each collective.
+template <class Comm, class Train>
+double run_elastic_rank(const std::string& store_url, std::chrono::seconds timeout, Train& train) {
+  typename Comm::options_type options;
+  options.timeout = timeout;
+  tandem::Elastic<Comm> elastic(store_url, options);
+  return train(elastic);
+}
+
+/// Runs train(group) with a tandem::Elastic group over the backend `backend` names (shm, gloo or
+/// hierarchical: those that heal); nullopt where it is not built in or cannot heal (check
+/// elastic_problem first for the reason).
+template <class Train>
+std::optional<double> run_elastic_backend(const std::string& backend, const std::string& store_url,
+                                          std::chrono::seconds timeout, Train&& train) {
+#if TANDEM_EXAMPLE_WITH_GLOO
+  if (backend == "gloo") return run_elastic_rank<tandem::GlooComm>(store_url, timeout, train);
+#endif
+#if TANDEM_EXAMPLE_WITH_SHM
+  if (backend == "shm") return run_elastic_rank<tandem::ShmComm>(store_url, timeout, train);
+#endif
+#if TANDEM_EXAMPLE_WITH_SHM && TANDEM_EXAMPLE_WITH_GLOO
+  if (backend == "hierarchical") {
+    return run_elastic_rank<tandem::HierarchicalComm<tandem::ShmComm, tandem::GlooComm>>(
+        store_url, timeout, train);
+  }
+#endif
+  (void)store_url;
+  (void)timeout;
+  (void)train;
+  return std::nullopt;
+}
+
+}  // namespace examples

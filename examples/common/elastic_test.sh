@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The training examples' elastic test (issue 32): PROGRAM on RANKS ranks under
+# `tandemrun --standalone --elastic`, with --elastic; rank 1 kills itself with SIGKILL at step
+# CRASH (--crash-at-step). The launcher must report the lost rank and let the others go on; the
+# survivors heal, the epoch's rest is re-split over them, and the run must end at step FINAL on
+# RANKS - 1 ranks (a lost or repeated batch of samples, or a restarted epoch, ends elsewhere),
+# having healed once and reached MIN_ACCURACY percent.
+#   elastic_test.sh TANDEMRUN PROGRAM RANKS CRASH FINAL MIN_ACCURACY [PROGRAM'S FLAGS...]
+set -euo pipefail
+tandemrun=$1 program=$2 ranks=$3 crash=$4 final_step=$5 min_accuracy=$6
+shift 6
+work=$(mktemp -d /tmp/tandem-elastic-example.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-lo}
+log="$work/run.log"
+fail() { cat "$log"; echo "FAILED: $*"; exit 1; }
+
+"$tandemrun" --standalone --elastic --nproc-per-node "$ranks" "$program" "$@" --elastic \
+  --elastic-store "file://$work/store" --crash-at-step "$crash" >"$log" 2>&1 ||
+  fail "the run did not finish after losing rank 1"
+grep -q "rank 1 was lost (signal SIGKILL" "$log" || fail "the launcher did not report rank 1 lost"
+grep -q "healed 1 time(s): $((ranks - 1)) ranks went on" "$log" || fail "no heal to $((ranks - 1))"
+line=$(grep "test accuracy .* after $final_step steps on $((ranks - 1)) ranks" "$log") ||
+  fail "the run did not end at step $final_step on $((ranks - 1)) ranks"
+echo "$line"
+accuracy=$(sed -E 's/.*test accuracy ([0-9.]+) %.*/\1/' <<<"$line")
+awk -v a="$accuracy" -v m="$min_accuracy" 'BEGIN { exit !(a >= m) }' ||
+  fail "test accuracy $accuracy % is below $min_accuracy %"
+echo "PASSED: rank 1 killed at step $crash; $((ranks - 1)) survivors healed and trained" \
+  "to step $final_step, test accuracy $accuracy %"
