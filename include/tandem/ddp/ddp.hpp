@@ -321,7 +321,8 @@ class DistributedDataParallel {
   }
 
   /// Steps `opt` after finish_gradient_sync(): opt.step() and, under shard<1>/shard<2>, the
-  /// all_gather that brings every rank's updated parts to every rank. Collective under sharding.
+  /// all_gather that brings every rank's updated parts to every rank (under prefetch_parameters
+  /// started and left in flight: see wait_parameters). Collective under sharding.
   /// An Error under sharding when `opt` was not given to shard() (a full optimizer would step
   /// every element on every rank: under shard<2> with gradients only partly reduced).
   template <class O>

@@ -152,8 +152,7 @@ template <class S, class Space, class Comm, class Exec>
 [[nodiscard]] std::vector<GatherInFlight> start_gather_parts(Comm& comm, const Exec& exec,
                                                              const ShardLayout& layout, S* data,
                                                              S* staging, std::size_t begin,
-                                                             std::size_t end,
-                                                             GatherOrder order) {
+                                                             std::size_t end, GatherOrder order) {
   const std::size_t n = layout.world_size();
   const std::size_t r = layout.rank();
   std::vector<GatherInFlight> chosen;
@@ -201,18 +200,7 @@ void finish_gather_part(const Exec& exec, const ShardLayout& layout, S* data, S*
                         GatherInFlight& gather) {
   std::vector<Work> works = std::move(gather.works);
   gather.works.clear();
-  std::exception_ptr failure;
-  for (auto& work : works) {
-    try {
-      if (failure) {
-        work.wait();
-      } else {
-        tandem::hand_back(work, exec);
-      }
-    } catch (...) {
-      if (!failure) failure = std::current_exception();
-    }
-  }
+  const std::exception_ptr failure = launch_and_hand_back(works, exec, [] {});
   if (failure) std::rethrow_exception(failure);
   const ShardedBucket* b = gather.bucket;
   if (b->tail == 0) return;

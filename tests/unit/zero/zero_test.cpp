@@ -531,6 +531,21 @@ TEST_CASE("shard<1> and shard<2> under O2: the same master and half weights as D
   }
 }
 
+namespace {
+
+/// What `fn` throws as a tandem::Error, or "" when it throws nothing.
+template <class Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const tandem::Error& e) {
+    return e.what();
+  }
+  return {};
+}
+
+}  // namespace
+
 TEST_CASE("prefetch_parameters equals shard<1> and shard<2> (and DDP) bit for bit") {
   if (in_job()) return;
   tandem::test::LocalRunner run;
@@ -561,14 +576,6 @@ TEST_CASE("prefetch_parameters: a parameter used before its gather is waited is 
     ddp.shard(trainee.opt);
     std::vector<tandem::Parameters<float>::Parameter*> order;
     for (auto& p : params) order.push_back(&p);
-    auto error_of = [](auto&& fn) -> std::string {
-      try {
-        fn();
-      } catch (const tandem::Error& e) {
-        return e.what();
-      }
-      return {};
-    };
     auto sync_and_step = [&] {
       for (auto it = order.rbegin(); it != order.rend(); ++it) ddp.grad_ready(**it);
       ddp.finish_gradient_sync();
@@ -589,8 +596,8 @@ TEST_CASE("prefetch_parameters: a parameter used before its gather is waited is 
       if (ddp.bucket_of(p->index()) != waited) elsewhere = p;
     }
     failures.expect(elsewhere != nullptr, "the test's arena has a single bucket");
-    failures.expect(error_of([&] { ddp.grad_ready(*order.back()); }).empty(), "rank ",
-                    comm.rank(), ": grad_ready after wait_parameters(p) was refused");
+    failures.expect(error_of([&] { ddp.grad_ready(*order.back()); }).empty(), "rank ", comm.rank(),
+                    ": grad_ready after wait_parameters(p) was refused");
     if (elsewhere) {
       const std::string other = error_of([&] { ddp.grad_ready(*elsewhere); });
       failures.expect(other.find("was not waited") != std::string::npos, "rank ", comm.rank(),
@@ -621,14 +628,6 @@ TEST_CASE("ZeRO misuse is an Error") {
     auto& params = trainee.params;
     auto& ddp = trainee.ddp;
     auto& opt = trainee.opt;
-    auto error_of = [](auto&& fn) -> std::string {
-      try {
-        fn();
-      } catch (const tandem::Error& e) {
-        return e.what();
-      }
-      return {};
-    };
     // A full optimizer stepped through the DDP.
     const std::string unsharded = error_of([&] { ddp.step(opt); });
     failures.expect(unsharded.find("ddp.shard(opt)") != std::string::npos,
