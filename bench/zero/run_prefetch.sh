@@ -8,7 +8,8 @@
 # gather left in flight counts) is compared with the same engine's DDP in that run. Appends a
 # dated section to bench/results/zero.md.
 #   bench/zero/run_prefetch.sh [BUILD_DIR] [-- bench_zero options]   (default build/release;
-#   RANKS="2 4" for the world sizes, default 2; ENGINES, default "local shm gloo mpi")
+#   RANKS="2 4" for the world sizes, default 2; ENGINES, default "local shm gloo mpi";
+#   RESULTS=FILE to write the report of an earlier run's RESULT lines without running)
 # Needs: bench_zero and tools/tandemrun built (Release), OpenMPI's mpirun for the MPI engine.
 # Fails (exit 1) when a part fails; bench_zero itself fails unless its work happened.
 set -euo pipefail
@@ -26,7 +27,10 @@ tmp=$(mktemp -d /tmp/tandem-bench-prefetch.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 status=0
+# RESULTS=FILE: no runs, the report of FILE's RESULT lines (a run whose report failed).
+if [[ -n ${RESULTS:-} ]]; then grep -oE 'RESULT .*' "$RESULTS" >"$tmp/results.txt"; RANKS=none; fi
 for ranks in ${RANKS:-2}; do
+  [[ $ranks == none ]] && break
   for engine in ${ENGINES:-local shm gloo mpi}; do
     for config in "0 0" "1 0" "1 1" "2 0" "2 1"; do
       read -r stage prefetch <<<"$config"
@@ -37,8 +41,8 @@ for ranks in ${RANKS:-2}; do
         *) cmd=("$tandemrun" --standalone --nproc-per-node "$ranks" "$program" "$engine" "${flags[@]}") ;;
       esac
       echo "== $engine $ranks ranks stage $stage prefetch $prefetch" >&2
-      if timeout 1800 "${cmd[@]}" >"$tmp/part.out" 2>&1 && grep -q '^RESULT ' "$tmp/part.out"; then
-        grep '^RESULT ' "$tmp/part.out" | tee -a "$tmp/results.txt" >&2
+      if timeout 1800 "${cmd[@]}" >"$tmp/part.out" 2>&1 && grep -q 'RESULT ' "$tmp/part.out"; then
+        grep -oE 'RESULT .*' "$tmp/part.out" | tee -a "$tmp/results.txt" >&2
       else
         tail -20 "$tmp/part.out" >&2
         echo "RESULT impl=tandem backend=$engine ranks=$ranks stage=$stage prefetch=$prefetch failed" >>"$tmp/results.txt"
@@ -48,6 +52,9 @@ for ranks in ${RANKS:-2}; do
   done
 done
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
+if [[ -n ${RESULTS:-} ]]; then  # the loads of the run that printed them, where given
+  load_before=${LOAD_BEFORE:-unknown} load_after=${LOAD_AFTER:-unknown}
+fi
 if [[ -n ${COMMIT:-} ]]; then
   commit=$COMMIT  # a copy of the tree without its git directory (a lent machine) is told it
 else

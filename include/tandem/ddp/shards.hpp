@@ -137,6 +137,10 @@ struct GatherInFlight {
   std::vector<Work> works;
 };
 
+/// The order start_gather_parts launches the buckets in: the layout's (bucket 0 first), or a
+/// forward's (the last bucket, which holds the first-registered parameters, first).
+enum class GatherOrder : unsigned char { buckets, forward };
+
 /// Starts making data[begin, end) (arena coordinates) whole on every rank from each rank's own
 /// parts: one all_gather per bucket overlapping [begin, end) for its equal parts (straight into
 /// the arena) and one of world-size padded elements for its tail, every one asynchronous and all
@@ -147,7 +151,6 @@ struct GatherInFlight {
 /// returned. Ordered through the stream-ordering contract (comm/stream_order.hpp): the
 /// collectives after exec's copies. On a failure to launch, waits on the host for what started
 /// and rethrows.
-enum class GatherOrder : unsigned char { buckets, forward };
 template <class S, class Space, class Comm, class Exec>
 [[nodiscard]] std::vector<GatherInFlight> start_gather_parts(Comm& comm, const Exec& exec,
                                                              const ShardLayout& layout, S* data,
