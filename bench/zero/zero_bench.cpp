@@ -19,12 +19,11 @@
 // all_gather of the parameters under sharding, left in flight under prefetch_parameters),
 // opt.zero_grad(). A step's time is the time between the ends of two barriers that start
 // consecutive steps, so a gather left in flight past the step counts in it; the median over the
-// timed steps of the slowest rank's is printed. Memory: VmRSS and VmHWM from /proc/self/status at the end, per
-// process (threads share one process: the per-rank figure is the process's / N), and the
-// optimizer state the arena holds on each rank (opt.state_bytes(), exact).
-// The run fails (exit 1, no RESULT line) unless the work happened: every rank took W + S
-// optimizer steps, the parameters moved from their initial values, and all ranks hold the same
-// parameters at the end.
+// timed steps of the slowest rank's is printed. Memory: VmRSS and VmHWM from /proc/self/status at
+// the end, per process (threads share one process: the per-rank figure is the process's / N), and
+// the optimizer state the arena holds on each rank (opt.state_bytes(), exact). The run fails (exit
+// 1, no RESULT line) unless the work happened: every rank took W + S optimizer steps, the
+// parameters moved from their initial values, and all ranks hold the same parameters at the end.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -246,8 +245,8 @@ Options parse(int argc, char** argv) {
          steps = options.steps, warmup = options.warmup,
          bucket_mib = static_cast<double>(options.bucket_mib), prefetch = 0, forward = 0;
   const std::map<std::string, double*> numbers{
-      {"--ranks", &ranks}, {"--stage", &stage},   {"--params", &params},
-      {"--steps", &steps}, {"--warmup", &warmup}, {"--bucket-mib", &bucket_mib},
+      {"--ranks", &ranks},       {"--stage", &stage},    {"--params", &params},
+      {"--steps", &steps},       {"--warmup", &warmup},  {"--bucket-mib", &bucket_mib},
       {"--prefetch", &prefetch}, {"--forward", &forward}};
   bool ok = argc >= 2 && argc % 2 == 0;
   for (int i = 2; ok && i + 1 < argc; i += 2) {

@@ -388,7 +388,8 @@ class DistributedDataParallel {
   /// first reads `param`. Nothing when that gather has ended, or without the policy.
   template <detail::ddp::arena_parameter P>
   void wait_parameters(const P& param) {
-    arena_->wait_gathered(plan_.bucket_of[index_checked(param, "DistributedDataParallel::wait_parameters")]);
+    arena_->wait_gathered(
+        plan_.bucket_of[index_checked(param, "DistributedDataParallel::wait_parameters")]);
   }
   /// prefetch_parameters: ends every parameter all_gather still in flight; call it before
   /// reading the parameters outside a forward (EMA, evaluation, a checkpoint).

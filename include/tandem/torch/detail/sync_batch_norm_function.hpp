@@ -416,11 +416,11 @@ struct Function : ::torch::autograd::Function<Function> {
     const at::Tensor merged = at::empty({3, channels}, on);  // mean, var, invstd
     double* statistics = merged.data_ptr<double>();
     double total = 0;
-    for_each_index(on_host, c_count,
-                   tandem::detail::batch_norm::merge_statistics<double>{
-                       all.data_ptr<double>(), static_cast<std::size_t>(group.size()), wire,
-                       args.eps, statistics, statistics + channels, statistics + 2 * channels,
-                       &total});
+    for_each_index(
+        on_host, c_count,
+        tandem::detail::batch_norm::merge_statistics<double>{
+            all.data_ptr<double>(), static_cast<std::size_t>(group.size()), wire, args.eps,
+            statistics, statistics + channels, statistics + 2 * channels, &total});
     tandem::detail::batch_norm::check_values_per_channel(
         group.rank(), total, " across " + std::to_string(group.size()) + " ranks");
     if (args.running_mean.defined()) {
