@@ -239,6 +239,28 @@ inline void commit_step(const ForwardArgs& args, const double* mean, const doubl
   args.num_batches_tracked.copy_(tracked);
 }
 
+/// The merge of every rank's record (`records`: {world, 2C + 1} contiguous CPU doubles), its
+/// check and, when the module tracks running statistics, the commit of the step (every
+/// collective and check has passed by then). Returns {mean | variance | invstd} as a {3, C} CPU
+/// double tensor, and the total count.
+inline std::pair<at::Tensor, double> merge_and_commit(const Group& group, const ForwardArgs& args,
+                                                      const tandem::detail::batch_norm::Wire& wire,
+                                                      const at::Tensor& records) {
+  const auto channels = static_cast<int64_t>(wire.channels);
+  const at::Tensor merged = at::empty({3, channels}, records.options());
+  double* statistics = merged.data_ptr<double>();
+  double total = 0;
+  for_each_index(
+      on_host, wire.channels,
+      tandem::detail::batch_norm::merge_statistics<double>{
+          records.data_ptr<double>(), static_cast<std::size_t>(group.size()), wire, args.eps,
+          statistics, statistics + channels, statistics + 2 * channels, &total});
+  tandem::detail::batch_norm::check_values_per_channel(
+      group.rank(), total, " across " + std::to_string(group.size()) + " ranks");
+  if (args.running_mean.defined()) commit_step(args, statistics, statistics + channels, total);
+  return {merged, total};
+}
+
 /// The synchronised batch norm as one autograd node: inputs (input, weight, bias, args).
 struct Function : ::torch::autograd::Function<Function> {
   static at::Tensor forward(::torch::autograd::AutogradContext* ctx, const at::Tensor& input,
@@ -280,21 +302,7 @@ struct Function : ::torch::autograd::Function<Function> {
 
     // The merge and its check on the host, as nn's SyncBatchNorm runs them (a few doubles a
     // rank; on a GPU the records come back once, where the total count must anyway).
-    const at::Tensor records = all.to(at::kCPU).contiguous();
-    const at::Tensor merged = at::empty({3, channels}, records.options());  // mean, var, invstd
-    double* statistics = merged.data_ptr<double>();
-    double total = 0;
-    for_each_index(
-        on_host, wire.channels,
-        tandem::detail::batch_norm::merge_statistics<double>{
-            records.data_ptr<double>(), static_cast<std::size_t>(group.size()), wire, args.eps,
-            statistics, statistics + channels, statistics + 2 * channels, &total});
-    tandem::detail::batch_norm::check_values_per_channel(
-        group.rank(), total, " across " + std::to_string(group.size()) + " ranks");
-    // Every collective and check of the step has passed: commit it.
-    if (args.running_mean.defined()) {
-      commit_step(args, statistics, statistics + channels, total);
-    }
+    const auto [merged, total] = merge_and_commit(group, args, wire, all.to(at::kCPU).contiguous());
     const at::Tensor mean = merged[0].to(x.device());
     const at::Tensor invstd = merged[2].to(x.device());
 
@@ -413,19 +421,8 @@ struct Function : ::torch::autograd::Function<Function> {
     const at::Tensor all = at::empty({group.size(), static_cast<int64_t>(wire.size())}, on);
     group.all_gather(mine, all);
 
-    const at::Tensor merged = at::empty({3, channels}, on);  // mean, var, invstd
-    double* statistics = merged.data_ptr<double>();
-    double total = 0;
-    for_each_index(
-        on_host, c_count,
-        tandem::detail::batch_norm::merge_statistics<double>{
-            all.data_ptr<double>(), static_cast<std::size_t>(group.size()), wire, args.eps,
-            statistics, statistics + channels, statistics + 2 * channels, &total});
-    tandem::detail::batch_norm::check_values_per_channel(
-        group.rank(), total, " across " + std::to_string(group.size()) + " ranks");
-    if (args.running_mean.defined()) {
-      commit_step(args, statistics, statistics + channels, total);
-    }
+    const auto [merged, total] = merge_and_commit(group, args, wire, all);
+    const double* statistics = merged.data_ptr<double>();
 
     // y = x * scale + (b - mean * scale), scale = invstd * w: forward's fused arithmetic.
     const double* mean = statistics;
