@@ -2,23 +2,28 @@
 // DistributedDataParallel with AdamW, plain (stage 0) and with shard<1> / shard<2>.
 //   zero_bench local --ranks N [options]                        (N threads, LocalComm)
 //   tandemrun --standalone --nproc-per-node N zero_bench gloo|shm [options]   (N processes)
+//   mpirun -n N --bind-to none zero_bench mpi [options]                       (N processes)
 // Options: --stage 0|1|2 (0: plain DDP) --params P (124e6 float parameters) --steps S (10 timed)
-// --warmup W (2) --bucket-mib 25|4|1 (bucket_cap; 25 as PyTorch's DDP).
+// --warmup W (2) --bucket-mib 25|4|1 (bucket_cap; 25 as PyTorch's DDP) --prefetch 0|1 (with a
+// stage: the prefetch_parameters policy) --forward 0|1 (a forward pass before the backward).
 // One stage per run: a process's VmHWM (peak resident memory) would otherwise be the largest
 // stage's. run_zero.sh runs every stage, world size and engine beside PyTorch's
 // ZeroRedundancyOptimizer and writes bench/results/zero.md.
 //
 // The model: P float parameters in 12 tensors (the last takes the remainder). Its synthetic
 // backward writes each tensor's gradient, g = 1e-3 * w + c (c differs by rank and step), one
-// element-wise pass like the PyTorch peer's, and marks it ready, last tensor first. One step:
-// before_forward, backward, finish_gradient_sync, ddp.step(opt) (AdamW; the all_gather of the
-// parameters under sharding), opt.zero_grad(). A step's time is the slowest rank's; the median
-// over the timed steps is printed. Memory: VmRSS and VmHWM from /proc/self/status at the end, per
-// process (threads share one process: the per-rank figure is the process's / N), and the
-// optimizer state the arena holds on each rank (opt.state_bytes(), exact).
-// The run fails (exit 1, no RESULT line) unless the work happened: every rank took W + S
-// optimizer steps, the parameters moved from their initial values, and all ranks hold the same
-// parameters at the end.
+// element-wise pass like the PyTorch peer's, and marks it ready, last tensor first. With
+// --forward 1 a forward pass reads each tensor first, in registration order (the sum of its
+// values, checked), waiting for each tensor's all_gather first under prefetch_parameters. One
+// step: before_forward, [forward,] backward, finish_gradient_sync, ddp.step(opt) (AdamW; the
+// all_gather of the parameters under sharding, left in flight under prefetch_parameters),
+// opt.zero_grad(). A step's time is the time between the ends of two barriers that start
+// consecutive steps, so a gather left in flight past the step counts in it; the median over the
+// timed steps of the slowest rank's is printed. Memory: VmRSS and VmHWM from /proc/self/status at
+// the end, per process (threads share one process: the per-rank figure is the process's / N), and
+// the optimizer state the arena holds on each rank (opt.state_bytes(), exact). The run fails (exit
+// 1, no RESULT line) unless the work happened: every rank took W + S optimizer steps, the
+// parameters moved from their initial values, and all ranks hold the same parameters at the end.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -43,6 +48,9 @@
 #if TANDEM_BENCH_GLOO || TANDEM_BENCH_SHM
 #include "tandem/comm/init.hpp"
 #endif
+#if TANDEM_BENCH_MPI
+#include "tandem/comm/mpi/mpi.hpp"
+#endif
 
 namespace {
 
@@ -56,6 +64,8 @@ struct Options {
   int steps = 10;
   int warmup = 2;
   std::size_t bucket_mib = 25;
+  bool prefetch = false;
+  bool forward = false;
 };
 
 /// VmRSS and VmHWM of this process in bytes (/proc/self/status gives kB).
@@ -112,13 +122,25 @@ bool run(Comm& comm, const Options& options, bool threads) {
   tandem::optim::AdamW<float> opt(params, {.lr = 1e-3, .weight_decay = 0.01});
   ddp.shard(opt);  // plain DDP: nothing
 
+  constexpr bool prefetches = decltype(ddp)::config::prefetches;
   std::vector<double> times;
+  double forward_sum = 0;  // what the forward read, so that it cannot be left out
+  comm.barrier();
+  auto start = Clock::now();
   for (int s = 0; s < options.warmup + options.steps; ++s) {
     const float c = 1e-4f * static_cast<float>(1 + comm.rank() + s % 5);
-    comm.barrier();
-    const auto start = Clock::now();
     ddp.before_forward();
+    if (options.forward) {
+      for (auto* p : layer) {
+        if constexpr (prefetches) ddp.wait_parameters(*p);
+        const float* w = p->value().data();
+        float sum = 0;
+        for (std::size_t i = 0; i < p->value().size(); ++i) sum += w[i];
+        forward_sum += static_cast<double>(sum);
+      }
+    }
     for (auto it = layer.rbegin(); it != layer.rend(); ++it) {
+      if constexpr (prefetches) ddp.wait_parameters(**it);
       float* g = (*it)->grad().data();
       const float* w = (*it)->value().data();
       const std::size_t n = (*it)->grad().size();
@@ -128,9 +150,12 @@ bool run(Comm& comm, const Options& options, bool threads) {
     ddp.finish_gradient_sync();
     ddp.step(opt);
     opt.zero_grad();
-    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    if (s >= options.warmup) times.push_back(seconds);
+    comm.barrier();  // after the gather left in flight, in the communicator's issue order
+    const auto end = Clock::now();
+    if (s >= options.warmup) times.push_back(std::chrono::duration<double>(end - start).count());
+    start = end;
   }
+  ddp.wait_parameters();  // (the barrier has seen it end; this also ends it on this side)
   times = reduced(comm, times, tandem::ReduceOp::max);  // each step's slowest rank
   std::sort(times.begin(), times.end());
   const double median = times[times.size() / 2];
@@ -144,7 +169,8 @@ bool run(Comm& comm, const Options& options, bool threads) {
   const bool moved = std::fabs(final_sum - initial) > 1e-6 * std::max(1.0, std::fabs(initial));
   const bool same = low[0] == high[0];
   const bool stepped = low[1] == expected_steps && high[1] == expected_steps;
-  if (!(moved && same && stepped)) {
+  const bool read = !options.forward || std::isfinite(forward_sum);
+  if (!(moved && same && stepped && read)) {
     if (comm.rank() == 0) {
       std::fprintf(stderr,
                    "zero_bench: FAILED, the work did not happen: parameters moved %d, equal on "
@@ -168,10 +194,10 @@ bool run(Comm& comm, const Options& options, bool threads) {
     std::printf(
         "RESULT impl=tandem backend=%s ranks=%d stage=%d params=%zu buckets=%zu steps=%d "
         "step_ms=%.3f state_mib_per_rank=%.2f rss_mib_per_rank=%.1f hwm_mib_per_rank=%.1f "
-        "per_rank=%s\n",
+        "per_rank=%s prefetch=%d forward=%d\n",
         options.backend.c_str(), comm.size(), options.stage, params.numel(), ddp.buckets().size(),
         options.steps, median * 1e3, state[0] / mib, max_mem[0] / mib, max_mem[1] / mib,
-        threads ? "process/N" : "max-over-processes");
+        threads ? "process/N" : "max-over-processes", prefetches ? 1 : 0, options.forward ? 1 : 0);
     std::fflush(stdout);
   }
   return true;
@@ -181,8 +207,16 @@ template <class Comm, std::size_t Bucket>
 bool by_stage(Comm& comm, const Options& options, bool threads) {
   switch (options.stage) {
     case 1:
+      if (options.prefetch) {
+        return run<Comm, Bucket, tandem::shard<1>, tandem::prefetch_parameters>(comm, options,
+                                                                                threads);
+      }
       return run<Comm, Bucket, tandem::shard<1>>(comm, options, threads);
     case 2:
+      if (options.prefetch) {
+        return run<Comm, Bucket, tandem::shard<2>, tandem::prefetch_parameters>(comm, options,
+                                                                                threads);
+      }
       return run<Comm, Bucket, tandem::shard<2>>(comm, options, threads);
     default:
       return run<Comm, Bucket>(comm, options, threads);
@@ -204,15 +238,16 @@ bool dispatch(Comm& comm, const Options& options, bool threads) {
 /// The command line; a flag is followed by its value, numbers like 124e6 accepted.
 Options parse(int argc, char** argv) {
   const char* usage =
-      "usage: zero_bench local|gloo|shm [--ranks N] [--stage 0|1|2] [--params P] [--steps S] "
-      "[--warmup W] [--bucket-mib 25|4|1]\n";
+      "usage: zero_bench local|gloo|shm|mpi [--ranks N] [--stage 0|1|2] [--params P] "
+      "[--steps S] [--warmup W] [--bucket-mib 25|4|1] [--prefetch 0|1] [--forward 0|1]\n";
   Options options;
   double ranks = options.ranks, stage = options.stage, params = static_cast<double>(options.params),
          steps = options.steps, warmup = options.warmup,
-         bucket_mib = static_cast<double>(options.bucket_mib);
+         bucket_mib = static_cast<double>(options.bucket_mib), prefetch = 0, forward = 0;
   const std::map<std::string, double*> numbers{
-      {"--ranks", &ranks}, {"--stage", &stage},   {"--params", &params},
-      {"--steps", &steps}, {"--warmup", &warmup}, {"--bucket-mib", &bucket_mib}};
+      {"--ranks", &ranks},       {"--stage", &stage},    {"--params", &params},
+      {"--steps", &steps},       {"--warmup", &warmup},  {"--bucket-mib", &bucket_mib},
+      {"--prefetch", &prefetch}, {"--forward", &forward}};
   bool ok = argc >= 2 && argc % 2 == 0;
   for (int i = 2; ok && i + 1 < argc; i += 2) {
     const auto found = numbers.find(argv[i]);
@@ -231,6 +266,8 @@ Options parse(int argc, char** argv) {
   options.steps = static_cast<int>(steps);
   options.warmup = static_cast<int>(warmup);
   options.bucket_mib = static_cast<std::size_t>(bucket_mib);
+  options.prefetch = prefetch != 0;
+  options.forward = forward != 0;
   return options;
 }
 
@@ -269,6 +306,12 @@ int main(int argc, char** argv) {
 #if TANDEM_BENCH_SHM
     } else if (options.backend == "shm") {
       ok = run_process<tandem::ShmComm>(options);
+#endif
+#if TANDEM_BENCH_MPI
+    } else if (options.backend == "mpi") {
+      auto comm = tandem::MpiComm::world();
+      ok = dispatch(comm, options, false);
+      comm.barrier();
 #endif
     } else {
       std::fprintf(stderr, "zero_bench: backend %s is not built in\n", options.backend.c_str());

@@ -29,6 +29,7 @@
 #include "tandem/ddp/buckets.hpp"
 #include "tandem/ddp/detail/arena_access.hpp"
 #include "tandem/ddp/detail/registration.hpp"
+#include "tandem/ddp/detail/zero_checks.hpp"
 #include "tandem/ddp/policies.hpp"
 #include "tandem/ddp/shards.hpp"
 #include "tandem/tensor/dtype.hpp"
@@ -179,23 +180,9 @@ class DistributedDataParallel {
   }
 
   /// Marks the gradient of `param` (a parameter of the wrapped arena) complete for this step.
-  template <class P>
-  requires requires(const P& p) {
-    { p.index() } -> std::convertible_to<std::size_t>;
-    { p.is_buffer() } -> std::convertible_to<bool>;
-    { p.name() } -> std::convertible_to<std::string_view>;
-  }
+  template <detail::ddp::arena_parameter P>
   void grad_ready(const P& param) {
-    const std::size_t i = param.index();
-    if (param.is_buffer() || i >= identity_.size() ||
-        identity_[i] != static_cast<const void*>(&param)) {
-      throw Error(comm_->rank(), "DistributedDataParallel::grad_ready",
-                  std::string(param.is_buffer() ? "buffer" : "parameter") + " '" +
-                      std::string(param.name()) +
-                      "' is not a trained parameter of the arena this DistributedDataParallel "
-                      "wraps");
-    }
-    mark(i);
+    mark(index_checked(param, "DistributedDataParallel::grad_ready"));
   }
 
   /// Marks the gradient of the parameter called `name` complete for this step.
@@ -213,6 +200,7 @@ class DistributedDataParallel {
   /// ends the micro-batch: the gradients stay local and keep accumulating.
   void finish_gradient_sync() {
     require_stepped("DistributedDataParallel::finish_gradient_sync");
+    wait_parameters();
     if (no_sync_depth_ > 0 && !join_shadowing_) {
       for (std::size_t i = 0; i < ready_.size(); ++i) touched_[i] = touched_[i] | ready_[i];
       reset_step();
@@ -317,12 +305,7 @@ class DistributedDataParallel {
       using S = typename O::state_type;
       using Space = typename O::memory_space;
       const auto arena = opt.arena_values();
-      if (static_cast<const void*>(arena.data()) != values_address_ || arena.size() != numel_) {
-        throw Error(comm_->rank(), "DistributedDataParallel::shard",
-                    "the optimizer steps another arena (" + std::to_string(arena.size()) +
-                        " elements) than the one this DistributedDataParallel wraps (" +
-                        std::to_string(numel_) + " elements)");
-      }
+      detail::ddp::require_same_arena(arena.data(), arena.size(), values_address_, numel_, rank());
       auto gather = [this, exec = opt.executor()](View<S, Space> full, std::size_t begin,
                                                   std::size_t end) {
         // In the executor's stream order: freed there, after the collectives handed back to it.
@@ -338,7 +321,8 @@ class DistributedDataParallel {
   }
 
   /// Steps `opt` after finish_gradient_sync(): opt.step() and, under shard<1>/shard<2>, the
-  /// all_gather that brings every rank's updated parts to every rank. Collective under sharding.
+  /// all_gather that brings every rank's updated parts to every rank (under prefetch_parameters
+  /// started and left in flight: see wait_parameters). Collective under sharding.
   /// An Error under sharding when `opt` was not given to shard() (a full optimizer would step
   /// every element on every rank: under shard<2> with gradients only partly reduced).
   template <class O>
@@ -399,6 +383,18 @@ class DistributedDataParallel {
     gather_shards();
   }
 
+  /// prefetch_parameters: ends the all_gather of the bucket that holds `param` (a trained
+  /// parameter of the wrapped arena), which step() left in flight; call it before the forward
+  /// first reads `param`. Nothing when that gather has ended, or without the policy.
+  template <detail::ddp::arena_parameter P>
+  void wait_parameters(const P& param) {
+    arena_->wait_gathered(
+        plan_.bucket_of[index_checked(param, "DistributedDataParallel::wait_parameters")]);
+  }
+  /// prefetch_parameters: ends every parameter all_gather still in flight; call it before
+  /// reading the parameters outside a forward (EMA, evaluation, a checkpoint).
+  void wait_parameters() { arena_->wait_gathered(detail::ddp::all_buckets); }
+
   /// ZeRO: this rank's shards of the arena (empty without a shard policy).
   [[nodiscard]] const ShardLayout& shard_layout() const noexcept { return layout_; }
   /// The ZeRO stage of the policies: 0 (none), 1 or 2.
@@ -420,34 +416,33 @@ class DistributedDataParallel {
  private:
   template <class O>
   void require_sharded(const O& opt, const char* operation) const {
-    if constexpr (config::shard_stage > 0) {
-      if (std::find(sharded_.begin(), sharded_.end(), static_cast<const void*>(&opt)) ==
-          sharded_.end()) {
-        throw Error(comm_->rank(), operation,
-                    "under shard<" + std::to_string(config::shard_stage) +
-                        "> the optimizer must be sharded first: call ddp.shard(opt) before its "
-                        "first step (a full optimizer would keep state for, and step, every "
-                        "element on every rank)");
-      }
+    detail::ddp::require_sharded(config::shard_stage, sharded_, &opt, comm_->rank(), operation);
+  }
+  void require_stepped(const char* operation) const {
+    if (config::shard_stage > 0 && step_due_) {
+      detail::ddp::fail_not_stepped(config::shard_stage, comm_->rank(), operation);
     }
   }
 
-  /// Under sharding each synchronised step must end with step()/gather_parameters(): without the
-  /// all_gather, ranks would go on with only their own parts updated.
-  void require_stepped(const char* operation) const {
-    if constexpr (config::shard_stage > 0) {
-      if (step_due_) {
-        throw Error(comm_->rank(), operation,
-                    "under shard<" + std::to_string(config::shard_stage) +
-                        "> every finish_gradient_sync() must be followed by ddp.step(opt) (or "
-                        "ddp.step(scaler, opt)), which steps the sharded optimizer and all-gathers "
-                        "the parameters; the last one was not (was opt.step() called directly?)");
-      }
+  /// The registration index of `param`, a trained parameter of the wrapped arena; an Error
+  /// naming `operation` otherwise.
+  template <class P>
+  std::size_t index_checked(const P& param, const char* operation) const {
+    const std::size_t i = param.index();
+    if (param.is_buffer() || i >= identity_.size() ||
+        identity_[i] != static_cast<const void*>(&param)) {
+      throw Error(comm_->rank(), operation,
+                  std::string(param.is_buffer() ? "buffer" : "parameter") + " '" +
+                      std::string(param.name()) +
+                      "' is not a trained parameter of the arena this DistributedDataParallel "
+                      "wraps");
     }
+    return i;
   }
 
   void mark(std::size_t i) {
     require_stepped("DistributedDataParallel::grad_ready");
+    if (!arena_->gathered(plan_.bucket_of[i])) detail::ddp::fail_not_gathered(rank(), names_[i]);
     if (no_sync_depth_ > 0) {
       touched_[i] = 1;
       return;
@@ -491,7 +486,10 @@ class DistributedDataParallel {
   }
 
   void gather_shards() {
-    if constexpr (config::shard_stage > 0) arena_->gather_values(*comm_);
+    // Inside a tandem::Join the gather ends here: a joined rank's replay cannot wait later.
+    if constexpr (config::shard_stage > 0) {
+      arena_->gather_values(*comm_, config::prefetches && !join_record_);
+    }
     step_due_ = false;
   }
 

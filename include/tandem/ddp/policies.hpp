@@ -20,6 +20,7 @@ struct reduction {};
 struct compression {};
 struct buffers {};
 struct sharding {};
+struct prefetch {};
 }  // namespace detail::ddp_kind
 
 /// Largest bucket, in bytes of gradient elements [25 MiB]. A parameter larger than the cap gets a
@@ -124,6 +125,18 @@ struct shard {
   static constexpr int stage = Stage;
 };
 
+/// ZeRO prefetch (with shard<1> or shard<2>): ddp.step(opt) starts the parameters' all_gather,
+/// bucket by bucket in forward order, and returns without waiting; ddp.wait_parameters(p) ends
+/// the gather of p's bucket just before p's first use in the next forward (ddp.wait_parameters()
+/// ends them all), so that the gather overlaps the forward. grad_ready(p) of a parameter whose
+/// gather was not waited is an Error; every other call of the DDP waits first. See docs/zero.md.
+struct prefetch_parameters {
+  /// The kind of policy this is (prefetch): a DDP takes at most one of each kind.
+  using ddp_policy_kind = detail::ddp_kind::prefetch;
+  /// True: the parameters' all_gather stays in flight after ddp.step(opt).
+  static constexpr bool enabled = true;
+};
+
 /// Whether P is one of the policies above.
 template <class P>
 concept ddp_policy = requires {
@@ -181,7 +194,7 @@ struct ddp_config {
                 "tandem: DistributedDataParallel<Comm, Policies...>: every policy must be one of "
                 "bucket_cap<bytes>, first_bucket_cap<bytes>, overlap, sync_at_end, average, sum, "
                 "compress<half>, compress<bfloat16>, broadcast_buffers, no_broadcast_buffers, "
-                "shard<1>, shard<2>");
+                "shard<1>, shard<2>, prefetch_parameters");
   static_assert(!(has_policy<::tandem::overlap, Ps...> && has_policy<::tandem::sync_at_end, Ps...>),
                 "tandem: DistributedDataParallel: overlap and sync_at_end exclude each other; "
                 "choose one");
@@ -229,6 +242,13 @@ struct ddp_config {
   static constexpr bool compressed = !std::is_void_v<wire_type>;
   /// The ZeRO stage: 0 (no sharding), 1 or 2.
   static constexpr int shard_stage = find_kind<ddp_kind::sharding, no_sharding, Ps...>::type::stage;
+  /// prefetch_parameters: the parameters' all_gather stays in flight after step().
+  static constexpr bool prefetches = count_kind<ddp_kind::prefetch, Ps...> > 0;
+  static_assert(count_kind<ddp_kind::prefetch, Ps...> <= 1,
+                "tandem: DistributedDataParallel: prefetch_parameters is given more than once");
+  static_assert(!prefetches || shard_stage > 0,
+                "tandem: DistributedDataParallel: prefetch_parameters overlaps ZeRO's parameter "
+                "all_gather with the next forward; give it with shard<1> or shard<2>");
   static_assert(!(shard_stage == 2 && compressed),
                 "tandem: DistributedDataParallel: shard<2> reduce-scatters the gradients in their "
                 "own precision; compress<W> is offered with shard<1> and without sharding only");

@@ -115,26 +115,56 @@ struct copy_or_zero {
   TANDEM_HD void operator()(std::size_t) const { to[0] = have ? from[0] : T{}; }
 };
 
-/// Makes data[begin, end) (arena coordinates) whole on every rank from each rank's own parts:
-/// one all_gather per bucket overlapping [begin, end) for its equal parts (straight into the
-/// arena) and one of world-size padded elements for its tail. Collective: every rank calls it
-/// with the same range. `staging` holds layout.staging() elements of S in Space. The equal parts
-/// go asynchronously, all in flight together. Ordered through the stream-ordering contract
-/// (comm/stream_order.hpp): the collectives after exec's copies, their results handed back to
-/// exec; on a communicator that orders on the device the host waits for none of it (exec's later
-/// work sees the parameters; a host read needs exec.synchronize()), on a host one it waits as
-/// the contract says. `staging` must stay alive until exec's queued work has run (a Buffer made
-/// with exec is freed in its stream order).
+/// Waits on the host for every Work (each one, even after a failure) and empties `works`;
+/// returns the first failure, or null.
+inline std::exception_ptr wait_all(std::vector<Work>& works) {
+  std::exception_ptr failure;
+  for (auto& work : works) {
+    try {
+      work.wait();
+    } catch (...) {
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  works.clear();
+  return failure;
+}
+
+/// One bucket's parameter all_gather on the wire (start_gather_parts): its Works, and with a
+/// tail, the copy of the received tail elements still due (finish_gather_part).
+struct GatherInFlight {
+  const ShardedBucket* bucket = nullptr;
+  std::vector<Work> works;
+};
+
+/// The order start_gather_parts launches the buckets in: the layout's (bucket 0 first), or a
+/// forward's (the last bucket, which holds the first-registered parameters, first).
+enum class GatherOrder : unsigned char { buckets, forward };
+
+/// Starts making data[begin, end) (arena coordinates) whole on every rank from each rank's own
+/// parts: one all_gather per bucket overlapping [begin, end) for its equal parts (straight into
+/// the arena) and one of world-size padded elements for its tail, every one asynchronous and all
+/// in flight together, buckets in `order` (forward: the last bucket first, the order a forward
+/// reads the parameters in; the buckets' own order otherwise). Collective: every rank calls it
+/// with the same range. `staging` holds layout.staging() elements of S in Space and must stay
+/// alive, and the own parts unwritten, until finish_gather_part has run for every bucket
+/// returned. Ordered through the stream-ordering contract (comm/stream_order.hpp): the
+/// collectives after exec's copies. On a failure to launch, waits on the host for what started
+/// and rethrows.
 template <class S, class Space, class Comm, class Exec>
-void all_gather_parts(Comm& comm, const Exec& exec, const ShardLayout& layout, S* data, S* staging,
-                      std::size_t begin, std::size_t end) {
+[[nodiscard]] std::vector<GatherInFlight> start_gather_parts(Comm& comm, const Exec& exec,
+                                                             const ShardLayout& layout, S* data,
+                                                             S* staging, std::size_t begin,
+                                                             std::size_t end, GatherOrder order) {
   const std::size_t n = layout.world_size();
   const std::size_t r = layout.rank();
-  std::vector<const ShardedBucket*> chosen;
+  std::vector<GatherInFlight> chosen;
   for (const auto& b : layout.buckets()) {
-    if (b.count > 0 && b.offset < end && b.offset + b.count > begin) chosen.push_back(&b);
+    if (b.count > 0 && b.offset < end && b.offset + b.count > begin) chosen.push_back({&b, {}});
   }
-  for (const auto* b : chosen) {
+  if (order == GatherOrder::forward) std::reverse(chosen.begin(), chosen.end());
+  for (const auto& g : chosen) {
+    const ShardedBucket* b = g.bucket;
     S* own = staging + b->staging_offset;
     if (b->part > 0) {
       for_each_index(exec, b->part, copy_range<S>{data + b->offset + r * b->part, own});
@@ -145,26 +175,67 @@ void all_gather_parts(Comm& comm, const Exec& exec, const ShardLayout& layout, S
     }
   }
   tandem::order_after(comm, exec);  // the copies are written before the communicator reads them
-  std::vector<Work> works;
-  const std::exception_ptr failure = launch_and_hand_back(works, exec, [&] {
-    for (const auto* b : chosen) {
+  try {
+    for (auto& g : chosen) {
+      const ShardedBucket* b = g.bucket;
       S* own = staging + b->staging_offset;
       if (b->part > 0) {
-        works.push_back(comm.all_gather_async(View<S, Space>(own, b->part),
-                                              View<S, Space>(data + b->offset, n * b->part)));
+        g.works.push_back(comm.all_gather_async(View<S, Space>(own, b->part),
+                                                View<S, Space>(data + b->offset, n * b->part)));
       }
       if (b->tail > 0) {
-        works.push_back(comm.all_gather_async(View<S, Space>(own + b->part, 1),
-                                              View<S, Space>(own + b->part + 1, n)));
+        g.works.push_back(comm.all_gather_async(View<S, Space>(own + b->part, 1),
+                                                View<S, Space>(own + b->part + 1, n)));
       }
     }
-  });
-  if (failure) std::rethrow_exception(failure);
-  for (const auto* b : chosen) {
-    if (b->tail == 0) continue;
-    const S* received = staging + b->staging_offset + b->part + 1;
-    for_each_index(exec, b->tail, copy_range<S>{received, data + b->offset + n * b->part});
+  } catch (...) {
+    for (auto& g : chosen) (void)wait_all(g.works);  // the launch's failure is the one raised
+    throw;
   }
+  return chosen;
+}
+
+/// Ends one bucket's gather: hands its Works back to exec (comm/stream_order.hpp: on a host
+/// communicator the host waits) and copies its received tail into the arena. Rethrows the
+/// first failure of its Works (then the tail is left as it was).
+template <class S, class Exec>
+void finish_gather_part(const Exec& exec, const ShardLayout& layout, S* data, S* staging,
+                        GatherInFlight& gather) {
+  std::vector<Work> works = std::move(gather.works);
+  gather.works.clear();
+  const std::exception_ptr failure = launch_and_hand_back(works, exec, [] {});
+  if (failure) std::rethrow_exception(failure);
+  const ShardedBucket* b = gather.bucket;
+  if (b->tail == 0) return;
+  const std::size_t n = layout.world_size();
+  const S* received = staging + b->staging_offset + b->part + 1;
+  for_each_index(exec, b->tail, copy_range<S>{received, data + b->offset + n * b->part});
+}
+
+/// Makes data[begin, end) whole on every rank (start_gather_parts, then finish_gather_part for
+/// every bucket): on a communicator that orders on the device the host waits for none of it
+/// (exec's later work sees the parameters; a host read needs exec.synchronize()), on a host one
+/// it waits as the contract says. `staging` must stay alive until exec's queued work has run (a
+/// Buffer made with exec is freed in its stream order). Rethrows the first failure, after every
+/// bucket's Works have ended.
+template <class S, class Space, class Comm, class Exec>
+void all_gather_parts(Comm& comm, const Exec& exec, const ShardLayout& layout, S* data, S* staging,
+                      std::size_t begin, std::size_t end) {
+  auto gathers = start_gather_parts<S, Space>(comm, exec, layout, data, staging, begin, end,
+                                              GatherOrder::buckets);
+  std::exception_ptr failure;
+  for (auto& g : gathers) {
+    if (failure) {
+      (void)wait_all(g.works);
+      continue;
+    }
+    try {
+      finish_gather_part(exec, layout, data, staging, g);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
 }
 
 }  // namespace detail::ddp

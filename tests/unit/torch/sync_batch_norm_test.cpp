@@ -25,6 +25,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -286,6 +287,69 @@ TEST_CASE("SyncBatchNorm on planes of hundreds of values equals double BatchNorm
         {.timeout = 60s});
     failures.report();
   }
+}
+
+// The fused CPU path does its per-channel work as host loops when the weight and bias are
+// contiguous CPU tensors; with strided ones it takes the libtorch ops it replaces. Both must give
+// the same bits: output, input/weight/bias gradients and the running statistics, on 2 ranks.
+TEST_CASE("SyncBatchNorm's host per-channel path equals its op path bit for bit") {
+  torch::set_num_threads(1);
+  namespace sbn = tt::detail::sync_batch_norm;
+  const int64_t channels = 5;
+  Failures failures;
+  tandem::run_local(2, [&](LocalComm& comm) {
+    torch::manual_seed(7 + comm.rank());
+    const auto x = torch::randn({4, channels, 6, 7}) * 3 +
+                   torch::linspace(-4.0, 6.0, channels).view({1, channels, 1, 1});
+    const auto dy = torch::randn({4, channels, 6, 7});
+    const auto weight = 0.5 + torch::rand({channels});
+    const auto bias = torch::randn({channels});
+    const auto group = std::make_shared<const sbn::Group>(comm);
+    struct Result {
+      torch::Tensor y, dx, dw, db, running_mean, running_var, tracked;
+    };
+    auto step = [&](bool strided) {
+      // A strided weight and bias (every other element of a [C, 2] tensor) hold the same values.
+      auto pick = [&](const torch::Tensor& t) {
+        if (!strided) return t.clone().requires_grad_(true);
+        return torch::stack({t, t}, 1).select(1, 0).detach().requires_grad_(true);
+      };
+      auto w = pick(weight);
+      auto b = pick(bias);
+      auto xin = x.clone().requires_grad_(true);
+      sbn::ForwardArgs args;
+      args.group = group;
+      args.running_mean = torch::full({channels}, 0.25);
+      args.running_var = torch::full({channels}, 2.0);
+      args.num_batches_tracked = torch::zeros({}, torch::kLong);
+      const auto y = sbn::Function::apply(xin, w, b, args);
+      (y * dy).sum().backward();
+      return Result{y.detach(),
+                    xin.grad(),
+                    w.grad(),
+                    b.grad(),
+                    args.running_mean,
+                    args.running_var,
+                    args.num_batches_tracked};
+    };
+    const Result host = step(false);
+    const Result ops = step(true);
+    failures.expect(sbn::host_values(host.running_mean), "the host path was not taken");
+    auto same = [](const torch::Tensor& a, const torch::Tensor& b) {
+      return a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() &&
+             std::memcmp(a.contiguous().data_ptr(), b.contiguous().data_ptr(),
+                         static_cast<std::size_t>(a.numel()) * a.element_size()) == 0;
+    };
+    const std::string rank = "rank " + std::to_string(comm.rank()) + ": ";
+    failures.expect(same(host.y, ops.y), rank, "outputs differ");
+    failures.expect(same(host.dx, ops.dx), rank, "input gradients differ");
+    failures.expect(same(host.dw, ops.dw), rank, "weight gradients differ");
+    failures.expect(same(host.db, ops.db), rank, "bias gradients differ");
+    failures.expect(same(host.running_mean, ops.running_mean), rank, "running_mean differs");
+    failures.expect(same(host.running_var, ops.running_var), rank, "running_var differs");
+    failures.expect(same(host.tracked, ops.tracked), rank, "num_batches_tracked differs");
+  });
+  failures.report();
 }
 
 TEST_CASE("SyncBatchNorm's parameter, buffer and state keys equal BatchNorm2d's") {

@@ -68,12 +68,16 @@ using tandem::test::Failures;
 template <class Comm, class... Policies>
 using DdpOn = tandem::DistributedDataParallel<Comm, tandem::bucket_cap<64>,
                                               tandem::first_bucket_cap<28>, Policies...>;
-template <class Comm, int Stage>
+template <class Comm, int Stage, bool Prefetch = false>
 struct StageOn {
   using type = DdpOn<Comm, tandem::shard<Stage>>;
 };
+template <class Comm, int Stage>
+struct StageOn<Comm, Stage, true> {
+  using type = DdpOn<Comm, tandem::shard<Stage>, tandem::prefetch_parameters>;
+};
 template <class Comm>
-struct StageOn<Comm, 0> {
+struct StageOn<Comm, 0, false> {
   using type = DdpOn<Comm>;
 };
 using Plain = DdpOn<LocalComm>;
@@ -150,9 +154,13 @@ struct Steps {
     for (auto& p : t.params) order.push_back(&p);
   }
 
-  /// Micro-batch m of step s, then finish_gradient_sync().
+  /// Micro-batch m of step s, then finish_gradient_sync(). Under prefetch_parameters the
+  /// "forward" waits for each parameter's gather in registration order before reading it.
   void backward(int s, int m) {
     t.ddp.before_forward();
+    if constexpr (D::config::prefetches) {
+      for (auto* p : order) t.ddp.wait_parameters(*p);
+    }
     const float scale = scaler ? static_cast<float>(scaler->scale(1.0f)) : 1.0f;
     auto values = t.params.values();
     auto grads = t.params.grads();
@@ -280,12 +288,13 @@ std::vector<bool> train_uneven(Comm& comm, Trainee<D, O>& t, Loop loop) {
   return run.stepped;
 }
 
-/// Stage `Stage` against plain DDP on n ranks of `run` with optimizer `make` and loop `loop`,
-/// the parameters and gathered state within `tolerance` (0: bit for bit).
-template <class Comm, int Stage, class Run, class Make>
+/// Stage `Stage` (with prefetch_parameters when Prefetch) against plain DDP on n ranks of `run`
+/// with optimizer `make` and loop `loop`, the parameters and gathered state within `tolerance`
+/// (0: bit for bit).
+template <class Comm, int Stage, class Run, class Make, bool Prefetch = false>
 void check_against_ddp(Run& run, int n, Make make, Loop loop, Failures& failures,
                        float tolerance = 0) {
-  using Sharded = typename StageOn<Comm, Stage>::type;
+  using Sharded = typename StageOn<Comm, Stage, Prefetch>::type;
   run(n, [&](Comm& comm) {
     const int me = comm.rank();
     TraineeOf<DdpOn<Comm>, Make> ref(comm, make);
@@ -300,7 +309,9 @@ void check_against_ddp(Run& run, int n, Make make, Loop loop, Failures& failures
     ddp.shard(opt);
     const auto stepped = train_as_told(sharded);
 
-    const std::string where = "stage " + std::to_string(Sharded::shard_stage) + ", " +
+    if constexpr (Prefetch) ddp.wait_parameters();  // the last step's gather, before reading
+    const std::string where = "stage " + std::to_string(Sharded::shard_stage) +
+                              (Prefetch ? " with prefetch_parameters, " : ", ") +
                               std::to_string(n) + " ranks, rank " + std::to_string(me) +
                               (loop.uneven ? ", uneven data through a Join" : "") + ": ";
     failures.expect(stepped == ref_stepped, where, "steps taken differ from DDP's");
@@ -351,6 +362,10 @@ void check_job(JobComm& job) {
     check_against_ddp<JobComm, 1>(run, n, make_sgd, {.uneven = true}, failures);
     check_against_ddp<JobComm, 2>(run, n, make_adamw, {.scaler = true, .uneven = true}, failures,
                                   stage2_tolerance);
+    check_against_ddp<JobComm, 1, decltype(run), decltype(&make_adamw), true>(
+        run, n, make_adamw, {.scaler = true}, failures);
+    check_against_ddp<JobComm, 2, decltype(run), decltype(&make_sgd), true>(
+        run, n, make_sgd, {}, failures, stage2_tolerance);
   }
   failures.report();
 }
@@ -516,6 +531,95 @@ TEST_CASE("shard<1> and shard<2> under O2: the same master and half weights as D
   }
 }
 
+namespace {
+
+/// What `fn` throws as a tandem::Error, or "" when it throws nothing.
+template <class Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const tandem::Error& e) {
+    return e.what();
+  }
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("prefetch_parameters equals shard<1> and shard<2> (and DDP) bit for bit") {
+  if (in_job()) return;
+  tandem::test::LocalRunner run;
+  Failures failures;
+  using Sgd = decltype(&make_sgd);
+  using Adamw = decltype(&make_adamw);
+  for (int n = 1; n <= 4; ++n) {
+    check_against_ddp<LocalComm, 1, decltype(run), Sgd, true>(run, n, make_sgd, {}, failures);
+    check_against_ddp<LocalComm, 2, decltype(run), Sgd, true>(run, n, make_sgd, {}, failures);
+    check_against_ddp<LocalComm, 1, decltype(run), Adamw, true>(run, n, make_adamw,
+                                                                {.scaler = true}, failures);
+    check_against_ddp<LocalComm, 2, decltype(run), Adamw, true>(run, n, make_adamw,
+                                                                {.scaler = true}, failures);
+    check_against_ddp<LocalComm, 2, decltype(run), Sgd, true>(run, n, make_sgd, {.uneven = true},
+                                                              failures);
+  }
+  failures.report();
+}
+
+TEST_CASE("prefetch_parameters: a parameter used before its gather is waited is an Error") {
+  if (in_job()) return;
+  Failures failures;
+  using Prefetched = DdpOn<LocalComm, tandem::shard<1>, tandem::prefetch_parameters>;
+  tandem::test::LocalRunner{}(3, [&](LocalComm& comm) {
+    Trainee<Prefetched, tandem::optim::SGD<float>> trainee(comm, make_sgd);
+    auto& params = trainee.params;
+    auto& ddp = trainee.ddp;
+    ddp.shard(trainee.opt);
+    std::vector<tandem::Parameters<float>::Parameter*> order;
+    for (auto& p : params) order.push_back(&p);
+    auto sync_and_step = [&] {
+      for (auto it = order.rbegin(); it != order.rend(); ++it) ddp.grad_ready(**it);
+      ddp.finish_gradient_sync();
+      ddp.step(trainee.opt);
+    };
+    sync_and_step();  // the first step: nothing was in flight
+    // The gather is in flight: a gradient of a parameter whose gather was not waited.
+    const std::string early = error_of([&] { ddp.grad_ready(*order.back()); });
+    failures.expect(early.find("ddp.wait_parameters(p)") != std::string::npos &&
+                        early.find(order.back()->name()) != std::string::npos,
+                    "rank ", comm.rank(), ": grad_ready before the wait: ", early);
+    // Waiting for one parameter ends its bucket's gather only: its gradient is accepted, a
+    // parameter of another bucket is still refused.
+    ddp.wait_parameters(*order.back());
+    const std::size_t waited = ddp.bucket_of(order.back()->index());
+    tandem::Parameters<float>::Parameter* elsewhere = nullptr;
+    for (auto* p : order) {
+      if (ddp.bucket_of(p->index()) != waited) elsewhere = p;
+    }
+    failures.expect(elsewhere != nullptr, "the test's arena has a single bucket");
+    failures.expect(error_of([&] { ddp.grad_ready(*order.back()); }).empty(), "rank ", comm.rank(),
+                    ": grad_ready after wait_parameters(p) was refused");
+    if (elsewhere) {
+      const std::string other = error_of([&] { ddp.grad_ready(*elsewhere); });
+      failures.expect(other.find("was not waited") != std::string::npos, "rank ", comm.rank(),
+                      ": another bucket's parameter: ", other);
+    }
+    // finish_gradient_sync() ends the gathers left; the values equal a synchronous gather's.
+    ddp.finish_gradient_sync();
+    ddp.step(trainee.opt);
+    ddp.wait_parameters();
+    for (auto* p : order) ddp.grad_ready(*p);  // every gather has ended: all accepted
+    // A parameter of another arena.
+    tandem::Parameters<float> other;
+    build(other);
+    const std::string stranger = error_of([&] { ddp.wait_parameters(*other.begin()); });
+    failures.expect(stranger.find("not a trained parameter") != std::string::npos,
+                    "another arena's parameter: ", stranger);
+    ddp.finish_gradient_sync();
+    ddp.step(trainee.opt);  // left in flight: the destructor waits for it
+  });
+  failures.report();
+}
+
 TEST_CASE("ZeRO misuse is an Error") {
   if (in_job()) return;
   Failures failures;
@@ -524,14 +628,6 @@ TEST_CASE("ZeRO misuse is an Error") {
     auto& params = trainee.params;
     auto& ddp = trainee.ddp;
     auto& opt = trainee.opt;
-    auto error_of = [](auto&& fn) -> std::string {
-      try {
-        fn();
-      } catch (const tandem::Error& e) {
-        return e.what();
-      }
-      return {};
-    };
     // A full optimizer stepped through the DDP.
     const std::string unsharded = error_of([&] { ddp.step(opt); });
     failures.expect(unsharded.find("ddp.shard(opt)") != std::string::npos,

@@ -113,6 +113,9 @@ class ControlArray {
   Buffer<T, Space> storage_;
 };
 
+/// wait_gathered's bucket index for every bucket.
+inline constexpr std::size_t all_buckets = static_cast<std::size_t>(-1);
+
 /// Stands in for the wire buffer when no compress<W> policy is given.
 struct no_wire {};
 
@@ -139,8 +142,15 @@ class ArenaAccess {
   virtual std::exception_ptr hand_back(std::vector<Work>& works, std::exception_ptr failure) = 0;
   /// shard<2>: copies each bucket's reduce-scattered part into the rank's own gradients.
   virtual void settle_shards() = 0;
-  /// ZeRO: all-gathers the parameter values from every rank's own parts. Collective.
-  virtual void gather_values(Comm& comm) = 0;
+  /// ZeRO: all-gathers the parameter values from every rank's own parts. Collective. `ahead`
+  /// (prefetch_parameters): leaves the buckets' gathers in flight, forward order, until
+  /// wait_gathered; else they have ended (as the stream-ordering contract says) on return.
+  virtual void gather_values(Comm& comm, bool ahead) = 0;
+  /// Ends bucket k's gather in flight (all_buckets: every one); nothing for a bucket not in
+  /// flight. Rethrows the first failure, after every Work asked for has ended.
+  virtual void wait_gathered(std::size_t k) = 0;
+  /// Whether bucket k's gather is ended (or was never started).
+  [[nodiscard]] virtual bool gathered(std::size_t k) const = 0;
   /// Writes the reduced 16-bit buckets back in the gradients' precision (compress<W> only).
   virtual void expand(const std::vector<Bucket>& buckets) = 0;
   /// Broadcasts the buffers from `root`, and the trained values too when `values_too`.
@@ -214,13 +224,54 @@ class ArenaAccessFor final : public ArenaAccess<Comm> {
     }
   }
 
-  void gather_values(Comm& comm) override {
+  ~ArenaAccessFor() override {
+    for (auto& g : in_flight_) (void)wait_all(g.works);  // staging_ outlives what reads it
+  }
+
+  void gather_values(Comm& comm, bool ahead) override {
     if constexpr (Config::shard_stage > 0) {
-      all_gather_parts<T, Space>(comm, exec_, *layout_, params_->values().data(), staging_.data(),
-                                 0, params_->numel());
+      wait_gathered(all_buckets);  // the previous step's, should any be left
+      T* values = params_->values().data();
+      if (!ahead) {
+        all_gather_parts<T, Space>(comm, exec_, *layout_, values, staging_.data(), 0,
+                                   params_->numel());
+        return;
+      }
+      in_flight_ = start_gather_parts<T, Space>(comm, exec_, *layout_, values, staging_.data(), 0,
+                                                params_->numel(), GatherOrder::forward);
+      pending_.assign(layout_->buckets().size(), 0);
+      for (const auto& g : in_flight_) pending_[index_of(g)] = 1;
     } else {
       (void)comm;
+      (void)ahead;
     }
+  }
+
+  void wait_gathered(std::size_t k) override {
+    std::exception_ptr failure;
+    for (auto& g : in_flight_) {
+      const std::size_t i = index_of(g);
+      if (!pending_[i] || (k != all_buckets && i != k)) continue;
+      pending_[i] = 0;
+      if (failure) {
+        (void)wait_all(g.works);
+        continue;
+      }
+      try {
+        finish_gather_part(exec_, *layout_, params_->values().data(), staging_.data(), g);
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    }
+    if (std::none_of(pending_.begin(), pending_.end(), [](unsigned char p) { return p != 0; })) {
+      in_flight_.clear();
+      pending_.clear();
+    }
+    if (failure) std::rethrow_exception(failure);
+  }
+
+  [[nodiscard]] bool gathered(std::size_t k) const override {
+    return k >= pending_.size() || pending_[k] == 0;
   }
 
   void expand(const std::vector<Bucket>& buckets) override {
@@ -258,9 +309,16 @@ class ArenaAccessFor final : public ArenaAccess<Comm> {
 #endif
   }
 
+  /// The index in layout_->buckets() of a gather's bucket.
+  [[nodiscard]] std::size_t index_of(const GatherInFlight& g) const {
+    return static_cast<std::size_t>(g.bucket - layout_->buckets().data());
+  }
+
   Parameters<T, Space>* params_;
   Exec exec_;
   const ShardLayout* layout_;
+  std::vector<GatherInFlight> in_flight_;  // prefetch_parameters: the gathers still on the wire
+  std::vector<unsigned char> pending_;     // per bucket: its gather is in in_flight_, not ended
   wire_storage wire_;
   Buffer<T, Space> staging_;  // ZeRO: the own parts on the wire (empty without sharding)
 };

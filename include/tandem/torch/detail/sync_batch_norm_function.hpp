@@ -147,6 +147,50 @@ inline at::Tensor per_channel_affine(const at::Tensor& x, const at::Tensor& a,
                                            /*training=*/false, /*momentum=*/0.0, /*eps=*/0.0));
 }
 
+/// Whether `t` is a contiguous CPU tensor of float or double, read and written through its
+/// pointer by the host path below.
+inline bool host_values(const at::Tensor& t) {
+  return t.defined() && t.is_cpu() && t.is_contiguous() &&
+         (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble);
+}
+
+/// out[i] = double(t[i]) for the t.numel() values of `t` (any tensor; a host_values one without
+/// a libtorch op).
+inline void read_doubles(const at::Tensor& t, double* out) {
+  const auto n = static_cast<std::size_t>(t.numel());
+  if (host_values(t) && t.scalar_type() == at::kFloat) {
+    const float* in = t.data_ptr<float>();
+    for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<double>(in[i]);
+  } else if (host_values(t)) {
+    const double* in = t.data_ptr<double>();
+    for (std::size_t i = 0; i < n; ++i) out[i] = in[i];
+  } else {
+    at::from_blob(out, {t.numel()}, at::TensorOptions().dtype(at::kDouble)).copy_(t.reshape(-1));
+  }
+}
+
+/// A new 1-D tensor like `like` (its dtype, on the CPU) holding `values` rounded once to that
+/// dtype: what `values_tensor.to(like's dtype)` holds. `like` is host_values.
+inline at::Tensor rounded(const std::vector<double>& values, const at::Tensor& like) {
+  at::Tensor out = at::empty({static_cast<int64_t>(values.size())}, like.options());
+  if (like.scalar_type() == at::kFloat) {
+    float* to = out.data_ptr<float>();
+    for (std::size_t i = 0; i < values.size(); ++i) to[i] = static_cast<float>(values[i]);
+  } else {
+    double* to = out.data_ptr<double>();
+    for (std::size_t i = 0; i < values.size(); ++i) to[i] = values[i];
+  }
+  return out;
+}
+
+/// x * a + b per channel with a and b already in x's dtype (per_channel_affine's pass).
+inline at::Tensor typed_affine(const at::Tensor& x, const at::Tensor& a, const at::Tensor& b) {
+  const int64_t channels = x.size(1);
+  return std::get<0>(at::native_batch_norm(x, a, b, at::zeros({channels}, x.options()),
+                                           at::ones({channels}, x.options()),
+                                           /*training=*/false, /*momentum=*/0.0, /*eps=*/0.0));
+}
+
 /// What forward needs besides the differentiable tensors (not variables to autograd).
 struct ForwardArgs {
   std::shared_ptr<const Group> group;
@@ -165,6 +209,24 @@ struct ForwardArgs {
 inline void commit_step(const ForwardArgs& args, const double* mean, const double* variance,
                         double total) {
   const auto channels = static_cast<std::size_t>(args.running_mean.numel());
+  const at::Tensor& tracked_now = args.num_batches_tracked;
+  if (host_values(args.running_mean) && host_values(args.running_var) &&
+      args.running_mean.scalar_type() == args.running_var.scalar_type() && tracked_now.is_cpu() &&
+      tracked_now.is_contiguous() && tracked_now.scalar_type() == at::kLong) {
+    // In place, each value computed in double and rounded once to the buffers' dtype: the
+    // bits of the copies below, without their libtorch ops.
+    int64_t* tracked = tracked_now.data_ptr<int64_t>();
+    if (args.running_mean.scalar_type() == at::kFloat) {
+      tandem::detail::batch_norm::commit_step(
+          on_host, channels, args.running_mean.data_ptr<float>(),
+          args.running_var.data_ptr<float>(), tracked, mean, variance, args.momentum, total);
+    } else {
+      tandem::detail::batch_norm::commit_step(
+          on_host, channels, args.running_mean.data_ptr<double>(),
+          args.running_var.data_ptr<double>(), tracked, mean, variance, args.momentum, total);
+    }
+    return;
+  }
   // Host copies in double (the tensors themselves when they are already that: then in place).
   const at::Tensor running_mean = args.running_mean.to(at::kCPU, at::kDouble).contiguous();
   const at::Tensor running_var = args.running_var.to(at::kCPU, at::kDouble).contiguous();
@@ -175,6 +237,28 @@ inline void commit_step(const ForwardArgs& args, const double* mean, const doubl
   args.running_mean.copy_(running_mean);
   args.running_var.copy_(running_var);
   args.num_batches_tracked.copy_(tracked);
+}
+
+/// The merge of every rank's record (`records`: {world, 2C + 1} contiguous CPU doubles), its
+/// check and, when the module tracks running statistics, the commit of the step (every
+/// collective and check has passed by then). Returns {mean | variance | invstd} as a {3, C} CPU
+/// double tensor, and the total count.
+inline std::pair<at::Tensor, double> merge_and_commit(const Group& group, const ForwardArgs& args,
+                                                      const tandem::detail::batch_norm::Wire& wire,
+                                                      const at::Tensor& records) {
+  const auto channels = static_cast<int64_t>(wire.channels);
+  const at::Tensor merged = at::empty({3, channels}, records.options());
+  double* statistics = merged.data_ptr<double>();
+  double total = 0;
+  for_each_index(
+      on_host, wire.channels,
+      tandem::detail::batch_norm::merge_statistics<double>{
+          records.data_ptr<double>(), static_cast<std::size_t>(group.size()), wire, args.eps,
+          statistics, statistics + channels, statistics + 2 * channels, &total});
+  tandem::detail::batch_norm::check_values_per_channel(
+      group.rank(), total, " across " + std::to_string(group.size()) + " ranks");
+  if (args.running_mean.defined()) commit_step(args, statistics, statistics + channels, total);
+  return {merged, total};
 }
 
 /// The synchronised batch norm as one autograd node: inputs (input, weight, bias, args).
@@ -193,6 +277,9 @@ struct Function : ::torch::autograd::Function<Function> {
     const tandem::detail::batch_norm::Wire wire{static_cast<std::size_t>(channels)};
     const int64_t count = x.numel() / channels;
     const bool fused = fused_cpu(x);
+    if (fused && (!args.affine || (host_values(weight) && host_values(bias)))) {
+      return forward_on_host(ctx, x, weight, bias, args);
+    }
     const at::Tensor mine = at::zeros({static_cast<int64_t>(wire.size())}, on);
     if (count > 0) {
       at::Tensor mean, var;
@@ -215,21 +302,7 @@ struct Function : ::torch::autograd::Function<Function> {
 
     // The merge and its check on the host, as nn's SyncBatchNorm runs them (a few doubles a
     // rank; on a GPU the records come back once, where the total count must anyway).
-    const at::Tensor records = all.to(at::kCPU).contiguous();
-    const at::Tensor merged = at::empty({3, channels}, records.options());  // mean, var, invstd
-    double* statistics = merged.data_ptr<double>();
-    double total = 0;
-    for_each_index(
-        on_host, wire.channels,
-        tandem::detail::batch_norm::merge_statistics<double>{
-            records.data_ptr<double>(), static_cast<std::size_t>(group.size()), wire, args.eps,
-            statistics, statistics + channels, statistics + 2 * channels, &total});
-    tandem::detail::batch_norm::check_values_per_channel(
-        group.rank(), total, " across " + std::to_string(group.size()) + " ranks");
-    // Every collective and check of the step has passed: commit it.
-    if (args.running_mean.defined()) {
-      commit_step(args, statistics, statistics + channels, total);
-    }
+    const auto [merged, total] = merge_and_commit(group, args, wire, all.to(at::kCPU).contiguous());
     const at::Tensor mean = merged[0].to(x.device());
     const at::Tensor invstd = merged[2].to(x.device());
 
@@ -272,6 +345,9 @@ struct Function : ::torch::autograd::Function<Function> {
     const auto type = x.scalar_type();
     const int64_t channels = x.size(1);
     const bool fused = fused_cpu(x);
+    if (fused && (!affine || host_values(weight))) {
+      return backward_on_host(ctx, x, weight, dy, mean, invstd, total, affine, group);
+    }
     // Per-channel sums, returned in double; an empty batch sums to zeros.
     at::Tensor sum_dy, sum_dy_xmu, xmu;
     if (fused) {
@@ -318,6 +394,106 @@ struct Function : ::torch::autograd::Function<Function> {
     }
     if (affine && ctx->needs_input_grad(2)) {
       grad_bias = sum_dy.to(weight.scalar_type());
+    }
+    return {grad_input, grad_weight, grad_bias, at::Tensor()};
+  }
+
+ private:
+  /// A rank's training step on a fused_cpu input with host_values weight and bias: the same
+  /// passes over x as above and the same arithmetic per channel (in double, each result rounded
+  /// once to x's dtype where the ops above round it), but the per-channel work runs as plain
+  /// loops over the few values of each channel instead of a dozen small libtorch ops, whose
+  /// dispatch dominated the step of a small layer (issue 33).
+  static at::Tensor forward_on_host(::torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                                    const at::Tensor& weight, const at::Tensor& bias,
+                                    const ForwardArgs& args) {
+    const Group& group = *args.group;
+    const int64_t channels = x.size(1);
+    const auto c_count = static_cast<std::size_t>(channels);
+    const tandem::detail::batch_norm::Wire wire{c_count};
+    const auto on = x.options().dtype(at::kDouble);
+    const at::Tensor mine = at::empty({static_cast<int64_t>(wire.size())}, on);
+    double* record = mine.data_ptr<double>();
+    const auto stats = at::batch_norm_update_stats(x, {}, {}, /*momentum=*/0.0);
+    read_doubles(std::get<0>(stats), record + wire.mean(0));
+    read_doubles(std::get<1>(stats), record + wire.variance(0));
+    record[wire.count()] = static_cast<double>(x.numel() / channels);
+    const at::Tensor all = at::empty({group.size(), static_cast<int64_t>(wire.size())}, on);
+    group.all_gather(mine, all);
+
+    const auto [merged, total] = merge_and_commit(group, args, wire, all);
+    const double* statistics = merged.data_ptr<double>();
+
+    // y = x * scale + (b - mean * scale), scale = invstd * w: forward's fused arithmetic.
+    const double* mean = statistics;
+    const double* invstd = statistics + 2 * channels;
+    std::vector<double> w(c_count, 1.0), b(c_count, 0.0), scale(c_count), shift(c_count);
+    if (args.affine) {
+      read_doubles(weight, w.data());
+      read_doubles(bias, b.data());
+    }
+    for (std::size_t c = 0; c < c_count; ++c) {
+      scale[c] = args.affine ? invstd[c] * w[c] : invstd[c];
+      shift[c] = args.affine ? b[c] - mean[c] * scale[c] : -(mean[c] * scale[c]);
+    }
+    at::Tensor output = typed_affine(x, rounded(scale, x), rounded(shift, x));
+
+    ctx->save_for_backward({x, weight});
+    ctx->saved_data["mean"] = merged[0];
+    ctx->saved_data["invstd"] = merged[2];
+    ctx->saved_data["total"] = total;
+    ctx->saved_data["affine"] = args.affine;
+    ctx->saved_data["group"] =
+        c10::IValue::make_capsule(c10::make_intrusive<GroupCapsule>(args.group));
+    return output;
+  }
+
+  /// backward for forward_on_host's inputs (and any fused_cpu one with a host_values weight):
+  /// the same sums from one pass over x and dy, one all_reduce of [sum(dy) | sum(dy * (x -
+  /// mean))], and the per-channel factors of dx as plain loops.
+  static ::torch::autograd::variable_list backward_on_host(
+      ::torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+      const at::Tensor& dy, const at::Tensor& mean_values, const at::Tensor& invstd_values,
+      double total, bool affine, const Group& group) {
+    const int64_t channels = x.size(1);
+    const auto c_count = static_cast<std::size_t>(channels);
+    std::vector<double> mean(c_count), invstd(c_count);
+    read_doubles(mean_values, mean.data());
+    read_doubles(invstd_values, invstd.data());
+    const at::Tensor ones = at::ones({channels}, x.options());
+    const auto sums =
+        at::native_batch_norm_backward(dy, x, ones, rounded(mean, x), ones, {}, {},
+                                       /*train=*/false, /*eps=*/0.0, {false, true, true});
+    const at::Tensor& local_dy_xmu = std::get<1>(sums);
+    const at::Tensor& local_dy = std::get<2>(sums);
+
+    at::Tensor grad_input, grad_weight, grad_bias;
+    if (ctx->needs_input_grad(0)) {
+      const at::Tensor combined = at::empty({2 * channels}, x.options().dtype(at::kDouble));
+      double* sum = combined.data_ptr<double>();
+      read_doubles(local_dy, sum);
+      read_doubles(local_dy_xmu, sum + channels);
+      group.all_reduce_sum(combined);
+      std::vector<double> w(c_count, 1.0), a(c_count), b(c_count), scale(c_count);
+      if (affine) read_doubles(weight, w.data());
+      for (std::size_t c = 0; c < c_count; ++c) {
+        const double mean_dy = sum[c] / total;
+        const double projection = sum[c_count + c] * invstd[c] * invstd[c] / total;
+        scale[c] = affine ? invstd[c] * w[c] : invstd[c];
+        a[c] = -(projection * scale[c]);
+        b[c] = (mean[c] * projection - mean_dy) * scale[c];
+      }
+      grad_input = typed_affine(x, rounded(a, x), rounded(b, x));
+      grad_input.addcmul_(dy, per_channel(rounded(scale, x), x.dim()));
+    }
+    if (affine && ctx->needs_input_grad(1)) {
+      std::vector<double> g(c_count);
+      read_doubles(local_dy_xmu, g.data());
+      for (std::size_t c = 0; c < c_count; ++c) g[c] *= invstd[c];
+      grad_weight = rounded(g, weight);
+    }
+    if (affine && ctx->needs_input_grad(2)) {
+      grad_bias = local_dy.to(weight.scalar_type());  // float to double is exact either way
     }
     return {grad_input, grad_weight, grad_bias, at::Tensor()};
   }
