@@ -80,11 +80,14 @@ struct Settings {
   std::string mpi_thread = "multiple";
 };
 
-/// One way to all_reduce: its barrier and its in-place sum of `count` floats.
+/// One way to all_reduce: its barrier and its in-place sum of `count` floats; `buffer`, where
+/// set, gives the buffer of `count` floats it must run on (memory its communicator lent),
+/// otherwise it runs on the buffer every implementation shares.
 struct Impl {
   std::string name;
   std::function<void()> barrier;
   std::function<void(float*, std::size_t)> all_reduce;
+  std::function<float*(std::size_t)> buffer = {};
 };
 
 /// What the timing loop needs from the job: who we are, and the maximum over ranks of a vector.
@@ -112,7 +115,7 @@ std::vector<std::string> split_list(std::string_view text) {
 }
 
 /// Ranks hold rank + 1: every element must come back as 1 + 2 + ... + size.
-void check(Impl& impl, const Job& job, std::vector<float>& data) {
+void check(Impl& impl, const Job& job, std::span<float> data) {
   std::fill(data.begin(), data.end(), static_cast<float>(job.rank + 1));
   impl.barrier();
   impl.all_reduce(data.data(), data.size());
@@ -130,8 +133,12 @@ void check(Impl& impl, const Job& job, std::vector<float>& data) {
 void measure(std::vector<Impl>& impls, const Job& job, const Settings& settings) {
   for (const std::size_t bytes : settings.sizes) {
     const std::size_t count = bytes / sizeof(float);
-    std::vector<float> data(count);  // one buffer for every implementation: same pages
+    std::vector<float> shared(count);  // one buffer for every implementation: same pages
+    auto buffer_of = [&](Impl& impl) {
+      return std::span<float>(impl.buffer ? impl.buffer(count) : shared.data(), count);
+    };
     for (auto& impl : impls) {
+      const std::span<float> data = buffer_of(impl);
       check(impl, job, data);
       std::fill(data.begin(), data.end(), 0.0f);  // sums of zeros stay finite however many runs
       for (int i = 0; i < settings.warmup; ++i) {
@@ -145,10 +152,11 @@ void measure(std::vector<Impl>& impls, const Job& job, const Settings& settings)
       for (std::size_t k = 0; k < impls.size(); ++k) {
         const std::size_t which = (static_cast<std::size_t>(run) + k) % impls.size();
         Impl& impl = impls[which];
+        float* const data = buffer_of(impl).data();
         for (auto& sample : samples) {
           impl.barrier();
           const auto start = clock_type::now();
-          impl.all_reduce(data.data(), count);
+          impl.all_reduce(data, count);
           sample = std::chrono::duration<double, std::micro>(clock_type::now() - start).count();
         }
         job.max_over_ranks(samples);
@@ -299,19 +307,43 @@ int run_mpi(const Settings& settings) {
 
 #if TANDEM_BENCH_SHM
 /// Under tandemrun: tandem-shm, ShmComm's in-place all_reduce with its default options (the ranks
-/// of one host meeting in shared memory), and tandem-shm-nospin, the same with options.spin = 0
-/// (waiters sleep on the futex at once). Their peers are in bench_allreduce: tandem-local
-/// (threads) and a single-thread memcpy of the same bytes.
+/// of one host meeting in shared memory) on a buffer of the program's, tandem-shm-segment, the
+/// same on a buffer in the group's shared memory (ShmComm::allocate_shared: each rank reduces
+/// its share from the peers' buffers, no copy in; how DistributedDataParallel's gradients are
+/// reduced), and tandem-shm-nospin, tandem-shm with options.spin = 0 (waiters sleep on the
+/// futex at once). Their peers are in bench_allreduce: tandem-local (threads) and a
+/// single-thread memcpy of the same bytes.
 int run_shm(const Settings& settings) {
   const tandem::World world = tandem::World::from_env();
   auto comm = tandem::init_process_group<tandem::ShmComm>();
   auto store = comm.store();
   auto sleeper = tandem::ShmComm::rendezvous(world, store, {.spin = std::chrono::microseconds(0)});
+  // One block for every size, allocated (collectively) only where tandem-shm-segment runs.
+  const bool segment_wanted =
+      settings.impls.empty() || std::find(settings.impls.begin(), settings.impls.end(),
+                                          "tandem-shm-segment") != settings.impls.end();
+  tandem::SharedBlock block;
+  if (segment_wanted) {
+    const std::size_t largest = *std::max_element(settings.sizes.begin(), settings.sizes.end());
+    block = comm.allocate_shared(largest);
+    if (!block) {
+      std::fprintf(stderr,
+                   "rank %d: tandem-shm-segment: /dev/shm has no room for %zu bytes per "
+                   "rank\n",
+                   world.rank, largest);
+      return 1;
+    }
+  }
   std::vector<Impl> all;
   all.push_back({"tandem-shm", [&] { comm.barrier(); },
                  [&](float* p, std::size_t n) {
                    comm.all_reduce(std::span<float>(p, n), tandem::ReduceOp::sum);
                  }});
+  all.push_back({"tandem-shm-segment", [&] { comm.barrier(); },
+                 [&](float* p, std::size_t n) {
+                   comm.all_reduce(std::span<float>(p, n), tandem::ReduceOp::sum);
+                 },
+                 [&](std::size_t) { return reinterpret_cast<float*>(block.data); }});
   all.push_back({"tandem-shm-nospin", [&] { sleeper.barrier(); },
                  [&](float* p, std::size_t n) {
                    sleeper.all_reduce(std::span<float>(p, n), tandem::ReduceOp::sum);

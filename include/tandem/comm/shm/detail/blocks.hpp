@@ -1,0 +1,131 @@
+// tandem/comm/shm/detail/blocks.hpp - the shared blocks of a ShmComm group (ShmComm::
+// allocate_shared): one POSIX object per allocation, holding one part per rank, mapped whole by
+// every rank; the registry that tells whether a tensor lies in this rank's part of one (and
+// where); and the copy with non-temporal stores that the all_reduce in a block finishes with.
+//   if (auto found = blocks.find(out, bytes)) { ... found->part(peer) + found->at ... }
+// Needs: Linux (through segment.hpp). Not a public header: detail/engine.hpp holds a Blocks.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "tandem/comm/shm/detail/segment.hpp"
+
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+
+namespace tandem::detail::shm {
+
+/// Below this many bytes an all_reduce in a block takes the slots' path even so: one barrier
+/// and a small copy in cost less than the block's three barriers (bench/results/shm-allreduce.md).
+inline constexpr std::size_t in_block_least_bytes = std::size_t{64} << 10;
+/// Copies of at least this many bytes in the block's all-gather step bypass the cache
+/// (non-temporal stores): a tensor this large is not read again from the cache anyway.
+#ifndef TANDEM_SHM_STREAMING_BYTES
+#define TANDEM_SHM_STREAMING_BYTES (std::size_t{1} << 20)
+#endif
+inline constexpr std::size_t streaming_copy_bytes = TANDEM_SHM_STREAMING_BYTES;
+
+/// One block: `parts` parts of `part_bytes` bytes, rank r's at base + r * part_bytes.
+struct BlockRecord {
+  std::uint64_t id = 0;  ///< 1, 2, ... in allocation order: the same on every rank
+  std::byte* base = nullptr;
+  std::size_t part_bytes = 0;
+  std::weak_ptr<Segment> mapping;  ///< the SharedBlocks' keep: expired once the user let go
+};
+
+/// Where a tensor lies in a block: `at` bytes into this rank's part of block `id`. Holds the
+/// mapping while the operation runs.
+struct InBlock {
+  std::uint64_t id = 0;
+  std::size_t at = 0;
+  std::byte* base = nullptr;
+  std::size_t part_bytes = 0;
+  std::shared_ptr<Segment> hold;
+
+  /// Rank r's copy of the tensor.
+  template <class T>
+  [[nodiscard]] T* part(int r) const noexcept {
+    return reinterpret_cast<T*>(base + static_cast<std::size_t>(r) * part_bytes + at);
+  }
+};
+
+/// This rank's registry of its group's blocks. Used by the thread running the Engine's
+/// operation only.
+class Blocks {
+ public:
+  /// Records a block just mapped (the caller keeps the only shared_ptr: the SharedBlock's).
+  void add(BlockRecord record) { records_.push_back(std::move(record)); }
+
+  /// The id the next block will have (the same on every rank: allocation is collective).
+  [[nodiscard]] std::uint64_t next_id() const noexcept { return next_id_; }
+  void count_one() noexcept { ++next_id_; }
+
+  /// Where [data, data + bytes) lies in this rank's part of a live block, or nullopt. A block
+  /// whose SharedBlocks are all gone is forgotten here (its memory is unmapped, and its
+  /// addresses may be another allocation's by now).
+  [[nodiscard]] std::optional<InBlock> find(const void* data, std::size_t bytes, int rank) {
+    std::erase_if(records_, [](const BlockRecord& r) { return r.mapping.expired(); });
+    const auto* at = static_cast<const std::byte*>(data);
+    for (const BlockRecord& record : records_) {
+      const std::byte* mine = record.base + static_cast<std::size_t>(rank) * record.part_bytes;
+      if (at < mine || at >= mine + record.part_bytes) continue;
+      const auto offset = static_cast<std::size_t>(at - mine);
+      if (bytes > record.part_bytes - offset) return std::nullopt;  // runs past the part
+      auto hold = record.mapping.lock();
+      if (!hold) return std::nullopt;
+      return InBlock{record.id, offset, record.base, record.part_bytes, std::move(hold)};
+    }
+    return std::nullopt;
+  }
+
+ private:
+  std::vector<BlockRecord> records_;
+  std::uint64_t next_id_ = 1;
+};
+
+/// memcpy of `bytes` bytes, with non-temporal stores where the copy is large
+/// (streaming_copy_bytes) and both ends have the same alignment (the same offset in two parts of
+/// a block: always): the destination's lines are not read first, and the copy does not evict
+/// what the cache holds.
+inline void copy_bytes(const std::byte* from, std::byte* to, std::size_t bytes) noexcept {
+#if defined(__x86_64__)
+  const auto misaligned = reinterpret_cast<std::uintptr_t>(from) % 16;
+  if (bytes >= streaming_copy_bytes && misaligned == reinterpret_cast<std::uintptr_t>(to) % 16) {
+    if (misaligned) {  // up to the first aligned byte as it is
+      const std::size_t head = 16 - misaligned;
+      std::memcpy(to, from, head);
+      from += head;
+      to += head;
+      bytes -= head;
+    }
+    const std::size_t blocks = bytes / 64;
+    const auto* source = reinterpret_cast<const __m128i*>(from);
+    auto* target = reinterpret_cast<__m128i*>(to);
+    for (std::size_t i = 0; i < blocks; ++i, source += 4, target += 4) {
+      const __m128i a = _mm_load_si128(source);
+      const __m128i b = _mm_load_si128(source + 1);
+      const __m128i c = _mm_load_si128(source + 2);
+      const __m128i d = _mm_load_si128(source + 3);
+      _mm_stream_si128(target, a);
+      _mm_stream_si128(target + 1, b);
+      _mm_stream_si128(target + 2, c);
+      _mm_stream_si128(target + 3, d);
+    }
+    _mm_sfence();  // the stores are seen before the barrier that publishes them
+    const std::size_t done = blocks * 64;
+    if (done < bytes) std::memcpy(to + done, from + done, bytes - done);
+    return;
+  }
+#endif
+  if (bytes) std::memcpy(to, from, bytes);
+}
+
+}  // namespace tandem::detail::shm
