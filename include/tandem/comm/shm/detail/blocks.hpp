@@ -26,12 +26,19 @@ namespace tandem::detail::shm {
 /// Below this many bytes an all_reduce in a block takes the slots' path even so: one barrier
 /// and a small copy in cost less than the block's three barriers (bench/results/shm-allreduce.md).
 inline constexpr std::size_t in_block_least_bytes = std::size_t{64} << 10;
-/// Copies of at least this many bytes in the block's all-gather step bypass the cache
-/// (non-temporal stores): a tensor this large is not read again from the cache anyway.
+/// In an all_reduce of a tensor of at least this many bytes the copies of the peers' shares
+/// bypass the cache (non-temporal stores): a tensor this large is not read from the cache again.
 #ifndef TANDEM_SHM_STREAMING_BYTES
 #define TANDEM_SHM_STREAMING_BYTES (std::size_t{1} << 20)
 #endif
 inline constexpr std::size_t streaming_copy_bytes = TANDEM_SHM_STREAMING_BYTES;
+/// A rank reduces its share in chunks of this many bytes, and counts each one done in its record
+/// (RankState::reduced); the peers copy a chunk as soon as it is counted, while it is still in
+/// the cache, instead of waiting for every share behind a barrier.
+#ifndef TANDEM_SHM_CHUNK_BYTES
+#define TANDEM_SHM_CHUNK_BYTES (std::size_t{64} << 10)
+#endif
+inline constexpr std::size_t block_chunk_bytes = TANDEM_SHM_CHUNK_BYTES;
 
 /// One block: `parts` parts of `part_bytes` bytes, rank r's at base + r * part_bytes.
 struct BlockRecord {
@@ -91,14 +98,15 @@ class Blocks {
   std::uint64_t next_id_ = 1;
 };
 
-/// memcpy of `bytes` bytes, with non-temporal stores where the copy is large
-/// (streaming_copy_bytes) and both ends have the same alignment (the same offset in two parts of
+/// memcpy of `bytes` bytes; `streaming` (the tensor is large: streaming_copy_bytes) with
+/// non-temporal stores where both ends have the same alignment (the same offset in two parts of
 /// a block: always): the destination's lines are not read first, and the copy does not evict
 /// what the cache holds.
-inline void copy_bytes(const std::byte* from, std::byte* to, std::size_t bytes) noexcept {
+inline void copy_bytes(const std::byte* from, std::byte* to, std::size_t bytes,
+                       bool streaming) noexcept {
 #if defined(__x86_64__)
   const auto misaligned = reinterpret_cast<std::uintptr_t>(from) % 16;
-  if (bytes >= streaming_copy_bytes && misaligned == reinterpret_cast<std::uintptr_t>(to) % 16) {
+  if (streaming && bytes >= 64 && misaligned == reinterpret_cast<std::uintptr_t>(to) % 16) {
     if (misaligned) {  // up to the first aligned byte as it is
       const std::size_t head = 16 - misaligned;
       std::memcpy(to, from, head);
@@ -124,6 +132,8 @@ inline void copy_bytes(const std::byte* from, std::byte* to, std::size_t bytes) 
     if (done < bytes) std::memcpy(to + done, from + done, bytes - done);
     return;
   }
+#else
+  (void)streaming;
 #endif
   if (bytes) std::memcpy(to, from, bytes);
 }

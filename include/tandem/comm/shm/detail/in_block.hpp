@@ -118,33 +118,87 @@ inline void Engine::check_places(const Place& mine) const {
                   "rank's tensor at the same place of one");
 }
 
-/// Three barriers: every rank's tensor is ready (and the calls and places agree); every share is
-/// reduced; every rank has copied the others' shares (so that none writes its part again, in
-/// the next backward pass or collective, while a peer still reads it). A rank writes only its
-/// own part: its share in place (read by no other rank, which reads only its own share of each
-/// part), then the others' shares (read by no rank after the second barrier). The reduction is
-/// LocalComm's, in rank order, element by element: the bits of the slots' path on every rank.
+inline void Engine::wait_reduced(int r, std::uint64_t chunks) {
+  const std::atomic<std::uint64_t>& reduced = ranks_[r].reduced;
+  if (reduced.load(std::memory_order_acquire) >= chunks) return;
+  wait([&] { return reduced.load(std::memory_order_acquire) >= chunks; },
+       [&] { return std::vector<int>{r}; },
+       [&] {
+         return "timed out after " + describe(options_.timeout) + " waiting for rank " +
+                std::to_string(r) + " to reduce its share";
+       });
+}
+
+/// Two barriers and a count per chunk: after the first barrier every rank's tensor is ready (and
+/// the calls and places agree); each rank reduces its share (1/n of the elements) chunk by chunk
+/// from every rank's part into its own, counting each chunk done in its record, and copies each
+/// peer's chunks into its own part as that peer counts them - one of each peer's that is ready,
+/// then one of its own, so that it never waits while it has work, and copies a chunk while the
+/// peer's cache still holds it where the ranks keep pace; the last barrier ends it, so that no
+/// rank writes its part again (the next backward pass, the next collective) while a peer still
+/// reads it. A rank writes only its own part: its share in place (no other rank reads that share
+/// of it), and a peer's share chunk by chunk once that peer has finished reading it (it counts a
+/// chunk after reading every part's). The reduction is LocalComm's, in rank order, element by
+/// element: the bits of the slots' path on every rank.
 template <class T>
 void Engine::all_reduce_in_block(T* data, std::size_t count, ReduceOp op, const InBlock& where) {
   const Place mine{where.id, where.at};
+  const std::size_t chunk = std::max<std::size_t>(1, block_chunk_bytes / sizeof(T));
+  const bool streaming = count * sizeof(T) >= streaming_copy_bytes;
+  const auto n = static_cast<std::size_t>(size_);
+  const auto me = static_cast<std::size_t>(rank_);
   rounds(make_fingerprint<T>(Op::all_reduce, 0, count, 0, op), count, count,
          [&](std::size_t, std::size_t, const Call* call) {
            ranks_[rank_].places[half_] = mine;
            arrive(call);
            check_places(mine);
            std::vector<const T*> parts;
-           parts.reserve(static_cast<std::size_t>(size_));
-           for (int r = 0; r < size_; ++r) parts.push_back(where.part<T>(r));
-           const auto [begin, end] = share(rank_, count);
-           reduce_range(data, parts, begin, end, op);
-           arrive(nullptr);
-           for (int r = 0; r < size_; ++r) {
-             if (r == rank_) continue;
-             const auto [first, last] = share(r, count);
-             copy_bytes(
-                 reinterpret_cast<const std::byte*>(parts[static_cast<std::size_t>(r)] + first),
-                 reinterpret_cast<std::byte*>(data + first), (last - first) * sizeof(T));
+           std::vector<std::size_t> firsts(n);  // rank r's share starts here ...
+           std::vector<std::size_t> chunks(n);  // ... and has this many chunks
+           std::vector<std::size_t> taken(n);   // chunks of rank r's share this rank has
+           parts.reserve(n);
+           std::size_t left = 0;  // chunks to reduce or copy
+           for (std::size_t r = 0; r < n; ++r) {
+             parts.push_back(where.part<T>(static_cast<int>(r)));
+             const auto [first, last] = share(static_cast<int>(r), count);
+             firsts[r] = first;
+             chunks[r] = (last - first + chunk - 1) / chunk;
+             left += chunks[r];
            }
+           const auto piece = [&](std::size_t r, std::size_t j) {
+             const std::size_t at = firsts[r] + j * chunk;
+             const std::size_t last = share(static_cast<int>(r), count).second;
+             return std::pair{at, std::min(last, at + chunk)};
+           };
+           const auto ready = [&](std::size_t r) {
+             return ranks_[r].reduced.load(std::memory_order_acquire) >= reduced_[r] + taken[r] + 1;
+           };
+           while (left > 0) {
+             bool moved = false;
+             for (std::size_t r = 0; r < n; ++r) {
+               if (r == me || taken[r] == chunks[r] || !ready(r)) continue;
+               const auto [at, end] = piece(r, taken[r]++);
+               copy_bytes(reinterpret_cast<const std::byte*>(parts[r] + at),
+                          reinterpret_cast<std::byte*>(data + at), (end - at) * sizeof(T),
+                          streaming);
+               --left;
+               moved = true;
+             }
+             if (taken[me] < chunks[me]) {
+               const auto [at, end] = piece(me, taken[me]++);
+               reduce_range(data, parts, at, end, op);
+               ranks_[rank_].reduced.store(reduced_[me] + taken[me], std::memory_order_release);
+               notify();
+               --left;
+             } else if (!moved && left > 0) {  // nothing of its own left: wait for a peer's chunk
+               for (std::size_t r = 0; r < n; ++r) {
+                 if (r == me || taken[r] == chunks[r]) continue;
+                 wait_reduced(static_cast<int>(r), reduced_[r] + taken[r] + 1);
+                 break;
+               }
+             }
+           }
+           for (std::size_t r = 0; r < n; ++r) reduced_[r] += chunks[r];
            arrive(nullptr);
          });
 }
