@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -88,6 +89,9 @@ struct Impl {
   std::function<void()> barrier;
   std::function<void(float*, std::size_t)> all_reduce;
   std::function<float*(std::size_t)> buffer = {};
+  /// Where set, the implementation is a reference, not an all_reduce (memcpy): its check is
+  /// this, on the buffer after one call, instead of the sum.
+  std::function<bool(std::span<const float>)> verify = {};
 };
 
 /// What the timing loop needs from the job: who we are, and the maximum over ranks of a vector.
@@ -119,6 +123,12 @@ void check(Impl& impl, const Job& job, std::span<float> data) {
   std::fill(data.begin(), data.end(), static_cast<float>(job.rank + 1));
   impl.barrier();
   impl.all_reduce(data.data(), data.size());
+  if (impl.verify) {
+    if (impl.verify(data)) return;
+    std::fprintf(stderr, "rank %d: %s: the buffer does not hold what it should\n", job.rank,
+                 impl.name.c_str());
+    std::exit(1);
+  }
   const float expected = static_cast<float>(job.size * (job.size + 1) / 2);
   for (std::size_t i = 0; i < data.size(); ++i) {
     if (data[i] != expected) {
@@ -310,9 +320,10 @@ int run_mpi(const Settings& settings) {
 /// of one host meeting in shared memory) on a buffer of the program's, tandem-shm-segment, the
 /// same on a buffer in the group's shared memory (ShmComm::allocate_shared: each rank reduces
 /// its share from the peers' buffers, no copy in; how DistributedDataParallel's gradients are
-/// reduced), and tandem-shm-nospin, tandem-shm with options.spin = 0 (waiters sleep on the
-/// futex at once). Their peers are in bench_allreduce: tandem-local (threads) and a
-/// single-thread memcpy of the same bytes.
+/// reduced), memcpy-in-run (rank 0 copies the bytes with one thread while the others wait: the
+/// single-thread memcpy reference, interleaved in the same run) and tandem-shm-nospin,
+/// tandem-shm with options.spin = 0 (waiters sleep on the futex at once). bench_allreduce has
+/// tandem-local (threads) and memcpy in a process of their own.
 int run_shm(const Settings& settings) {
   const tandem::World world = tandem::World::from_env();
   auto comm = tandem::init_process_group<tandem::ShmComm>();
@@ -344,6 +355,21 @@ int run_shm(const Settings& settings) {
                    comm.all_reduce(std::span<float>(p, n), tandem::ReduceOp::sum);
                  },
                  [&](std::size_t) { return reinterpret_cast<float*>(block.data); }});
+  // The reference in the same run: rank 0 copies the bytes with one thread (memcpy from a
+  // buffer of its own), the other ranks wait at the barrier; the time is rank 0's.
+  std::vector<float> source;
+  all.push_back({"memcpy-in-run",
+                 [&] { comm.barrier(); },
+                 [&](float* p, std::size_t n) {
+                   if (world.rank != 0) return;
+                   if (source.size() < n) source.assign(n, 3.0f);
+                   std::memcpy(p, source.data(), n * sizeof(float));
+                 },
+                 {},
+                 [&](std::span<const float> data) {
+                   return world.rank != 0 ||
+                          std::all_of(data.begin(), data.end(), [](float x) { return x == 3.0f; });
+                 }});
   all.push_back({"tandem-shm-nospin", [&] { sleeper.barrier(); },
                  [&](float* p, std::size_t n) {
                    sleeper.all_reduce(std::span<float>(p, n), tandem::ReduceOp::sum);

@@ -138,8 +138,8 @@ inline void Engine::wait_reduced(int r, std::uint64_t chunks) {
 /// rank writes its part again (the next backward pass, the next collective) while a peer still
 /// reads it. A rank writes only its own part: its share in place (no other rank reads that share
 /// of it), and a peer's share chunk by chunk once that peer has finished reading it (it counts a
-/// chunk after reading every part's). The reduction is LocalComm's, in rank order, element by
-/// element: the bits of the slots' path on every rank.
+/// chunk after reading every part's). The reduction is LocalComm's arithmetic, in rank order,
+/// element by element (reduce_parts): the bits of the slots' path on every rank.
 template <class T>
 void Engine::all_reduce_in_block(T* data, std::size_t count, ReduceOp op, const InBlock& where) {
   const Place mine{where.id, where.at};
@@ -186,7 +186,7 @@ void Engine::all_reduce_in_block(T* data, std::size_t count, ReduceOp op, const 
              }
              if (taken[me] < chunks[me]) {
                const auto [at, end] = piece(me, taken[me]++);
-               reduce_range(data, parts, at, end, op);
+               reduce_parts(data, parts, at, end, op);
                ranks_[rank_].reduced.store(reduced_[me] + taken[me], std::memory_order_release);
                notify();
                --left;
