@@ -36,8 +36,9 @@
 //   its gradients in one): a POSIX object per allocation, made as the segment is, a part per
 //   rank. An in-place all_reduce of at least 64 KiB of a tensor in a block, at the same offset
 //   on every rank, needs no copy in: each rank reduces its 1/n share from every part into its
-//   own, then copies the others' reduced shares (three barriers). Ranks whose tensors lie in
-//   different places all raise the same Error (detail/in_block.hpp).
+//   own in 64 KiB chunks, counting each, and copies the peers' chunks as they count them (two
+//   barriers). Ranks whose tensors lie in different places all raise the same Error
+//   (detail/in_block.hpp).
 // - The barrier: each rank counts its arrivals in its record. A waiter polls for a while
 //   (options.spin: 50 us where the machine has 4 CPUs per rank, else none), then sleeps on the
 //   futex word (FUTEX_WAIT on shared memory), which every arrival, message or failure bumps (and

@@ -28,21 +28,20 @@
 namespace tandem::detail::shm {
 
 /// Below this many bytes an all_reduce in a block takes the slots' path even so: one barrier
-/// and a small copy in cost less than the block's three barriers (bench/results/shm-allreduce.md).
+/// and a small copy in cost no more than the block's two barriers and chunk counts (measured:
+/// equal at 64 KiB, the block 1.6x faster at 128 KiB; bench/results/shm-allreduce.md).
 inline constexpr std::size_t in_block_least_bytes = std::size_t{64} << 10;
 /// In an all_reduce of a tensor of at least this many bytes the copies of the peers' shares
-/// bypass the cache (non-temporal stores): a tensor this large is not read from the cache again.
-#ifndef TANDEM_SHM_STREAMING_BYTES
-#define TANDEM_SHM_STREAMING_BYTES (std::size_t{1} << 20)
-#endif
-inline constexpr std::size_t streaming_copy_bytes = TANDEM_SHM_STREAMING_BYTES;
+/// bypass the cache (non-temporal stores): the parts of every rank then pass the last-level
+/// cache (32 MiB here) and the tensor is not read from it again, so the stores need not read
+/// the destination's lines first. Below it, the tensor stays in the cache for whoever reads it
+/// next (the optimizer). On the loaded 2-core machine of bench/results/shm-allreduce.md the
+/// difference was within the noise at 1 to 64 MiB.
+inline constexpr std::size_t streaming_copy_bytes = std::size_t{16} << 20;
 /// A rank reduces its share in chunks of this many bytes, and counts each one done in its record
 /// (RankState::reduced); the peers copy a chunk as soon as it is counted, while it is still in
 /// the cache, instead of waiting for every share behind a barrier.
-#ifndef TANDEM_SHM_CHUNK_BYTES
-#define TANDEM_SHM_CHUNK_BYTES (std::size_t{64} << 10)
-#endif
-inline constexpr std::size_t block_chunk_bytes = TANDEM_SHM_CHUNK_BYTES;
+inline constexpr std::size_t block_chunk_bytes = std::size_t{64} << 10;
 
 /// One block: `parts` parts of `part_bytes` bytes, rank r's at base + r * part_bytes.
 struct BlockRecord {
