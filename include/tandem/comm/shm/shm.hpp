@@ -34,7 +34,7 @@
 //   no barrier at its end.
 // - Shared blocks (allocate_shared, the SharedMemoryComm concept; DistributedDataParallel puts
 //   its gradients in one): a POSIX object per allocation, made as the segment is, a part per
-//   rank. An in-place all_reduce of at least 64 KiB of a tensor in a block, at the same offset
+//   rank. An in-place all_reduce of more than 64 KiB of a tensor in a block, at the same offset
 //   on every rank, needs no copy in: each rank reduces its 1/n share from every part into its
 //   own in 64 KiB chunks, counting each, and copies the peers' chunks as they count them (two
 //   barriers). Ranks whose tensors lie in different places all raise the same Error
@@ -151,7 +151,7 @@ class ShmComm : public detail::CollectiveFrontend<ShmComm, host> {
   [[nodiscard]] std::optional<std::string> abort_cause() const { return self().abort_cause(); }
   /// Collective: this rank's part of a new block of `bytes` bytes in shared memory (every rank
   /// asks for the same), zeroed, which the peers read directly: an in-place all_reduce of a
-  /// tensor of at least 64 KiB that lies in it on every rank, at the same offset, reduces
+  /// tensor of more than 64 KiB that lies in it on every rank, at the same offset, reduces
   /// straight from the peers' parts, without the copy into the slots (DistributedDataParallel
   /// puts the arena's gradients there). An empty block where /dev/shm has no room (the block of
   /// every rank takes at most half of what is free). The memory stays mapped while any copy of

@@ -27,10 +27,10 @@
 
 namespace tandem::detail::shm {
 
-/// Below this many bytes an all_reduce in a block takes the slots' path even so: one barrier
-/// and a small copy in cost no more than the block's two barriers and chunk counts (measured:
-/// equal at 64 KiB, the block 1.6x faster at 128 KiB; bench/results/shm-allreduce.md).
-inline constexpr std::size_t in_block_least_bytes = std::size_t{64} << 10;
+/// Up to this many bytes an all_reduce in a block takes the slots' path even so: one barrier and
+/// a small copy in cost less than the block's two barriers and chunk counts (measured: 14 us
+/// against 20 us at 64 KiB, 36 us against 29 us at 128 KiB; bench/results/shm-allreduce.md).
+inline constexpr std::size_t in_block_most_slot_bytes = std::size_t{64} << 10;
 /// In an all_reduce of a tensor of at least this many bytes the copies of the peers' shares
 /// bypass the cache (non-temporal stores): the parts of every rank then pass the last-level
 /// cache (32 MiB here) and the tensor is not read from it again, so the stores need not read

@@ -117,7 +117,7 @@ class Engine : public IssueOrder, public Peers {
   void all_reduce(const T* in, T* out, std::size_t count, ReduceOp op) {
     start("all_reduce");
     const std::size_t bytes = count * sizeof(T);
-    if (in == out && bytes >= in_block_least_bytes && size_ > 1) {
+    if (in == out && bytes > in_block_most_slot_bytes && size_ > 1) {
       if (auto where = blocks_.find(out, bytes, rank_)) {
         return all_reduce_in_block(out, count, op, *where);
       }
