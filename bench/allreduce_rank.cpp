@@ -320,7 +320,8 @@ int run_mpi(const Settings& settings) {
 /// of one host meeting in shared memory) on a buffer of the program's, tandem-shm-segment, the
 /// same on a buffer in the group's shared memory (ShmComm::allocate_shared: each rank reduces
 /// its share from the peers' buffers, no copy in; how DistributedDataParallel's gradients are
-/// reduced), memcpy-in-run (rank 0 copies the bytes with one thread while the others wait: the
+/// reduced), tandem-shm-segment-spin (the same on a group whose waiters poll 50 us before they
+/// sleep), memcpy-in-run (rank 0 copies the bytes with one thread while the others wait: the
 /// single-thread memcpy reference, interleaved in the same run) and tandem-shm-nospin,
 /// tandem-shm with options.spin = 0 (waiters sleep on the futex at once). bench_allreduce has
 /// tandem-local (threads) and memcpy in a process of their own.
@@ -333,6 +334,15 @@ int run_shm(const Settings& settings) {
   const bool segment_wanted =
       settings.impls.empty() || std::find(settings.impls.begin(), settings.impls.end(),
                                           "tandem-shm-segment") != settings.impls.end();
+  // tandem-shm-segment-spin: the same on a group whose waiters poll for 50 us before they sleep
+  // (ShmComm's default only where there are 4 CPUs per rank).
+  auto spinner = tandem::ShmComm::rendezvous(world, store, {.spin = std::chrono::microseconds(50)});
+  tandem::SharedBlock spin_block;
+  if (settings.impls.empty() || std::find(settings.impls.begin(), settings.impls.end(),
+                                          "tandem-shm-segment-spin") != settings.impls.end()) {
+    spin_block =
+        spinner.allocate_shared(*std::max_element(settings.sizes.begin(), settings.sizes.end()));
+  }
   tandem::SharedBlock block;
   if (segment_wanted) {
     const std::size_t largest = *std::max_element(settings.sizes.begin(), settings.sizes.end());
@@ -355,6 +365,11 @@ int run_shm(const Settings& settings) {
                    comm.all_reduce(std::span<float>(p, n), tandem::ReduceOp::sum);
                  },
                  [&](std::size_t) { return reinterpret_cast<float*>(block.data); }});
+  all.push_back({"tandem-shm-segment-spin", [&] { spinner.barrier(); },
+                 [&](float* p, std::size_t n) {
+                   spinner.all_reduce(std::span<float>(p, n), tandem::ReduceOp::sum);
+                 },
+                 [&](std::size_t) { return reinterpret_cast<float*>(spin_block.data); }});
   // The reference in the same run: rank 0 copies the bytes with one thread (memcpy from a
   // buffer of its own), the other ranks wait at the barrier; the time is rank 0's.
   std::vector<float> source;
