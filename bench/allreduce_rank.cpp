@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -80,11 +81,17 @@ struct Settings {
   std::string mpi_thread = "multiple";
 };
 
-/// One way to all_reduce: its barrier and its in-place sum of `count` floats.
+/// One way to all_reduce: its barrier and its in-place sum of `count` floats; `buffer`, where
+/// set, gives the buffer of `count` floats it must run on (memory its communicator lent),
+/// otherwise it runs on the buffer every implementation shares.
 struct Impl {
   std::string name;
   std::function<void()> barrier;
   std::function<void(float*, std::size_t)> all_reduce;
+  std::function<float*(std::size_t)> buffer = {};
+  /// Where set, the implementation is a reference, not an all_reduce (memcpy): its check is
+  /// this, on the buffer after one call, instead of the sum.
+  std::function<bool(std::span<const float>)> verify = {};
 };
 
 /// What the timing loop needs from the job: who we are, and the maximum over ranks of a vector.
@@ -112,10 +119,16 @@ std::vector<std::string> split_list(std::string_view text) {
 }
 
 /// Ranks hold rank + 1: every element must come back as 1 + 2 + ... + size.
-void check(Impl& impl, const Job& job, std::vector<float>& data) {
+void check(Impl& impl, const Job& job, std::span<float> data) {
   std::fill(data.begin(), data.end(), static_cast<float>(job.rank + 1));
   impl.barrier();
   impl.all_reduce(data.data(), data.size());
+  if (impl.verify) {
+    if (impl.verify(data)) return;
+    std::fprintf(stderr, "rank %d: %s: the buffer does not hold what it should\n", job.rank,
+                 impl.name.c_str());
+    std::exit(1);
+  }
   const float expected = static_cast<float>(job.size * (job.size + 1) / 2);
   for (std::size_t i = 0; i < data.size(); ++i) {
     if (data[i] != expected) {
@@ -130,8 +143,12 @@ void check(Impl& impl, const Job& job, std::vector<float>& data) {
 void measure(std::vector<Impl>& impls, const Job& job, const Settings& settings) {
   for (const std::size_t bytes : settings.sizes) {
     const std::size_t count = bytes / sizeof(float);
-    std::vector<float> data(count);  // one buffer for every implementation: same pages
+    std::vector<float> shared(count);  // one buffer for every implementation: same pages
+    auto buffer_of = [&](Impl& impl) {
+      return std::span<float>(impl.buffer ? impl.buffer(count) : shared.data(), count);
+    };
     for (auto& impl : impls) {
+      const std::span<float> data = buffer_of(impl);
       check(impl, job, data);
       std::fill(data.begin(), data.end(), 0.0f);  // sums of zeros stay finite however many runs
       for (int i = 0; i < settings.warmup; ++i) {
@@ -145,10 +162,11 @@ void measure(std::vector<Impl>& impls, const Job& job, const Settings& settings)
       for (std::size_t k = 0; k < impls.size(); ++k) {
         const std::size_t which = (static_cast<std::size_t>(run) + k) % impls.size();
         Impl& impl = impls[which];
+        float* const data = buffer_of(impl).data();
         for (auto& sample : samples) {
           impl.barrier();
           const auto start = clock_type::now();
-          impl.all_reduce(data.data(), count);
+          impl.all_reduce(data, count);
           sample = std::chrono::duration<double, std::micro>(clock_type::now() - start).count();
         }
         job.max_over_ranks(samples);
@@ -299,18 +317,73 @@ int run_mpi(const Settings& settings) {
 
 #if TANDEM_BENCH_SHM
 /// Under tandemrun: tandem-shm, ShmComm's in-place all_reduce with its default options (the ranks
-/// of one host meeting in shared memory), and tandem-shm-nospin, the same with options.spin = 0
-/// (waiters sleep on the futex at once). Their peers are in bench_allreduce: tandem-local
-/// (threads) and a single-thread memcpy of the same bytes.
+/// of one host meeting in shared memory) on a buffer of the program's, tandem-shm-segment, the
+/// same on a buffer in the group's shared memory (ShmComm::allocate_shared: each rank reduces
+/// its share from the peers' buffers, no copy in; how DistributedDataParallel's gradients are
+/// reduced), tandem-shm-segment-spin (the same on a group whose waiters poll 50 us before they
+/// sleep), memcpy-in-run (rank 0 copies the bytes with one thread while the others wait: the
+/// single-thread memcpy reference, interleaved in the same run) and tandem-shm-nospin,
+/// tandem-shm with options.spin = 0 (waiters sleep on the futex at once). bench_allreduce has
+/// tandem-local (threads) and memcpy in a process of their own.
 int run_shm(const Settings& settings) {
   const tandem::World world = tandem::World::from_env();
   auto comm = tandem::init_process_group<tandem::ShmComm>();
   auto store = comm.store();
   auto sleeper = tandem::ShmComm::rendezvous(world, store, {.spin = std::chrono::microseconds(0)});
+  // One block for every size, allocated (collectively) only where tandem-shm-segment runs.
+  const bool segment_wanted =
+      settings.impls.empty() || std::find(settings.impls.begin(), settings.impls.end(),
+                                          "tandem-shm-segment") != settings.impls.end();
+  // tandem-shm-segment-spin: the same on a group whose waiters poll for 50 us before they sleep
+  // (ShmComm's default only where there are 4 CPUs per rank).
+  auto spinner = tandem::ShmComm::rendezvous(world, store, {.spin = std::chrono::microseconds(50)});
+  tandem::SharedBlock spin_block;
+  if (settings.impls.empty() || std::find(settings.impls.begin(), settings.impls.end(),
+                                          "tandem-shm-segment-spin") != settings.impls.end()) {
+    spin_block =
+        spinner.allocate_shared(*std::max_element(settings.sizes.begin(), settings.sizes.end()));
+  }
+  tandem::SharedBlock block;
+  if (segment_wanted) {
+    const std::size_t largest = *std::max_element(settings.sizes.begin(), settings.sizes.end());
+    block = comm.allocate_shared(largest);
+    if (!block) {
+      std::fprintf(stderr,
+                   "rank %d: tandem-shm-segment: /dev/shm has no room for %zu bytes per "
+                   "rank\n",
+                   world.rank, largest);
+      return 1;
+    }
+  }
   std::vector<Impl> all;
   all.push_back({"tandem-shm", [&] { comm.barrier(); },
                  [&](float* p, std::size_t n) {
                    comm.all_reduce(std::span<float>(p, n), tandem::ReduceOp::sum);
+                 }});
+  all.push_back({"tandem-shm-segment", [&] { comm.barrier(); },
+                 [&](float* p, std::size_t n) {
+                   comm.all_reduce(std::span<float>(p, n), tandem::ReduceOp::sum);
+                 },
+                 [&](std::size_t) { return reinterpret_cast<float*>(block.data); }});
+  all.push_back({"tandem-shm-segment-spin", [&] { spinner.barrier(); },
+                 [&](float* p, std::size_t n) {
+                   spinner.all_reduce(std::span<float>(p, n), tandem::ReduceOp::sum);
+                 },
+                 [&](std::size_t) { return reinterpret_cast<float*>(spin_block.data); }});
+  // The reference in the same run: rank 0 copies the bytes with one thread (memcpy from a
+  // buffer of its own), the other ranks wait at the barrier; the time is rank 0's.
+  std::vector<float> source;
+  all.push_back({"memcpy-in-run",
+                 [&] { comm.barrier(); },
+                 [&](float* p, std::size_t n) {
+                   if (world.rank != 0) return;
+                   if (source.size() < n) source.assign(n, 3.0f);
+                   std::memcpy(p, source.data(), n * sizeof(float));
+                 },
+                 {},
+                 [&](std::span<const float> data) {
+                   return world.rank != 0 ||
+                          std::all_of(data.begin(), data.end(), [](float x) { return x == 3.0f; });
                  }});
   all.push_back({"tandem-shm-nospin", [&] { sleeper.barrier(); },
                  [&](float* p, std::size_t n) {

@@ -30,6 +30,8 @@ CONCEPT_HEADERS = {
     "comm/communicator.hpp": "the Communicator concept, ReduceOp, groups",
     "comm/work.hpp": "Work, what a Communicator's _async collectives return",
     "comm/metrics.hpp": "reduce_mean, all_gather_unequal, broadcast_vector: on the concept alone",
+    "comm/shared_memory.hpp": "SharedBlock and the SharedMemoryComm concept (memory a "
+    "communicator lends, where DDP puts its gradients)",
     "comm/stream_order.hpp": "order_after, hand_back: the one stream-ordering contract, on the "
     "Communicator and Executor concepts alone",
     "comm/detail/host_values.hpp": "collectives over a few host values on any Communicator: on "

@@ -4,8 +4,10 @@
 // Needs: the standard library; device storage needs tandem/cuda.hpp in a .cu file.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <memory>
@@ -98,7 +100,8 @@ class Parameters {
         throw Error("Parameter::grad", "'" + name_ + "' is a buffer; buffers have no gradient");
       }
       require_finalized("grad");
-      return View<T, Space>(storage_->grads.data() + offset_, shape_);
+      storage_->grads_viewed.store(true, std::memory_order_relaxed);
+      return View<T, Space>(storage_->grad_data() + offset_, shape_);
     }
 
     /// Only Parameters makes entries (the key is private to it); public so that the arena's
@@ -187,9 +190,9 @@ class Parameters {
   requires ExecutorFor<E, Space>
   void finalize(const E& exec) {
     finalize();
-    zero(exec, storage_->values);
-    zero(exec, storage_->grads);
-    zero(exec, storage_->buffers);
+    zero(exec, storage_->values.data(), storage_->values.size());
+    zero(exec, storage_->grads.data(), storage_->grads.size());
+    zero(exec, storage_->buffers.data(), storage_->buffers.size());
     exec.synchronize();
   }
 
@@ -199,7 +202,37 @@ class Parameters {
   /// Every trained value, in registration order (numel() elements).
   [[nodiscard]] View<T, Space> values() { return block("values", storage_->values); }
   /// Every gradient, in registration order (numel() elements); a DDP bucket is a slice of it.
-  [[nodiscard]] View<T, Space> grads() { return block("grads", storage_->grads); }
+  [[nodiscard]] View<T, Space> grads() {
+    if (!storage_->finalized) throw Error("Parameters::grads", "no storage before finalize()");
+    storage_->grads_viewed.store(true, std::memory_order_relaxed);
+    return View<T, Space>(storage_->grad_data(), storage_->trained_numel);
+  }
+
+  /// Whether a view of the gradients has been handed out (grads(), a Parameter's grad()): from
+  /// then on the gradient block stays where it is (move_grads).
+  [[nodiscard]] bool grads_viewed() const noexcept {
+    return storage_->grads_viewed.load(std::memory_order_relaxed);
+  }
+
+  /// Moves the gradient block into `memory` (numel() elements of host-accessible memory, kept
+  /// alive by `keep` for the arena's life), copying the gradients there - where no view of them
+  /// has been handed out yet (grads_viewed()), since one taken before would go on pointing at the
+  /// old block. Returns whether it moved them. This is how DistributedDataParallel puts the
+  /// gradients where its communicator reduces them without copying them in (SharedMemoryComm:
+  /// ShmComm's shared memory). An Error before finalize() and for a null `memory`.
+  bool move_grads(T* memory, std::shared_ptr<void> keep) requires host_accessible<Space> {
+    if (!storage_->finalized) throw Error("Parameters::move_grads", "no storage before finalize()");
+    if (!memory) throw Error("Parameters::move_grads", "no memory given");
+    if (grads_viewed()) return false;
+    if (storage_->trained_numel) {
+      std::memcpy(static_cast<void*>(memory), storage_->grad_data(),
+                  storage_->trained_numel * sizeof(T));
+    }
+    storage_->grads_home = std::move(keep);
+    storage_->grads_elsewhere = memory;
+    storage_->grads = Buffer<T, Space>();  // the old block is freed
+    return true;
+  }
   /// Every buffer value, in registration order (buffer_numel() elements).
   [[nodiscard]] View<T, Space> buffer_values() { return block("buffer_values", storage_->buffers); }
 
@@ -259,7 +292,7 @@ class Parameters {
     if (!storage_->finalized) {
       throw Error("Parameters::zero_grad", "no gradients before Parameters::finalize()");
     }
-    zero(exec, storage_->grads);
+    zero(exec, storage_->grad_data(), storage_->trained_numel);
   }
 
  private:
@@ -275,6 +308,12 @@ class Parameters {
     Buffer<T, Space> values;
     Buffer<T, Space> grads;
     Buffer<T, Space> buffers;
+    /// Where move_grads put the gradients (then `grads` is empty), and what keeps them there.
+    T* grads_elsewhere = nullptr;
+    std::shared_ptr<void> grads_home;
+    std::atomic<bool> grads_viewed{false};
+
+    T* grad_data() noexcept { return grads_elsewhere ? grads_elsewhere : grads.data(); }
   };
 
   void check_can_add(const char* operation, const std::string& name) const {
@@ -313,8 +352,8 @@ class Parameters {
   }
 
   template <class E>
-  static void zero(const E& exec, Buffer<T, Space>& storage) {
-    for_each_index(exec, storage.size(), detail::fill_zero<T>{storage.data()});
+  static void zero(const E& exec, T* data, std::size_t count) {
+    for_each_index(exec, count, detail::fill_zero<T>{data});
   }
 
   std::unique_ptr<Storage> storage_;

@@ -29,6 +29,7 @@
 #include "tandem/ddp/buckets.hpp"
 #include "tandem/ddp/detail/arena_access.hpp"
 #include "tandem/ddp/detail/registration.hpp"
+#include "tandem/ddp/detail/shared_grads.hpp"
 #include "tandem/ddp/detail/zero_checks.hpp"
 #include "tandem/ddp/policies.hpp"
 #include "tandem/ddp/shards.hpp"
@@ -119,7 +120,6 @@ class DistributedDataParallel {
     }
     numel_ = params.numel();
     buffer_numel_ = params.buffer_numel();
-    grads_address_ = params.grads().data();
     average_deferrable_ = std::same_as<T, float>;
 
     std::vector<std::size_t> sizes;
@@ -139,6 +139,7 @@ class DistributedDataParallel {
         detail::ddp::verify_registration(comm, exec, detail::ddp::registration_of(params));
       }
     }
+    grads_address_ = detail::ddp::place_grads(comm, params);  // shared memory where Comm lends it
 
     plan_ =
         plan_buckets(sizes, sizeof(T), config::first_bucket_cap_bytes, config::bucket_cap_bytes);

@@ -1,6 +1,7 @@
 // tandem::Parameters: registration, flat layout, lookup, zero_grad and the errors it promises.
 #include <doctest/doctest.h>
 
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -181,4 +182,36 @@ TEST_CASE("swap_values and swap_buffer_values exchange storage in O(1) and check
                        "arena 4",
                        tandem::Error);
   CHECK(params.values().data() == other_storage);  // unchanged by the failed call
+}
+
+TEST_CASE("move_grads moves the gradients where no view of them was taken, and only there") {
+  tandem::Parameters<float> p;
+  auto& w = p.add("w", {3, 2});
+  auto& b = p.add("b", {2});
+  CHECK_THROWS_AS((void)p.move_grads(nullptr, nullptr), tandem::Error);  // before finalize
+  p.finalize();
+  CHECK_FALSE(p.grads_viewed());
+  CHECK_THROWS_AS((void)p.move_grads(nullptr, nullptr), tandem::Error);  // no memory
+  auto home = std::make_shared<std::vector<float>>(8, -1.0f);
+  CHECK(p.move_grads(home->data(), home));
+  CHECK(p.grads().data() == home->data());  // the gradients are there now, zeroed as before
+  CHECK(p.grads_viewed());
+  for (const float g : *home) CHECK(g == 0.0f);
+  w.grad()[5] = 2.0f;
+  b.grad()[1] = 3.0f;
+  CHECK((*home)[5] == 2.0f);
+  CHECK((*home)[7] == 3.0f);
+  p.zero_grad();
+  CHECK((*home)[7] == 0.0f);
+  // A view was taken: the gradients stay.
+  auto other = std::make_shared<std::vector<float>>(8);
+  CHECK_FALSE(p.move_grads(other->data(), other));
+  CHECK(p.grads().data() == home->data());
+  // A Parameter's grad() counts as a view too.
+  tandem::Parameters<float> q;
+  auto& v = q.add("v", {4});
+  q.finalize();
+  v.grad()[0] = 1.0f;
+  CHECK(q.grads_viewed());
+  CHECK_FALSE(q.move_grads(other->data(), other));
 }

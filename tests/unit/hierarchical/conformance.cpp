@@ -17,6 +17,7 @@
 #include <cstring>
 #include <exception>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -28,6 +29,7 @@
 #include "tandem/comm/init.hpp"
 #include "tandem/comm/local/local.hpp"
 #include "tandem/comm/shm/shm.hpp"
+#include "tandem/rendezvous/file_store.hpp"
 #include "unit/ddp/ddp_suite.hpp"
 
 namespace {
@@ -69,6 +71,40 @@ TEST_CASE("HierarchicalComm: the nodes are the World's") {
 TEST_CASE("HierarchicalComm: the conformance suite") {
   tandem::test::ProcessRunner<Comm> run{&comm()};
   tandem::test::check_conformance<Comm>(run, comm().size(), matrix, subgroup_matrix);
+}
+
+TEST_CASE("HierarchicalComm: lends its node's shared memory; on one node an all_reduce there") {
+  static_assert(tandem::SharedMemoryComm<Comm>);
+  // The job's group (fake nodes): a block per node, and a tensor in it all-reduces right.
+  const std::size_t count = 100003;
+  auto block = comm().allocate_shared(count * sizeof(float));
+  REQUIRE(block);
+  std::span<float> data(reinterpret_cast<float*>(block.data), count);
+  std::fill(data.begin(), data.end(), static_cast<float>(comm().rank() + 1));
+  comm().all_reduce(data);
+  const auto n = static_cast<float>(comm().size());
+  CHECK(data[0] == n * (n + 1) / 2);
+  CHECK(data[count - 1] == n * (n + 1) / 2);
+  // One node (every rank of the job): the node's ShmComm reduces it from the block, with the
+  // bits of a tensor outside it.
+  // (A store of its own: a FileStore named after this job's port, which tandemrun chose free.)
+  const char* port = std::getenv("MASTER_PORT");
+  const std::string file = "/tmp/tandem-hierarchical-one-node-" + std::string(port ? port : "0");
+  tandem::AnyStore store(tandem::FileStore(file, {.timeout = 60s}));
+  auto one = Comm::rendezvous(tandem::World::single_node(comm().rank(), comm().size()), store,
+                              {.timeout = 60s});
+  REQUIRE(one.nodes() == 1);
+  auto on_node = one.allocate_shared(count * sizeof(float));
+  REQUIRE(on_node);
+  const auto mine = tandem::test::irregular_floats(comm().rank(), count);
+  auto* in_block = reinterpret_cast<float*>(on_node.data);
+  std::copy(mine.begin(), mine.end(), in_block);
+  auto elsewhere = mine;
+  one.all_reduce(std::span<float>(in_block, count));
+  one.all_reduce(elsewhere);
+  CHECK(std::memcmp(in_block, elsewhere.data(), count * sizeof(float)) == 0);
+  one.barrier();  // every rank is done with the store's file
+  if (comm().rank() == 0) std::remove(file.c_str());
 }
 
 TEST_CASE("HierarchicalComm: float reductions are node sums, then across nodes, same bits") {

@@ -1,11 +1,25 @@
 // DistributedDataParallel on ShmComm: one process per rank under tandemrun (ctest shm_ddp_np3);
 // the job joins with init_process_group (env://) and groups of 1 .. WORLD_SIZE ranks are split
-// off it, each with a segment of its own. The Join cases too (join_suite.hpp).
+// off it, each with a segment of its own. The Join cases too (join_suite.hpp). Then the
+// gradients in shared memory: DDP moves an arena's gradients into a block of the group's shared
+// memory where nothing has viewed them yet, and its buckets (above 64 KiB) are reduced straight
+// from the peers' gradients - bit-for-bit the training of gradients left where they are.
 #include <doctest/doctest.h>
 
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "support/runners.hpp"
+#include "tandem/arena/parameters.hpp"
 #include "tandem/comm/init.hpp"
 #include "tandem/comm/shm/shm.hpp"
+#include "tandem/ddp/ddp.hpp"
 #include "unit/ddp/ddp_suite.hpp"
 
 namespace {
@@ -52,4 +66,95 @@ TEST_CASE("Join on ShmComm: uneven data equals the single-process schedule") {
 TEST_CASE("Join on ShmComm: SyncBatchNorm between buckets; misuse is an Error, never a hang") {
   tandem::test::SplitRunner<tandem::ShmComm> run{&job()};
   CHECK(suite::check_join_norms_and_errors<tandem::ShmComm>(run, job().size()) == 0);
+}
+
+namespace {
+
+/// Whether `address` lies in a mapping of a POSIX shared-memory object of ShmComm's (the maps
+/// line names "/dev/shm/tandem-shm-...", deleted once every rank has mapped it).
+bool in_shared_block(const void* address) {
+  std::ifstream maps("/proc/self/maps");
+  const auto at = reinterpret_cast<std::uintptr_t>(address);
+  for (std::string line; std::getline(maps, line);) {
+    unsigned long begin = 0;
+    unsigned long end = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx", &begin, &end) != 2) continue;
+    if (at >= begin && at < end) return line.find("/dev/shm/tandem-shm-") != std::string::npos;
+  }
+  return false;
+}
+
+/// Trains a two-parameter arena for a few steps under DDP on `comm` with gradients that depend
+/// on the rank, the step and the values (as a backward pass's do); `view_first` takes a view of
+/// the gradients before DDP wraps the arena, which keeps them out of shared memory. Returns the
+/// final values and whether the gradients were in a shared block.
+std::pair<std::vector<float>, bool> train(tandem::ShmComm& comm, bool view_first) {
+  tandem::Parameters<float> params;
+  auto& weight = params.add("weight", {300, 257});  // 77100 floats: its own bucket
+  auto& bias = params.add("bias", {40001});
+  params.finalize();
+  auto values = params.values();
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    values[i] = static_cast<float>(i % 101) * 0.013f - 0.6f;
+  }
+  if (view_first) (void)params.grads();
+  tandem::DistributedDataParallel<tandem::ShmComm> ddp(comm, params);
+  const bool shared = in_shared_block(params.grads().data());
+  for (int step = 0; step < 4; ++step) {
+    ddp.before_forward();
+    params.zero_grad();
+    for (auto* p : {&bias, &weight}) {  // backward: the last parameter first
+      auto g = p->grad();
+      auto v = p->value();
+      for (std::size_t i = 0; i < g.size(); ++i) {
+        g[i] = v[i] * (0.5f + 0.25f * static_cast<float>(comm.rank())) +
+               static_cast<float>((i * 7 + static_cast<std::size_t>(step)) % 13) * 0.031f;
+      }
+      ddp.grad_ready(*p);
+    }
+    ddp.finish_gradient_sync();
+    auto grads = params.grads();
+    for (std::size_t i = 0; i < values.size(); ++i) values[i] -= 0.1f * grads[i];
+  }
+  return {std::vector<float>(values.begin(), values.end()), shared};
+}
+
+void check_training(tandem::ShmComm& comm) {
+  const auto [in_block, shared] = train(comm, false);
+  const auto [elsewhere, not_shared] = train(comm, true);
+  CHECK(shared);
+  CHECK_FALSE(not_shared);
+  REQUIRE(in_block.size() == elsewhere.size());
+  CHECK(std::memcmp(in_block.data(), elsewhere.data(), in_block.size() * sizeof(float)) == 0);
+  // And the same bits on every rank: rank 0's values, broadcast, compared here.
+  auto root = in_block;
+  comm.broadcast(std::span<float>(root), 0);
+  CHECK(std::memcmp(root.data(), in_block.data(), root.size() * sizeof(float)) == 0);
+}
+
+}  // namespace
+
+TEST_CASE("DDP on ShmComm: gradients in shared memory train bit-for-bit as outside it") {
+  check_training(job());
+  // A group of 2 split off the job.
+  auto pair = job().split(job().rank() < 2 ? 0 : tandem::no_color, job().rank());
+  if (pair) check_training(*pair);
+  job().barrier();
+}
+
+TEST_CASE("DDP on ShmComm: a rank whose gradients were viewed keeps every rank's out of it") {
+  // Rank 0 viewed its gradients before DDP: no rank moves them (or the buckets' all_reduces
+  // would meet tensors in different places).
+  tandem::Parameters<float> params;
+  (void)params.add("weight", {100000});
+  params.finalize();
+  if (job().rank() == 0) (void)params.grads();
+  tandem::DistributedDataParallel<tandem::ShmComm> ddp(job(), params);
+  CHECK_FALSE(in_shared_block(params.grads().data()));
+  ddp.before_forward();
+  auto g = params.grads();
+  for (std::size_t i = 0; i < g.size(); ++i) g[i] = 1.0f;
+  ddp.grad_ready(params["weight"]);
+  ddp.finish_gradient_sync();
+  CHECK(g[g.size() - 1] == 1.0f);  // averaged: every rank gave 1
 }

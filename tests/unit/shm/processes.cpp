@@ -132,6 +132,26 @@ TEST_CASE("ShmComm: a stopped rank makes the others fail at the timeout, naming 
   }
 }
 
+TEST_CASE("ShmComm: a rank killed mid-way through all_reduces in a shared block is named") {
+  for (int n : {2, 3}) {
+    CAPTURE(n);
+    auto children = start_workers(n, n, "dead-in-block", tcp_url());
+    tandem::test::check_only_last_rank_killed(wait_all(children));
+  }
+}
+
+TEST_CASE("ShmComm: a rank stopped mid-way through all_reduces in a shared block is named") {
+  const int n = 2;
+  auto children = start_workers(n, n, "stopped-in-block", tcp_url());
+  const auto end = std::chrono::steady_clock::now() + 60s;
+  while (!children.front().poll() && std::chrono::steady_clock::now() < end) {
+    std::this_thread::sleep_for(10ms);
+  }
+  children.back().signal(SIGKILL);
+  const auto statuses = wait_all(children);
+  CHECK_MESSAGE(!statuses.front().failed(), statuses.front().describe());
+}
+
 TEST_CASE("ShmComm: a job killed with SIGKILL leaves nothing in /dev/shm") {
   // A creator killed before its group had mapped the segment leaves its name behind ...
   tandem::test::TempDir dir;
@@ -159,6 +179,7 @@ TEST_CASE("ShmComm: a job killed with SIGKILL leaves nothing in /dev/shm") {
     CHECK_FALSE(
         segment_listed(job_store, "tandem/backend/shm/1" + std::string(group) + "/segment"));
   }
+  CHECK_FALSE(segment_listed(job_store, "tandem/backend/shm/1/block/1"));  // a shared block
   CHECK_FALSE(segment_listed(lonely_store, "shm/1/segment"));
 }
 

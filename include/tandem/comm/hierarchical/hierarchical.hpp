@@ -28,6 +28,7 @@
 #include "tandem/comm/hierarchical/detail/engine.hpp"
 #include "tandem/comm/hierarchical/options.hpp"
 #include "tandem/comm/init.hpp"
+#include "tandem/comm/shared_memory.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/core/timeout.hpp"
 #include "tandem/core/world.hpp"
@@ -112,6 +113,17 @@ class HierarchicalComm : public detail::CollectiveFrontend<HierarchicalComm<Intr
     } catch (const Error& e) {
       throw Error(world.rank, operation, step + ": " + e.cause());
     }
+  }
+
+  /// Collective: this rank's part of a new block of its node's shared memory, where Intra lends
+  /// one (SharedMemoryComm: ShmComm::allocate_shared; every rank asks for the same size). On one
+  /// node an in-place all_reduce of a tensor in it is Intra's, straight from the peers' parts;
+  /// across nodes it takes the ordinary path (the node's reduce goes through the slots).
+  /// DistributedDataParallel puts its gradients there.
+  [[nodiscard]] SharedBlock allocate_shared(std::size_t bytes) requires SharedMemoryComm<Intra> {
+    SharedBlock block;
+    self().now([&] { block = self().allocate_shared(bytes); });
+    return block;
   }
 
   /// The number of nodes this group spans (1: every operation is the node's group's).

@@ -32,6 +32,13 @@
 //   alternate between a slot's two halves: a rank writes a half again only after the barrier of
 //   the round between, which no rank passes before it has read that half, so an operation needs
 //   no barrier at its end.
+// - Shared blocks (allocate_shared, the SharedMemoryComm concept; DistributedDataParallel puts
+//   its gradients in one): a POSIX object per allocation, made as the segment is, a part per
+//   rank. An in-place all_reduce of more than 64 KiB of a tensor in a block, at the same offset
+//   on every rank, needs no copy in: each rank reduces its 1/n share from every part into its
+//   own in 64 KiB chunks, counting each, and copies the peers' chunks as they count them (two
+//   barriers). Ranks whose tensors lie in different places all raise the same Error
+//   (detail/in_block.hpp).
 // - The barrier: each rank counts its arrivals in its record. A waiter polls for a while
 //   (options.spin: 50 us where the machine has 4 CPUs per rank, else none), then sleeps on the
 //   futex word (FUTEX_WAIT on shared memory), which every arrival, message or failure bumps (and
@@ -74,8 +81,11 @@
 #include "tandem/comm/communicator.hpp"
 #include "tandem/comm/detail/frontend.hpp"
 #include "tandem/comm/init.hpp"
+#include "tandem/comm/shared_memory.hpp"
 #include "tandem/comm/shm/detail/connect.hpp"
 #include "tandem/comm/shm/detail/engine.hpp"
+#include "tandem/comm/shm/detail/in_block.hpp"
+#include "tandem/comm/shm/detail/messages.hpp"
 #include "tandem/comm/shm/options.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/core/world.hpp"
@@ -139,6 +149,18 @@ class ShmComm : public detail::CollectiveFrontend<ShmComm, host> {
   void abort(const std::string& cause) { self().abort(cause); }
   /// The cause a rank of this group gave abort(), once one has (else nullopt).
   [[nodiscard]] std::optional<std::string> abort_cause() const { return self().abort_cause(); }
+  /// Collective: this rank's part of a new block of `bytes` bytes in shared memory (every rank
+  /// asks for the same), zeroed, which the peers read directly: an in-place all_reduce of a
+  /// tensor of more than 64 KiB that lies in it on every rank, at the same offset, reduces
+  /// straight from the peers' parts, without the copy into the slots (DistributedDataParallel
+  /// puts the arena's gradients there). An empty block where /dev/shm has no room (the block of
+  /// every rank takes at most half of what is free). The memory stays mapped while any copy of
+  /// the block's `keep` lives (models SharedMemoryComm).
+  [[nodiscard]] SharedBlock allocate_shared(std::size_t bytes) {
+    SharedBlock block;
+    self().now([&] { block = self().allocate_shared(bytes); });
+    return block;
+  }
   /// Always true: every collective's calls are compared (see the top of this header).
   [[nodiscard]] bool checks_collectives() const {
     (void)self();
@@ -167,6 +189,7 @@ class ShmComm : public detail::CollectiveFrontend<ShmComm, host> {
 
 static_assert(Communicator<ShmComm>);
 static_assert(ProcessGroupBackend<ShmComm>);
+static_assert(SharedMemoryComm<ShmComm>);
 
 /// Every rank compares the others' calls in shared memory, so disagreements are always caught.
 template <>

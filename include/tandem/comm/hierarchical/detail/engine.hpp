@@ -25,6 +25,7 @@
 #include "tandem/comm/hierarchical/detail/failure.hpp"
 #include "tandem/comm/hierarchical/options.hpp"
 #include "tandem/comm/init.hpp"
+#include "tandem/comm/shared_memory.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/core/timeout.hpp"
 #include "tandem/core/world.hpp"
@@ -93,6 +94,13 @@ class Engine : public IssueOrder {
   [[nodiscard]] int nodes() const noexcept { return nodes_; }
   [[nodiscard]] int node() const noexcept { return node_; }
   [[nodiscard]] Timeout timeout() const noexcept { return timeout_; }
+
+  /// The node's group's shared block (HierarchicalComm::allocate_shared).
+  SharedBlock allocate_shared(std::size_t bytes) requires SharedMemoryComm<Intra> {
+    SharedBlock block;
+    guarded("allocate_shared", [&] { block = intra_->allocate_shared(bytes); });
+    return block;
+  }
 
   // --- the algorithms: raw pointers and element counts (frontend.hpp) -------------------------
 

@@ -35,6 +35,8 @@
 #include "tandem/comm/detail/reduction.hpp"
 #include "tandem/comm/detail/split_members.hpp"
 #include "tandem/comm/shm/detail/engine.hpp"
+#include "tandem/comm/shm/detail/in_block.hpp"
+#include "tandem/comm/shm/detail/messages.hpp"
 #include "tandem/comm/shm/detail/segment.hpp"
 #include "tandem/comm/shm/options.hpp"
 #include "tandem/core/detail/disagreement.hpp"

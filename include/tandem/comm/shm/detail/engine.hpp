@@ -1,7 +1,8 @@
 // tandem/comm/shm/detail/engine.hpp - detail::shm::Engine, one rank's side of a tandem::ShmComm
 // group: the barrier that also exchanges and compares the ranks' calls, the waits (a short spin,
 // then a futex sleep woken every 100 ms to look at the peers: detail/peers.hpp), the collectives
-// over the staging slots, send and recv over byte rings (detail/ring.hpp), and split.
+// over the staging slots, send and recv over byte rings (detail/ring.hpp; the members in
+// detail/messages.hpp), the shared blocks (detail/in_block.hpp), and split.
 //   auto engine = connect(store, prefix, rank, size, options);   engine->all_reduce(in, out, n,
 //   op);
 // Needs: Linux (through segment.hpp). Not a public header: shm.hpp uses it; connect() is
@@ -36,6 +37,8 @@
 #include "tandem/comm/detail/issue_order.hpp"
 #include "tandem/comm/detail/reduction.hpp"
 #include "tandem/comm/detail/split_members.hpp"
+#include "tandem/comm/shared_memory.hpp"
+#include "tandem/comm/shm/detail/blocks.hpp"
 #include "tandem/comm/shm/detail/peers.hpp"
 #include "tandem/comm/shm/detail/ring.hpp"
 #include "tandem/comm/shm/detail/segment.hpp"
@@ -80,7 +83,8 @@ class Engine : public IssueOrder, public Peers {
         options_(options),
         spin_(resolve_spin(options.spin, layout.size)),
         inboxes_(static_cast<std::size_t>(layout.size)),
-        sent_(static_cast<std::size_t>(layout.size), 0) {
+        sent_(static_cast<std::size_t>(layout.size), 0),
+        reduced_(static_cast<std::size_t>(layout.size), 0) {
     ranks_[rank_].pid_namespace.store(pid_space_);
     ranks_[rank_].pid.store(::getpid());
     ranks_[rank_].locked.store(segment_.locked() ? 1 : 0);
@@ -112,13 +116,21 @@ class Engine : public IssueOrder, public Peers {
   template <class T>
   void all_reduce(const T* in, T* out, std::size_t count, ReduceOp op) {
     start("all_reduce");
+    const std::size_t bytes = count * sizeof(T);
+    if (in == out && bytes > in_block_most_slot_bytes && size_ > 1) {
+      if (auto where = blocks_.find(out, bytes, rank_)) {
+        return all_reduce_in_block(out, count, op, *where);
+      }
+    }
     std::vector<T> copy;
     in = stable(in, count, out, count, out, copy);
-    const bool split = size_ > 2 && count * sizeof(T) > split_reduction_bytes;
+    const bool split = size_ > 2 && bytes > split_reduction_bytes;
     rounds(make_fingerprint<T>(Op::all_reduce, 0, count, 0, op), count, slot_elements<T>(1),
            [&](std::size_t first, std::size_t length, const Call* call) {
              copy_elements(in + first, length, slot<T>(rank_));
+             if (call) ranks_[rank_].places[half_] = Place{};
              arrive(call);
+             if (call) check_places(Place{});
              if (!split) return reduce_range(out + first, slots<T>(0), 0, length, op);
              reduce_share<T>(length, op);
              for (int r = 0; r < size_; ++r) copy_share(r, length, out + first);
@@ -248,6 +260,10 @@ class Engine : public IssueOrder, public Peers {
     rounds(make_fingerprint(Op::barrier, 0, dtype::float32, 0), 0, 1,
            [&](std::size_t, std::size_t, const Call* call) { arrive(call); });
   }
+
+  /// This rank's part of a new shared block of `bytes` bytes (collective: every rank asks for
+  /// the same); an empty block where /dev/shm has no room for one (detail/in_block.hpp).
+  SharedBlock allocate_shared(std::size_t bytes);
 
   /// This rank's engine of its new group; null for no_color.
   std::unique_ptr<Engine> split(int color, int key) {
@@ -503,79 +519,23 @@ class Engine : public IssueOrder, public Peers {
   // --- send and recv: one byte ring per ordered pair ------------------------------------------
 
   /// Writes `n` bytes to the ring to `peer`, waiting for room where it is full.
-  void put(int peer, int tag, const std::byte* from, std::size_t n) {
-    RingState& state = ring(rank_, peer);
-    std::byte* data = ring_data(rank_, peer);
-    std::uint64_t& tail = sent_[static_cast<std::size_t>(peer)];
-    auto room = [&] {
-      return layout_.ring_bytes -
-             static_cast<std::size_t>(tail - state.head.load(std::memory_order_acquire));
-    };
-    while (n > 0) {
-      wait([&] { return room() > 0; }, [&] { return std::vector<int>{peer}; },
-           [&] {
-             return "timed out after " + describe(options_.timeout) + " waiting for rank " +
-                    std::to_string(peer) + " to take this rank's earlier messages (tag " +
-                    std::to_string(tag) + "; the ring to it is full)";
-           });
-      const std::size_t take = std::min(n, room());
-      write_ring(data, layout_.ring_bytes, tail, from, take);
-      tail += take;
-      state.tail.store(tail, std::memory_order_release);
-      notify();
-      from += take;
-      n -= take;
-    }
-  }
-
-  void pump_all() {
-    for (int r = 0; r < size_; ++r) {
-      if (r != rank_) pump(r);
-    }
-  }
-
+  void put(int peer, int tag, const std::byte* from, std::size_t n);
+  /// Takes what every peer has written to this rank so far into its inboxes.
+  void pump_all();
   /// Takes what `src` has written to this rank so far into its inbox.
-  void pump(int src) {
-    RingState& state = ring(src, rank_);
-    Inbox& in = inboxes_[static_cast<std::size_t>(src)];
-    const std::uint64_t tail = state.tail.load(std::memory_order_acquire);
-    if (tail == in.head) return;
-    const std::byte* data = ring_data(src, rank_);
-    while (in.head < tail) {
-      const auto available = static_cast<std::size_t>(tail - in.head);
-      if (!in.arriving) {
-        const std::size_t take = std::min(available, sizeof(Frame) - in.frame_received);
-        read_ring(data, layout_.ring_bytes, in.head,
-                  reinterpret_cast<std::byte*>(&in.frame) + in.frame_received, take);
-        in.head += take;
-        in.frame_received += take;
-        if (in.frame_received < sizeof(Frame)) break;
-        in.frame_received = 0;
-        begin_message(src, in);
-      } else {
-        Message& message = *in.arriving;
-        const std::size_t take = std::min(available, message.bytes.size() - message.received);
-        read_ring(data, layout_.ring_bytes, in.head, message.bytes.data() + message.received, take);
-        in.head += take;
-        message.received += take;
-        if (message.complete()) in.arriving = nullptr;
-      }
-    }
-    state.head.store(in.head, std::memory_order_release);
-    notify();
-  }
+  void pump(int src);
+  void begin_message(int src, Inbox& in);
 
-  void begin_message(int src, Inbox& in) {
-    const Frame& frame = in.frame;
-    if (frame.type > static_cast<std::uint64_t>(dtype::uint8) ||
-        frame.bytes != frame.count * size_of(static_cast<dtype>(frame.type))) {
-      fail("rank " + std::to_string(src) + " sent a corrupt message header");
-    }
-    auto& queue = in.by_tag[frame.tag];
-    queue.push_back(Message{static_cast<dtype>(frame.type), static_cast<std::size_t>(frame.count),
-                            std::vector<std::byte>(static_cast<std::size_t>(frame.bytes)), 0});
-    in.arriving = queue.back().complete() ? nullptr : &queue.back();
-  }
+  // --- tensors in a shared block (detail/in_block.hpp) ----------------------------------------
+
+  /// all_reduce in place of a tensor that lies in a shared block on every rank.
+  template <class T>
+  void all_reduce_in_block(T* data, std::size_t count, ReduceOp op, const InBlock& where);
+  /// After an all_reduce's first barrier: every rank's tensor lies in the same place (the same
+  /// block and offset, or no block), else every rank raises the same tandem::Error.
+  void check_places(const Place& mine) const;
+  /// Waits until rank r has reduced `chunks` chunks of its shares (RankState::reduced).
+  void wait_reduced(int r, std::uint64_t chunks);
 
   AnyStore store_;
   std::string name_;  ///< this group's prefix in the store; splits extend it
@@ -591,6 +551,8 @@ class Engine : public IssueOrder, public Peers {
   std::vector<Inbox> inboxes_;       ///< per source rank
   std::vector<std::uint64_t> sent_;  ///< per destination: bytes written to its ring
   std::map<std::int64_t, std::deque<Message>> to_self_;
+  std::vector<std::uint64_t> reduced_;  ///< per rank: its `reduced` count before this operation
+  Blocks blocks_;                       ///< this group's shared blocks (allocate_shared)
 };
 
 }  // namespace tandem::detail::shm

@@ -43,7 +43,7 @@
 namespace tandem::detail::shm {
 
 inline constexpr std::uint64_t segment_magic = 0x746e'6465'6d73'686dULL;
-inline constexpr std::uint32_t layout_version = 2;
+inline constexpr std::uint32_t layout_version = 3;  // 3: places, reduced
 /// Bytes of the ring that carries one ordered pair's sends, where /dev/shm has room for it...
 inline constexpr std::size_t default_ring_bytes = std::size_t{64} << 10;
 /// ... and the least it may shrink to (a group's rings take n x n of them).
@@ -88,14 +88,28 @@ struct Control {
   char abort_reason[1024] = {};
 };
 
-/// One rank's record. `calls` is plain data, published by the release store of `arrivals`.
+/// Where a rank's tensor of an operation lies: in block `block` (1, 2, ...: the group's shared
+/// blocks, see detail/blocks.hpp) at byte `at` of the rank's part, or elsewhere (block 0). Ranks
+/// compare it after an all_reduce's first barrier, since a block's tensors take another path.
+struct Place {
+  std::uint64_t block = 0;
+  std::uint64_t at = 0;
+  friend bool operator==(const Place&, const Place&) = default;
+};
+
+/// One rank's record. `calls` and `places` are plain data, published by the release store of
+/// `arrivals`.
 struct alignas(64) RankState {
   std::atomic<std::uint64_t> arrivals{0};  ///< barriers this rank has arrived at
   std::atomic<std::int64_t> pid{0};
   std::atomic<std::uint64_t> pid_namespace{0};  ///< where `pid` means something (see pid_space)
   std::atomic<std::uint32_t> left{0};           ///< its communicator is destroyed
   std::atomic<std::uint32_t> locked{0};  ///< it holds its lock (Segment::lock_rank) while alive
-  CollectiveFingerprint calls[2];        ///< its call, per staging half (see Engine::arrive)
+  /// Chunks of its shares this rank has reduced in shared blocks, over the group's life
+  /// (detail/in_block.hpp: a peer copies a chunk once it is counted here).
+  std::atomic<std::uint64_t> reduced{0};
+  CollectiveFingerprint calls[2];  ///< its call, per staging half (see Engine::arrive)
+  Place places[2];                 ///< its tensor's place, per staging half
 };
 
 /// Positions in the byte stream of one ordered pair: bytes written, bytes taken.
@@ -312,12 +326,15 @@ class Segment {
         bytes_(std::exchange(other.bytes_, 0)),
         size_(other.size_),
         creator_(std::exchange(other.creator_, false)),
-        locked_(std::exchange(other.locked_, false)) {}
+        locked_(std::exchange(other.locked_, false)),
+        has_control_(other.has_control_) {}
   Segment& operator=(Segment&&) = delete;
   Segment(const Segment&) = delete;
   Segment& operator=(const Segment&) = delete;
   ~Segment() {
-    if (creator_ && (!base_ || control().mapped.load() < size_)) (void)::shm_unlink(name_.c_str());
+    if (creator_ && (!base_ || !has_control_ || control().mapped.load() < size_)) {
+      (void)::shm_unlink(name_.c_str());
+    }
     if (base_) ::munmap(base_, bytes_);
   }
 
@@ -326,38 +343,10 @@ class Segment {
   /// /dev/shm has no room and `no_room` is given, sets it and returns an empty Segment instead.
   static Segment create(int rank, const Layout& layout, const char* operation,
                         bool* no_room = nullptr) {
-    sweep_stale_segments();
-    Segment segment;
-    Fd& fd = segment.fd_;
-    for (int attempt = 0; attempt < 8 && !fd; ++attempt) {
-      segment.name_ = fresh_name();
-      fd = Fd(::shm_open(segment.name_.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600));
-      if (!fd && errno != EEXIST) break;
-    }
-    if (!fd) {
-      throw Error(rank, operation,
-                  "shm_open(" + segment.name_ + ") failed: " + errno_text(errno) +
-                      " (is /dev/shm mounted and writable?)");
-    }
-    segment.creator_ = true;
-    // Locked before it has a size: sweep_stale_segments() leaves a sized object with a lock alone.
-    segment.lock_rank(rank);
+    Segment segment = create_object(rank, layout.total, operation, no_room);
+    if (!segment.base_) return segment;
     segment.size_ = static_cast<std::uint32_t>(layout.size);
-    const auto bytes = static_cast<off_t>(layout.total);
-    // posix_fallocate returns its error instead of setting errno.
-    const int error =
-        ::ftruncate(fd.get(), bytes) != 0 ? errno : ::posix_fallocate(fd.get(), 0, bytes);
-    if (error != 0) {  // the destructor unlinks the name
-      if (no_room && (error == ENOSPC || error == ENOMEM || error == EFBIG)) {
-        *no_room = true;
-        return Segment();
-      }
-      throw Error(rank, operation,
-                  "cannot reserve " + std::to_string(layout.total >> 10) + " KiB in /dev/shm (" +
-                      errno_text(error) +
-                      "): free some, or lower ShmCommOptions::slot_bytes (2 per rank)");
-    }
-    segment.map(layout.total, rank, operation);
+    segment.has_control_ = true;
     auto* control = new (segment.base_) Control();
     control->magic = segment_magic;
     control->version = layout_version;
@@ -375,30 +364,53 @@ class Segment {
     return segment;
   }
 
+  /// A new object of `bytes` bytes (zeroed), named, locked by rank `rank`, reserved and mapped,
+  /// with nothing constructed in it: the control segment above, or a group's shared block. The
+  /// creator unlinks the name on destruction until release_name(). Where /dev/shm has no room
+  /// and `no_room` is given, sets it and returns an empty Segment instead.
+  static Segment create_object(int rank, std::size_t bytes, const char* operation,
+                               bool* no_room = nullptr) {
+    sweep_stale_segments();
+    Segment segment;
+    Fd& fd = segment.fd_;
+    for (int attempt = 0; attempt < 8 && !fd; ++attempt) {
+      segment.name_ = fresh_name();
+      fd = Fd(::shm_open(segment.name_.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600));
+      if (!fd && errno != EEXIST) break;
+    }
+    if (!fd) {
+      throw Error(rank, operation,
+                  "shm_open(" + segment.name_ + ") failed: " + errno_text(errno) +
+                      " (is /dev/shm mounted and writable?)");
+    }
+    segment.creator_ = true;
+    // Locked before it has a size: sweep_stale_segments() leaves a sized object with a lock alone.
+    segment.lock_rank(rank);
+    const auto size = static_cast<off_t>(bytes);
+    // posix_fallocate returns its error instead of setting errno.
+    const int error =
+        ::ftruncate(fd.get(), size) != 0 ? errno : ::posix_fallocate(fd.get(), 0, size);
+    if (error != 0) {  // the destructor unlinks the name
+      if (no_room && (error == ENOSPC || error == ENOMEM || error == EFBIG)) {
+        *no_room = true;
+        return Segment();
+      }
+      throw Error(rank, operation,
+                  "cannot reserve " + std::to_string(bytes >> 10) + " KiB in /dev/shm (" +
+                      errno_text(error) +
+                      "): free some, or lower ShmCommOptions::slot_bytes (2 per rank)");
+    }
+    segment.map(bytes, rank, operation);
+    return segment;
+  }
+
   /// Maps the segment `name` that rank 0 created for the same layout.
   static Segment open(int rank, const std::string& name, const Layout& layout,
                       const char* operation) {
-    Segment segment;
-    segment.name_ = name;
+    Segment segment = open_object(rank, name, layout.total, operation,
+                                  "do all ranks pass the same ShmCommOptions::slot_bytes?");
     segment.size_ = static_cast<std::uint32_t>(layout.size);
-    Fd& fd = segment.fd_;
-    fd = Fd(::shm_open(name.c_str(), O_RDWR, 0));
-    if (!fd) {
-      throw Error(rank, operation,
-                  "shm_open(" + name + ") of rank 0's segment failed: " + errno_text(errno) +
-                      " (do all ranks run on one host, with one /dev/shm?)");
-    }
-    struct stat info {};
-    if (::fstat(fd.get(), &info) != 0 || static_cast<std::size_t>(info.st_size) != layout.total) {
-      throw Error(rank, operation,
-                  "rank 0's segment holds " + std::to_string(info.st_size) +
-                      " bytes, this rank "
-                      "expects " +
-                      std::to_string(layout.total) +
-                      " (do all ranks pass the same ShmCommOptions::slot_bytes?)");
-    }
-    segment.lock_rank(rank);
-    segment.map(layout.total, rank, operation);
+    segment.has_control_ = true;
     const Control& control = segment.control();
     if (control.magic != segment_magic || control.version != layout_version ||
         control.size != segment.size_ || control.slot_bytes != layout.slot_bytes ||
@@ -410,6 +422,36 @@ class Segment {
     }
     return segment;
   }
+
+  /// Maps the object `name` of `bytes` bytes that rank 0 created (create_object), taking this
+  /// rank's lock on it; `hint` ends the Error where its size is another.
+  static Segment open_object(int rank, const std::string& name, std::size_t bytes,
+                             const char* operation, const char* hint) {
+    Segment segment;
+    segment.name_ = name;
+    Fd& fd = segment.fd_;
+    fd = Fd(::shm_open(name.c_str(), O_RDWR, 0));
+    if (!fd) {
+      throw Error(rank, operation,
+                  "shm_open(" + name + ") of rank 0's segment failed: " + errno_text(errno) +
+                      " (do all ranks run on one host, with one /dev/shm?)");
+    }
+    struct stat info {};
+    if (::fstat(fd.get(), &info) != 0 || static_cast<std::size_t>(info.st_size) != bytes) {
+      throw Error(rank, operation,
+                  "rank 0's object " + name + " holds " + std::to_string(info.st_size) +
+                      " bytes, this rank expects " + std::to_string(bytes) + " (" + hint + ")");
+    }
+    segment.lock_rank(rank);
+    segment.map(bytes, rank, operation);
+    return segment;
+  }
+
+  /// The creator no longer unlinks the name on destruction (every rank has mapped it and one
+  /// has unlinked it, or will).
+  void release_name() noexcept { creator_ = false; }
+  /// Bytes mapped.
+  [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
 
   /// Removes the name (the memory stays while any rank has it mapped).
   void unlink() const noexcept { (void)::shm_unlink(name_.c_str()); }
@@ -453,6 +495,7 @@ class Segment {
   std::uint32_t size_ = 0;
   bool creator_ = false;
   bool locked_ = false;
+  bool has_control_ = false;  ///< a control segment (create/open), not a block (create_object)
 };
 
 }  // namespace tandem::detail::shm
