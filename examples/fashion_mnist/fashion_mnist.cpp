@@ -24,7 +24,9 @@
 //        training goes on, tandem::AsyncCheckpoints)
 //        --elastic [--elastic-store file:///PATH] (under `tandemrun --elastic`: a lost rank does
 //        not end the run; the survivors heal through tandem::Elastic and go on with the epoch's
-//        rest re-split over them; shm, gloo, hierarchical; not with --zero; README.md here)
+//        rest re-split over them; under `tandemrun --elastic --max-restarts N` a restarted
+//        worker joins the running group, its state sent by a member; shm, gloo, hierarchical; not
+//        with --zero; README.md here)
 #include <cblas.h>
 
 #include <algorithm>
