@@ -8,6 +8,10 @@
 #                second live worker, so at most NPROC - 1 kills happen; where tandemrun restarts
 #                the lost worker (the "heal" branch: a replacement heals from a peer), the
 #                schedule runs in full. The script reports which mode it saw.
+#   replace      tandemrun --standalone --elastic --max-restarts 100: the same schedule; tandemrun
+#                starts a replacement for each lost worker, which joins the running group (the
+#                example's on_join: the training state from a live member), so the world size
+#                comes back and the schedule runs in full.
 #   restarts     tandemrun --standalone --max-restarts: the same schedule, each kill restarting
 #                every worker from the newest checkpoint (--checkpoint-dir, --resume; one per
 #                epoch).
@@ -23,7 +27,8 @@
 # Environment: NPROC (ranks, default 4), EPOCHS (default 30: long enough to outlast the
 # schedule), KILL_EVERY (s, default 10), KILL_FOR (s, default 120), KILLS (the most kills per
 # run, default no limit but the schedule's; KILLS=NPROC-1 gives --max-restarts the kills that
-# survivors-only --elastic can take), MODES (default "undisturbed elastic restarts"), EXTRA (more
+# survivors-only --elastic can take), MODES (default "undisturbed elastic restarts"; "replace" adds
+# the replacement mode), EXTRA (more
 # flags for the example).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -123,20 +128,25 @@ run() {
   accuracy=$(sed -E 's/.*test accuracy ([0-9.]+) %.*/\1/' <<<"$final")
   steps=$(sed -E 's/.* after ([0-9]+) steps.*/\1/' <<<"$final")
   ranks=$(sed -E 's/.* on ([0-9]+) ranks.*/\1/' <<<"$final")
-  local kill_count heal_count restart_count resumed_count heal_ms step_ms
+  local kill_count heal_count restart_count resumed_count heal_ms step_ms join_count join_ms
   kill_count=$(grep -c '^kill' "$kills" || true)
   heal_count=$(grep -c 'healed during step' "$log" || true)
   restart_count=$(grep -c 'restarting the workers (restart' "$log" || true)
   resumed_count=$(grep -c 'resumed from' "$log" || true)
   heal_ms=$(grep -o 'the heal took [0-9.]* ms' "$log" | awk '{ print $4 }' | median_max)
   step_ms=$(grep -o 'ms, the step [0-9.]* ms' "$log" | awk '{ print $4 }' | median_max)
+  join_count=$(grep -c 'replacement(s) joined after step' "$log" || true)
+  join_ms=$(grep -o 'the join took [0-9.]* ms' "$log" | awk '{ print $4 }' | median_max)
   if ((steps == 0)); then
     echo "run_elastic.sh: the $name run trained no step" >&2
     exit 1
   fi
-  if [[ $name == elastic ]]; then grep '^mode' "$kills" >>"$work/modes" || true; fi
+  if [[ $name == elastic || $name == replace ]]; then
+    grep '^mode' "$kills" >>"$work/modes" || true
+  fi
   echo "$name $(awk -v e="$end" -v s="$start" 'BEGIN { printf "%.1f", e - s }') $steps $ranks" \
-    "$accuracy $kill_count $heal_count $restart_count/$resumed_count $heal_ms $step_ms"
+    "$accuracy $kill_count $heal_count/$join_count $restart_count/$resumed_count $heal_ms" \
+    "$step_ms $join_ms"
 }
 
 echo "## Elastic training on the main job ($(date -u '+%Y-%m-%d %H:%M UTC'))"
@@ -150,6 +160,9 @@ for mode in $modes; do
   case $mode in
     undisturbed) results+=("$(run undisturbed --)") ;;
     elastic) results+=("$(run elastic --elastic -- --elastic --elastic-store "file://$work/store")") ;;
+    replace)
+      results+=("$(run replace --elastic --max-restarts 100 -- --elastic \
+        --elastic-store "file://$work/replace-store")") ;;
     restarts)
       results+=("$(run restarts --max-restarts 100 -- --checkpoint-dir "$work/ckpt" --resume)") ;;
     *) echo "run_elastic.sh: unknown mode $mode" >&2; exit 2 ;;
@@ -163,13 +176,13 @@ else
     "kills)"
 fi
 echo
-echo "| run | wall s | steps | ranks at end | samples/s | kills | heals | restarts/resumed |" \
+echo "| run | wall s | steps | ranks at end | samples/s | kills | heals/joins | restarts/resumed |" \
   "wall s over undisturbed per kill | heal ms median/max | step with the heal ms median/max |" \
-  "test accuracy % |"
-echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+  "join ms median/max | test accuracy % |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 base_wall=""
 for line in "${results[@]}"; do
-  read -r name wall steps ranks accuracy kills heals restarts heal_ms step_ms <<<"$line"
+  read -r name wall steps ranks accuracy kills heals restarts heal_ms step_ms join_ms <<<"$line"
   [[ $name == undisturbed ]] && base_wall=$wall
   lost="-"
   if [[ -n $base_wall && $kills -gt 0 ]]; then
@@ -177,5 +190,5 @@ for line in "${results[@]}"; do
   fi
   samples=$(awk -v w="$wall" -v e="$epochs" 'BEGIN { printf "%.0f", e * 60000 / w }')
   echo "| $name | $wall | $steps | $ranks | $samples | $kills | $heals | $restarts | $lost |" \
-    "$heal_ms | $step_ms | $accuracy |"
+    "$heal_ms | $step_ms | $join_ms | $accuracy |"
 done

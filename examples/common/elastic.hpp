@@ -2,8 +2,10 @@
 // `tandemrun --elastic` whose ranks may be lost (SIGKILL, an OOM kill) goes on with the
 // survivors through tandem::Elastic. A training loop is written once against a Group, which is
 // either tandem::Elastic<Comm> or FixedGroup<Comm> (the plain run: every step taken at once,
-// no heal), both offering comm(), generation(), first_rank(), on_heal(release, rebuild) and
-// step(compute, apply) (docs/elastic.md).
+// no heal), both offering comm(), generation(), first_rank(), on_heal(release, rebuild),
+// on_join(save, load) (a replacement that tandemrun --elastic --max-restarts started joins the
+// running group and receives the state), replacement() and step(compute, apply)
+// (docs/elastic.md).
 // Here: FixedGroup, what the loop needs across heals (HealingBatches, HealingProgress,
 // report_heal, crash_if_asked) and the checks of the flags; elastic_run.hpp starts the group.
 //   examples::FixedGroup group(comm);  train(group, s);                 // the plain run
@@ -38,9 +40,14 @@ class FixedGroup {
   int generation() const noexcept { return 0; }
   int first_rank() const { return comm_->rank(); }
   int heals() const noexcept { return 0; }
+  int joins() const noexcept { return 0; }
+  bool replacement() const noexcept { return false; }
   std::chrono::steady_clock::duration last_heal_time() const noexcept { return {}; }
+  std::chrono::steady_clock::duration last_join_time() const noexcept { return {}; }
   template <class Release, class Rebuild>
   void on_heal(Release&& /*release*/, Rebuild&& /*rebuild*/) {}
+  template <class Save, class Load>
+  void on_join(Save&& /*save*/, Load&& /*load*/) {}
   template <class Compute, class Apply>
   void step(Compute&& compute, Apply&& apply) {
     compute(*comm_);
@@ -119,26 +126,50 @@ void crash_if_asked(const RunSettings& settings, std::int64_t step, Group& group
 /// Takes the group's steps and says on rank 0 when one healed: "healed during step S (what):
 /// N ranks go on; the heal took T ms, the step X ms" (X: from the step's start to its end on
 /// this rank: the work lost in flight, the detection, the heal and the step taken again;
-/// bench/elastic/run_elastic.sh reads it).
+/// bench/elastic/run_elastic.sh reads it), and when replacements joined after it: "K
+/// replacement(s) joined after step S (what): N ranks go on; the join took T ms" (T: from the step
+/// boundary to the rebuilt group with the state sent).
 class HealLog {
  public:
-  /// group.step(compute, apply), then the line if the group healed during it.
+  /// group.step(compute, apply), then the lines if the group healed or grew during it.
   template <class Group, class Compute, class Apply>
   void step(Group& group, std::int64_t step, const char* what, Compute&& compute, Apply&& apply) {
     const auto start = std::chrono::steady_clock::now();
     group.step(std::forward<Compute>(compute), std::forward<Apply>(apply));
-    if (group.heals() == seen_) return;
-    seen_ = group.heals();
     using ms = std::chrono::duration<double, std::milli>;
-    tandem::log0(group.comm()) << "healed during step " << step << " (" << what
-                               << "): " << group.comm().size() << " ranks go on; the heal took "
-                               << ms(group.last_heal_time()).count() << " ms, the step "
-                               << ms(std::chrono::steady_clock::now() - start).count() << " ms";
+    if (group.heals() != seen_) {
+      seen_ = group.heals();
+      tandem::log0(group.comm()) << "healed during step " << step << " (" << what
+                                 << "): " << group.comm().size() << " ranks go on; the heal took "
+                                 << ms(group.last_heal_time()).count() << " ms, the step "
+                                 << ms(std::chrono::steady_clock::now() - start).count() << " ms";
+    }
+    if (group.joins() != joined_) {
+      tandem::log0(group.comm()) << group.joins() - joined_ << " replacement(s) joined after step "
+                                 << step << " (" << what << "): " << group.comm().size()
+                                 << " ranks go on; the join took "
+                                 << ms(group.last_join_time()).count() << " ms";
+      joined_ = group.joins();
+    }
   }
 
  private:
   int seen_ = 0;
+  int joined_ = 0;
 };
+
+/// The world size the job's ranks first formed with: this process's group's size, or on a
+/// replacement (which joins a group that may have shrunk) the launcher's WORLD_SIZE, so that what
+/// every member computed from it at the start (the schedule's length) is computed alike.
+template <class Group>
+int first_world_size(Group& group) {
+  if (group.replacement()) {
+    const char* text = std::getenv("WORLD_SIZE");
+    const auto size = tandem::parse_int(text ? text : "");
+    if (size && *size > 0) return static_cast<int>(*size);
+  }
+  return group.comm().size();
+}
 
 /// Why `backend` (with `zero`, a ZeRO stage, 0 for none) cannot run --elastic, or "".
 inline std::string elastic_problem(const std::string& backend, int zero) {

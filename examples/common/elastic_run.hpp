@@ -17,12 +17,19 @@
 namespace examples {
 
 /// train(group) as this process's member of an elastic job over Comm (tandem::Elastic<Comm>
-/// meeting in `store_url`), `timeout` bounding each collective.
+/// meeting in `store_url`), `timeout` bounding each collective. A replacement (tandemrun
+/// --elastic --max-restarts sets TANDEM_ELASTIC_JOIN=1) joins the running group; train must
+/// register on_join before anything collective. One that came after the run ended has nothing to
+/// do: 0.
 template <class Comm, class Train>
 double run_elastic_rank(const std::string& store_url, std::chrono::seconds timeout, Train& train) {
   typename Comm::options_type options;
   options.timeout = timeout;
   tandem::Elastic<Comm> elastic(store_url, options);
+  if (elastic.finished()) {
+    tandem::log_rank(elastic.first_rank()) << "replacement: the run had already finished";
+    return 0;
+  }
   return train(elastic);
 }
 

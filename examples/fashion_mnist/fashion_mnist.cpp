@@ -24,13 +24,17 @@
 //        training goes on, tandem::AsyncCheckpoints)
 //        --elastic [--elastic-store file:///PATH] (under `tandemrun --elastic`: a lost rank does
 //        not end the run; the survivors heal through tandem::Elastic and go on with the epoch's
-//        rest re-split over them; shm, gloo, hierarchical; not with --zero; README.md here)
+//        rest re-split over them; under `tandemrun --elastic --max-restarts N` a restarted
+//        worker joins the running group, its state sent by a member; shm, gloo, hierarchical; not
+//        with --zero; README.md here)
 #include <cblas.h>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <concepts>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -38,6 +42,7 @@
 #include <filesystem>
 #include <optional>
 #include <random>
+#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -258,27 +263,34 @@ double train(Group& group, const Settings& settings) {
   static_assert(Stage == 0 || std::same_as<Group, examples::FixedGroup<Comm>>,
                 "ZeRO cannot heal: a lost rank's optimizer shard is gone (elastic_problem)");
   Comm& first = group.comm();
-  examples::agree_on_flags(first, settings,
-                           {{"--wide", settings.wide},
-                            {"--plain", settings.plain},
-                            {"--zero", settings.zero},
-                            {"--elastic", settings.elastic},
-                            {"--async-save", settings.async_save}});
+  // A replacement (--elastic under tandemrun --max-restarts) joins a group that agreed long ago:
+  // nothing collective runs before its on_join below, the state it receives included.
+  if (!group.replacement())
+    examples::agree_on_flags(first, settings,
+                             {{"--wide", settings.wide},
+                              {"--plain", settings.plain},
+                              {"--zero", settings.zero},
+                              {"--elastic", settings.elastic},
+                              {"--async-save", settings.async_save}});
   const tandem::FashionMNIST train_set(tandem::split::train, settings.data);
   const tandem::FashionMNIST test_set(tandem::split::test, settings.data);
   examples::check_data_fits(train_set, pixels, classes, settings.data);  // or labels index past
   examples::check_data_fits(test_set, pixels, classes, settings.data);   // the model's outputs
   Mlp<Comm> model(first, fashion_mnist::hidden_width(settings), settings.seed);
   std::optional<typename DdpFor<Comm, Stage>::type> ddp;
-  ddp.emplace(first, model.params());
+  if (!group.replacement()) ddp.emplace(first, model.params());  // a replacement's: after on_join
 
   const auto groups = fashion_mnist::sgd_groups(settings);
   tandem::optim::SGD optimizer(model.params(), std::span(groups));
-  ddp->shard(optimizer);  // --zero: momentum for this rank's parts only (before a resume loads it)
+  if (ddp) ddp->shard(optimizer);  // --zero: momentum for this rank's parts only (before a resume)
   tandem::DistributedSampler sampler(train_set.size(), first,
                                      {.shuffle = true, .seed = settings.seed});
   auto batches = sampler | tandem::views::batches(settings.batch_size);
-  const auto steps_per_epoch = static_cast<std::int64_t>(batches.size());
+  // The schedule's length, from the world size the job first formed with (on a replacement too).
+  auto first_split = sampler;
+  first_split.resplit(examples::first_world_size(group), 0, 0);
+  const auto steps_per_epoch = static_cast<std::int64_t>(
+      (first_split.size() + settings.batch_size - 1) / settings.batch_size);
   const std::int64_t total_steps = steps_per_epoch * settings.epochs;
   auto schedule = fashion_mnist::lr_schedule(optimizer, settings, total_steps);
   tandem::EMA ema(model.params(), fashion_mnist::ema_options());
@@ -295,9 +307,14 @@ double train(Group& group, const Settings& settings) {
       .sampler(sampler, batches_done, settings.batch_size)
       .counter("step", step)
       .rng("generator", generator);
-  examples::resume_from_latest(first, settings.resume, settings.checkpoint_dir, state, loader,
-                               batches_done, step);
-  tandem::TensorBoardWriter board = examples::rank0_board(first, settings.tensorboard);
+  if (!group.replacement()) {
+    examples::resume_from_latest(first, settings.resume, settings.checkpoint_dir, state, loader,
+                                 batches_done, step);
+  }
+  // A replacement writes no TensorBoard events (rank0_board is collective; its rank 0 was another).
+  tandem::TensorBoardWriter board = group.replacement()
+                                        ? tandem::TensorBoardWriter(".", false)
+                                        : examples::rank0_board(first, settings.tensorboard);
   // A heal (--elastic): the Loader stops (its workers read the sampler), DDP and SyncBatchNorm
   // are made over the new group, the epoch's samples not yet trained on are dealt out over it
   // (batches_done full batches of this rank's list were taken; the new list starts at 0), and the
@@ -323,8 +340,29 @@ double train(Group& group, const Settings& settings) {
         sampler.resplit(comm, std::min(sampler.size(), batches_done * settings.batch_size));
         batches_done = 0;
       });
+  // A replacement (tandemrun --elastic --max-restarts): a member sends it the training state at
+  // the step boundary where it is admitted, with where in the epoch's end the group is (the
+  // epoch's evaluation, its checkpoint, the last save's wait done), so that it takes up the loop
+  // at the members' point. Then DDP over the grown group (the members rebuild theirs).
+  double ema_accuracy = 0;
+  std::int64_t accuracy_bits = 0;  // the last evaluation's, bit for bit
+  std::int64_t ema_accuracy_bits = 0;
+  std::int64_t evaluated = 0;  // epochs evaluated
+  std::int64_t saved = 0;      // epochs checkpointed
+  std::int64_t waited = 0;     // 1 once the last async save was waited for
+  tandem::TrainingState joined = state;
+  joined.counter("evaluated", evaluated)
+      .counter("saved", saved)
+      .counter("waited", waited)
+      .counter("accuracy_bits", accuracy_bits)
+      .counter("ema_accuracy_bits", ema_accuracy_bits);
+  group.on_join(
+      [&] { return joined.to_bytes(); },
+      [&](std::span<const std::byte> bytes) { joined.from_bytes(bytes, group.comm().rank()); });
+  if (!ddp) ddp.emplace(first, model.params());
 
-  double accuracy = 0;
+  double accuracy = std::bit_cast<double>(accuracy_bits);
+  ema_accuracy = std::bit_cast<double>(ema_accuracy_bits);
   double mean_loss = 0;
   double trained_seconds = 0;  // training only: the evaluations are not counted
   using clock = std::chrono::steady_clock;
@@ -335,6 +373,8 @@ double train(Group& group, const Settings& settings) {
     (void)progress.of(group, epoch, batches.size() - batches_done);
     batches_of.start(batches_done, group.generation());
     while (batches_done < batches.size()) {
+      // A replacement admitted after the --max-steps step goes on to the epoch's end.
+      if (settings.max_steps >= 0 && step >= settings.max_steps && group.replacement()) break;
       examples::crash_if_asked(settings, step, group);
       heal_log.step(
           group, step, "training",
@@ -369,21 +409,26 @@ double train(Group& group, const Settings& settings) {
     }
     progress.of(group, epoch, 0).finish();
     trained_seconds += std::chrono::duration<double>(clock::now() - epoch_start).count();
-    double ema_accuracy = 0;
-    heal_log.step(
-        group, step, "evaluation",
-        [&](Comm& comm) {
-          accuracy = evaluate(comm, model, test_set);
-          ema_accuracy = accuracy;
-          if (!settings.plain) {
-            auto applied = ema.applied();
-            ema_accuracy = evaluate(comm, model, test_set);
-          }
-        },
-        [] {});
+    if (evaluated <= epoch) {  // not yet on a replacement admitted after it
+      heal_log.step(
+          group, step, "evaluation",
+          [&](Comm& comm) {
+            accuracy = evaluate(comm, model, test_set);
+            ema_accuracy = accuracy;
+            if (!settings.plain) {
+              auto applied = ema.applied();
+              ema_accuracy = evaluate(comm, model, test_set);
+            }
+          },
+          [&] {
+            evaluated = epoch + 1;
+            accuracy_bits = std::bit_cast<std::int64_t>(accuracy);
+            ema_accuracy_bits = std::bit_cast<std::int64_t>(ema_accuracy);
+          });
+    }
     examples::end_epoch(group.comm(), board, {epoch, step, accuracy, ema_accuracy, trained_seconds},
                         sampler, batches_done, batches.size());
-    if (!settings.checkpoint_dir.empty()) {
+    if (!settings.checkpoint_dir.empty() && saved <= epoch) {
       heal_log.step(
           group, step, "checkpoint",
           [&](Comm& comm) {
@@ -392,17 +437,21 @@ double train(Group& group, const Settings& settings) {
             else
               tandem::save_checkpoint(comm, settings.checkpoint_dir, step, state);
           },
-          [] {});
+          [&] { saved = epoch + 1; });
     }
     if (settings.max_steps >= 0 && step >= settings.max_steps) break;
   }
-  if (async_saves)  // the last file on disk
+  if (async_saves && waited == 0)  // the last file on disk
     heal_log.step(
-        group, step, "checkpoint", [&](Comm&) { async_saves->wait(); }, [] {});
+        group, step, "checkpoint", [&](Comm&) { async_saves->wait(); }, [&] { waited = 1; });
   examples::log_final_accuracy(group.comm(), accuracy, step);
   if (group.heals() > 0) {
     tandem::log0(group.comm()) << "healed " << group.heals() << " time(s): " << group.comm().size()
                                << " ranks went on";
+  }
+  if (group.joins() > 0) {
+    tandem::log0(group.comm()) << group.joins() << " replacement(s) joined: " << group.comm().size()
+                               << " ranks at the end";
   }
   return accuracy;
 }
