@@ -11,11 +11,8 @@
 set -euo pipefail
 tandemrun=$1 program=$2 ranks=$3 crash=$4 fewest=$5 most=$6 min_accuracy=$7
 shift 7
-work=$(mktemp -d /tmp/tandem-elastic-join.XXXXXX)
-trap 'rm -rf "$work"' EXIT
-export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-lo}
-log="$work/run.log"
-fail() { cat "$log"; echo "FAILED: $*"; exit 1; }
+# shellcheck source=elastic_test_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/elastic_test_lib.sh" elastic-join
 
 "$tandemrun" --standalone --elastic --max-restarts 1 --nproc-per-node "$ranks" "$program" "$@" \
   --elastic --elastic-store "file://$work/store" --crash-at-step "$crash" >"$log" 2>&1 ||
@@ -31,8 +28,6 @@ line=$(grep "test accuracy .* after [0-9]* steps on $ranks ranks" "$log") ||
 echo "$line"
 steps=$(sed -E 's/.* after ([0-9]+) steps.*/\1/' <<<"$line")
 ((steps >= fewest && steps <= most)) || fail "$steps steps: outside $fewest .. $most"
-accuracy=$(sed -E 's/.*test accuracy ([0-9.]+) %.*/\1/' <<<"$line")
-awk -v a="$accuracy" -v m="$min_accuracy" 'BEGIN { exit !(a >= m) }' ||
-  fail "test accuracy $accuracy % is below $min_accuracy %"
+check_accuracy "$line" "$min_accuracy"
 echo "PASSED: rank 1 killed at step $crash and replaced; the run ended on $ranks ranks at step" \
   "$steps, test accuracy $accuracy %"

@@ -9,11 +9,8 @@
 set -euo pipefail
 tandemrun=$1 program=$2 ranks=$3 crash=$4 final_step=$5 min_accuracy=$6
 shift 6
-work=$(mktemp -d /tmp/tandem-elastic-example.XXXXXX)
-trap 'rm -rf "$work"' EXIT
-export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-lo}
-log="$work/run.log"
-fail() { cat "$log"; echo "FAILED: $*"; exit 1; }
+# shellcheck source=elastic_test_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/elastic_test_lib.sh" elastic-example
 
 "$tandemrun" --standalone --elastic --nproc-per-node "$ranks" "$program" "$@" --elastic \
   --elastic-store "file://$work/store" --crash-at-step "$crash" >"$log" 2>&1 ||
@@ -23,8 +20,6 @@ grep -q "healed 1 time(s): $((ranks - 1)) ranks went on" "$log" || fail "no heal
 line=$(grep "test accuracy .* after $final_step steps on $((ranks - 1)) ranks" "$log") ||
   fail "the run did not end at step $final_step on $((ranks - 1)) ranks"
 echo "$line"
-accuracy=$(sed -E 's/.*test accuracy ([0-9.]+) %.*/\1/' <<<"$line")
-awk -v a="$accuracy" -v m="$min_accuracy" 'BEGIN { exit !(a >= m) }' ||
-  fail "test accuracy $accuracy % is below $min_accuracy %"
+check_accuracy "$line" "$min_accuracy"
 echo "PASSED: rank 1 killed at step $crash; $((ranks - 1)) survivors healed and trained" \
   "to step $final_step, test accuracy $accuracy %"
