@@ -35,7 +35,8 @@ if(GENERATOR STREQUAL "Ninja")
 endif()
 execute_process(
   COMMAND ${CONAN} create "${TANDEM_SOURCE_DIR}/packaging/conan"
-          --test-folder "${WORK_DIR}/test_package" -s compiler.cppstd=20 ${options}
+          --test-folder "${WORK_DIR}/test_package" -s compiler.cppstd=20 -s build_type=Debug
+          -c "tools.cmake.cmaketoolchain:extra_variables={'CMAKE_CXX_FLAGS_DEBUG': ''}" ${options}
   OUTPUT_VARIABLE output ERROR_VARIABLE output RESULT_VARIABLE result)
 message("${output}")
 if(NOT result EQUAL 0)
