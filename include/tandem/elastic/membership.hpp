@@ -31,6 +31,7 @@
 #include "tandem/core/error.hpp"
 #include "tandem/core/timeout.hpp"
 #include "tandem/core/world.hpp"
+#include "tandem/rendezvous/join.hpp"
 #include "tandem/rendezvous/store.hpp"
 
 namespace tandem::elastic {
@@ -186,6 +187,23 @@ inline World world_of(const std::vector<int>& members, const std::map<int, int>&
     ++world.local_world_size;
   }
   return world;
+}
+
+/// On a replacement of `rank`: true when the job's store is in use (join_store set its world
+/// size) but `rank` never joined it, so that the member it replaces was lost at start-up and left
+/// nothing in the store. A store still empty waits up to `timeout` for the job to appear (the
+/// launcher may restart a rank lost at start-up before the others opened the store); one that
+/// stays empty is a job that has ended.
+template <Store S>
+bool never_joined(S& store, int rank, Timeout timeout) {
+  const std::vector<std::string> started{"tandem/init/world_size"};
+  const Deadline deadline(timeout);
+  while (!store.check(started)) {
+    if (deadline.expired()) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return !store.check(
+      std::vector<std::string>{std::string(tandem::detail::join_prefix) + std::to_string(rank)});
 }
 
 /// What a replacement (a process started for a lost member) writes when it asks to join: the
@@ -350,13 +368,17 @@ class MembershipRound {
   }
 
   /// Whether every member of the previous generation has arrived (one of the first `drawn`
-  /// tickets) or is known lost from here.
+  /// tickets) or is known lost from here. A member without a record (lost at start-up before it
+  /// wrote one) cannot be told lost: the window decides.
   bool all_accounted(const std::string& prefix, std::int64_t drawn,
                      const std::vector<int>& previous) {
     std::set<int> arrived;
     for (std::int64_t t = 1; t <= drawn; ++t) arrived.insert(arrival(prefix, t).member);
     return std::all_of(previous.begin(), previous.end(), [&](int m) {
-      return arrived.count(m) > 0 || record_of(m).known_lost(self_);
+      if (arrived.count(m) > 0) return true;
+      const bool recorded = records_.count(m) > 0 ||
+                            store_.check(std::vector<std::string>{"member/" + std::to_string(m)});
+      return recorded && record_of(m).known_lost(self_);
     });
   }
 
