@@ -199,11 +199,10 @@ class Elastic {
     last_join_time_ = std::chrono::steady_clock::now() - started_;
   }
 
-  /// Calls rebuild(comm()) (on_heal's) for the first time, under the heal's protection: build
-  /// what holds the communicator (DDP, whose constructor broadcasts) through start() rather than
-  /// directly, and a member lost before the first step heals from step 0 like a loss in a step.
-  /// Call it once, after on_heal and on_join, before the first step; on a replacement too (it
-  /// meets the members' rebuild after the state they sent).
+  /// Runs on_heal's rebuild(comm()) for the first time under the heal's protection: build DDP
+  /// (whose constructor broadcasts) through it, and a member lost before the first step heals
+  /// from step 0. Call it once, after on_heal and on_join, before the first step; on a
+  /// replacement too (it meets the rebuild the members run once they sent the state).
   void start() {
     if (!rebuild_) return;
     try {
@@ -279,7 +278,9 @@ class Elastic {
     // A replacement's rank is held in the store by the member it replaces: it joins later,
     // unless that member was lost before joining (start-up): then it forms generation 0 as it.
     const bool fills_in =
-        elastic.replacement && elastic::never_joined(store, resolved.rank, options.timeout);
+        elastic.replacement &&
+        elastic::never_joined(store, std::string(detail::join_prefix), resolved.rank,
+                              resolved.world_size, options.timeout);
     if (!elastic.replacement || fills_in) {
       join_store(store, resolved, options.timeout, method.url, detail::wait_notice_interval(env));
     }

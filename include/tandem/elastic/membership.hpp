@@ -31,7 +31,6 @@
 #include "tandem/core/error.hpp"
 #include "tandem/core/timeout.hpp"
 #include "tandem/core/world.hpp"
-#include "tandem/rendezvous/join.hpp"
 #include "tandem/rendezvous/store.hpp"
 
 namespace tandem::elastic {
@@ -189,21 +188,24 @@ inline World world_of(const std::vector<int>& members, const std::map<int, int>&
   return world;
 }
 
-/// On a replacement of `rank`: true when the job's store is in use (join_store set its world
-/// size) but `rank` never joined it, so that the member it replaces was lost at start-up and left
-/// nothing in the store. A store still empty waits up to `timeout` for the job to appear (the
-/// launcher may restart a rank lost at start-up before the others opened the store); one that
-/// stays empty is a job that has ended.
+/// On a replacement of `rank` in a job of `size` ranks: true when the job's store is in use (a
+/// rank joined it: a key `joined_prefix` + rank, as join_store writes) but `rank` never joined, so
+/// that the member it replaces was lost at start-up and left nothing in the store. A store no rank
+/// has joined yet waits up to `timeout` for one (the launcher may restart a rank lost at start-up
+/// before the others opened the store); one that stays empty is a job that has ended.
 template <Store S>
-bool never_joined(S& store, int rank, Timeout timeout) {
-  const std::vector<std::string> started{"tandem/init/world_size"};
+bool never_joined(S& store, const std::string& joined_prefix, int rank, int size, Timeout timeout) {
+  const auto joined = [&](int r) {
+    return store.check(std::vector<std::string>{joined_prefix + std::to_string(r)});
+  };
   const Deadline deadline(timeout);
-  while (!store.check(started)) {
+  for (;;) {
+    for (int r = 0; r < size; ++r) {
+      if (joined(r)) return !joined(rank);
+    }
     if (deadline.expired()) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  return !store.check(
-      std::vector<std::string>{std::string(tandem::detail::join_prefix) + std::to_string(rank)});
 }
 
 /// What a replacement (a process started for a lost member) writes when it asks to join: the
