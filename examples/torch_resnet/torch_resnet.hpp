@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -28,6 +29,7 @@
 #include "common/elastic.hpp"
 #include "common/run.hpp"
 #include "tandem/amp/grad_scaler.hpp"
+#include "tandem/comm/init.hpp"
 #include "tandem/comm/local/local.hpp"
 #include "tandem/comm/metrics.hpp"
 #include "tandem/core/env.hpp"
@@ -40,6 +42,7 @@
 #include "tandem/io/progress.hpp"
 #include "tandem/io/safetensors.hpp"
 #include "tandem/io/tensorboard.hpp"
+#include "tandem/io/training_state.hpp"
 #include "tandem/launch/elastic.hpp"
 #include "tandem/optim/ema.hpp"
 #include "tandem/optim/lr_scheduler.hpp"
@@ -295,9 +298,24 @@ struct OnCpu {
   static int autocast() { return 0; }
 };
 
+/// On a replacement (a process that joins a running elastic group): a group of its own, one rank,
+/// to wrap the module in DDP with (its constructor is collective, and nothing collective may run
+/// with the members before the state arrives); nullopt elsewhere.
+template <class Comm, class Group>
+std::optional<Comm> solo_group(Group& group) {
+  if constexpr (tandem::ProcessGroupBackend<Comm>) {
+    if (group.replacement()) {
+      tandem::AnyStore store(tandem::HashStore{});
+      return Comm::rendezvous(tandem::World::single_node(0, 1), store, {});
+    }
+  }
+  return std::nullopt;
+}
+
 /// One rank's whole run in `group`: an examples::FixedGroup (the plain run, train() below) or a
 /// tandem::Elastic (--elastic: a lost rank's survivors heal and go on, the epoch's rest re-split
-/// over them). Every collective runs in a step's compute; apply is local. Returns the final test
+/// over them; under tandemrun --max-restarts a replacement joins and receives the state). Every
+/// collective runs in a step's compute; apply is local. Returns the final test
 /// accuracy. Placement says where: device(comm) is where the module and batches live,
 /// mixed_precision whether the forward runs under autocast (autocast() returns its guard) with a
 /// GradScaler (OnCpu: no; torch_resnet_cuda.cu: fp16).
@@ -305,12 +323,15 @@ template <class Placement, class Group>
 double train_in(Group& group, const Settings& settings) {
   using Comm = std::remove_reference_t<decltype(group.comm())>;
   Comm& first = group.comm();
-  examples::agree_on_flags(first, settings,
-                           {{"--weight-decay", settings.weight_decay},
-                            {"--width", settings.width},
-                            {"--checkpoint-every", settings.checkpoint_every},
-                            {"--no-sync-bn", !settings.sync_bn},
-                            {"--elastic", settings.elastic}});
+  // A replacement (--elastic under tandemrun --max-restarts) joins a group that agreed long ago:
+  // nothing collective runs before its on_join below, the state it receives included.
+  if (!group.replacement())
+    examples::agree_on_flags(first, settings,
+                             {{"--weight-decay", settings.weight_decay},
+                              {"--width", settings.width},
+                              {"--checkpoint-every", settings.checkpoint_every},
+                              {"--no-sync-bn", !settings.sync_bn},
+                              {"--elastic", settings.elastic}});
   const tandem::FashionMNIST train_set(tandem::split::train, settings.data);
   const tandem::FashionMNIST test_set(tandem::split::test, settings.data);
 
@@ -323,7 +344,11 @@ double train_in(Group& group, const Settings& settings) {
     tandem::log0(first) << "SyncBatchNorm in place of " << replaced.converted.size()
                         << " BatchNorm2d modules";
   }
-  tandem::torch::DistributedDataParallel<Comm, tandem::overlap> ddp(first, net);
+  // A replacement wraps the module over a group of its own and leaves it once the state is
+  // registered: the arena (what the optimizer, EMA and state are made over) exists, the state it
+  // receives goes there, and rebuild's rebind() moves DDP onto the running group.
+  std::optional<Comm> solo = solo_group<Comm>(group);
+  tandem::torch::DistributedDataParallel<Comm, tandem::overlap> ddp(solo ? *solo : first, net);
   auto& params = ddp.parameters();
   const auto device = ddp.device();
 
@@ -333,7 +358,11 @@ double train_in(Group& group, const Settings& settings) {
   tandem::DistributedSampler sampler(train_set.size(), first,
                                      {.shuffle = true, .seed = settings.seed});
   auto batches = sampler | tandem::views::batches(settings.batch_size);
-  const auto steps_per_epoch = static_cast<std::int64_t>(batches.size());
+  // The schedule's length, from the world size the job first formed with (on a replacement too).
+  auto first_split = sampler;
+  first_split.resplit(examples::first_world_size(group), 0, 0);
+  const auto steps_per_epoch = static_cast<std::int64_t>(
+      (first_split.size() + settings.batch_size - 1) / settings.batch_size);
   const std::int64_t total_steps = steps_per_epoch * settings.epochs;
   auto schedule = tandem::lr::warmup_cosine(
       optimizer, std::min<std::int64_t>(100, total_steps / 10), total_steps, 1.0, 0.01);
@@ -354,35 +383,68 @@ double train_in(Group& group, const Settings& settings) {
       .sampler(sampler, batches_done, settings.batch_size)
       .counter("step", step);
   if constexpr (Placement::mixed_precision) state.scaler(scaler);
-  examples::resume_from_latest(first, settings.resume, settings.checkpoint_dir, state, loader,
-                               batches_done, step);
-  tandem::TensorBoardWriter board = examples::rank0_board(first, settings.tensorboard);
+  if (solo) {
+    ddp.release();
+    solo.reset();
+  }
+  if (!group.replacement()) {
+    examples::resume_from_latest(first, settings.resume, settings.checkpoint_dir, state, loader,
+                                 batches_done, step);
+  }
+  // A replacement writes no TensorBoard events (rank0_board is collective; its rank 0 was another).
+  tandem::TensorBoardWriter board = group.replacement()
+                                        ? tandem::TensorBoardWriter(".", false)
+                                        : examples::rank0_board(first, settings.tensorboard);
   // A heal (--elastic): the Loader stops (its workers read the sampler), the bridge's DDP leaves
   // the old group and reduces over the new one (its arena, and so the optimizer, EMA and
   // checkpoint state, stay), the SyncBatchNorms move onto it, the epoch's samples not yet trained
   // on are dealt out over it, and the step's next compute restarts the Loader on the new list.
   examples::HealingBatches batches_of(loader);
   examples::HealLog heal_log;  // rank 0's line after a step during which the group healed
-  auto checkpoint = [&] {
+  // Where the group is besides the training state, sent to a replacement with it, so that it
+  // takes up the loop at the members' point: the epochs evaluated (and the last evaluation's
+  // results, bit for bit), the epochs checkpointed and the step of the last checkpoint in an epoch.
+  std::int64_t evaluated = 0;
+  std::int64_t saved = 0;
+  std::int64_t saved_step = step;  // a resumed run has its checkpoint
+  std::int64_t accuracy_bits = 0;
+  std::int64_t ema_accuracy_bits = 0;
+  auto checkpoint = [&](std::int64_t* epochs_saved, std::int64_t epoch) {
     if (settings.checkpoint_dir.empty()) return;
     heal_log.step(
         group, step, "checkpoint",
         [&](Comm& comm) { tandem::save_checkpoint(comm, settings.checkpoint_dir, step, state); },
-        [] {});
+        [&] {
+          saved_step = step;
+          if (epochs_saved) *epochs_saved = epoch + 1;
+        });
+  };
+  auto rebuild = [&](Comm& comm) {
+    if (settings.sync_bn) tandem::torch::rebind_sync_batchnorm(*net, comm);
+    ddp.rebind(comm);  // rank 0's values and buffers everywhere
+    sampler.resplit(comm, std::min(sampler.size(), batches_done * settings.batch_size));
+    batches_done = 0;
   };
   group.on_heal(
       [&] {
         ddp.release();
         batches_of.stop();
       },
-      [&](Comm& comm) {
-        if (settings.sync_bn) tandem::torch::rebind_sync_batchnorm(*net, comm);
-        ddp.rebind(comm);  // rank 0's values and buffers everywhere
-        sampler.resplit(comm, std::min(sampler.size(), batches_done * settings.batch_size));
-        batches_done = 0;
-      });
+      rebuild);
+  tandem::TrainingState joined = state;
+  joined.counter("evaluated", evaluated)
+      .counter("saved", saved)
+      .counter("saved_step", saved_step)
+      .counter("accuracy_bits", accuracy_bits)
+      .counter("ema_accuracy_bits", ema_accuracy_bits);
+  group.on_join(
+      [&] { return joined.to_bytes(); },
+      [&](std::span<const std::byte> bytes) { joined.from_bytes(bytes, group.comm().rank()); });
+  // The members rebuild over the grown group once the state is sent: so does the replacement
+  // (its sampler already continues the sender's split: the re-split from nothing taken keeps it).
+  if (group.replacement()) rebuild(group.comm());
 
-  double accuracy = 0;
+  double accuracy = std::bit_cast<double>(accuracy_bits);
   double mean_loss = 0;
   double trained_seconds = 0;  // training only: the evaluations are not counted
   const bool limited = settings.max_steps >= 0;
@@ -395,6 +457,13 @@ double train_in(Group& group, const Settings& settings) {
     (void)progress.of(group, epoch, batches.size() - batches_done);
     batches_of.start(batches_done, group.generation());
     while (batches_done < batches.size()) {
+      // A replacement admitted after the --max-steps step goes on to the epoch's end.
+      if (limited && step >= settings.max_steps && group.replacement()) break;
+      // Between epochs' ends (the end of an epoch is saved after its evaluation): after the step
+      // just taken, where a replacement admitted at its end takes part too.
+      if (settings.checkpoint_every > 0 && step > saved_step &&
+          step % settings.checkpoint_every == 0)
+        checkpoint(nullptr, epoch);
       examples::crash_if_asked(settings, step, group);
       bool stepped = true;
       heal_log.step(
@@ -435,31 +504,37 @@ double train_in(Group& group, const Settings& settings) {
       progress.of(group, epoch, batches.size() - batches_done + 1)
           .update({{"loss", mean_loss}, {"lr", optimizer.lr(0)}});
       if (limited && step >= settings.max_steps) break;  // saved after the evaluation
-      // Between epochs' ends too; the end of an epoch is saved after its evaluation.
-      if (settings.checkpoint_every > 0 && step % settings.checkpoint_every == 0 &&
-          batches_done != batches.size())
-        checkpoint();
     }
     progress.of(group, epoch, 0).finish();
     trained_seconds += std::chrono::duration<double>(clock::now() - epoch_start).count();
-    double ema_accuracy = 0;
-    heal_log.step(
-        group, step, "evaluation",
-        [&](Comm& comm) {
-          accuracy = evaluate(comm, net, ddp, test_set);
-          auto applied = ema.applied();  // the module's tensors hold the average until it ends
-          ema_accuracy = evaluate(comm, net, ddp, test_set);
-        },
-        [] {});
+    double ema_accuracy = std::bit_cast<double>(ema_accuracy_bits);
+    if (evaluated <= epoch) {  // not yet on a replacement admitted after it
+      heal_log.step(
+          group, step, "evaluation",
+          [&](Comm& comm) {
+            accuracy = evaluate(comm, net, ddp, test_set);
+            auto applied = ema.applied();  // the module's tensors hold the average until it ends
+            ema_accuracy = evaluate(comm, net, ddp, test_set);
+          },
+          [&] {
+            evaluated = epoch + 1;
+            accuracy_bits = std::bit_cast<std::int64_t>(accuracy);
+            ema_accuracy_bits = std::bit_cast<std::int64_t>(ema_accuracy);
+          });
+    }
     examples::end_epoch(group.comm(), board, {epoch, step, accuracy, ema_accuracy, trained_seconds},
                         sampler, batches_done, batches.size());
-    checkpoint();
+    if (saved <= epoch) checkpoint(&saved, epoch);
     if (limited && step >= settings.max_steps) break;
   }
   examples::log_final_accuracy(group.comm(), accuracy, step);
   if (group.heals() > 0) {
     tandem::log0(group.comm()) << "healed " << group.heals() << " time(s): " << group.comm().size()
                                << " ranks went on";
+  }
+  if (group.joins() > 0) {
+    tandem::log0(group.comm()) << group.joins() << " replacement(s) joined: " << group.comm().size()
+                               << " ranks at the end";
   }
   return accuracy;
 }

@@ -18,10 +18,19 @@ which the trial runs first. --save: checkpoints are saved every 3 steps inside t
 end every checkpoint under its final name must be whole (its checksum verified), and every step
 saved must be there (the interrupted save was taken again by the healed group).
 
+--startup: the victim is lost before its first step instead: before-join (before it joins the
+job's store, once the others have: its replacement forms generation 0 in its place, nothing heals,
+and the state must equal the undisturbed run's; with --no-replacement, tandemrun --max-restarts 0,
+the job must fail, a survivor naming the rank that never joined), before-start (in the group,
+before Elastic::start builds DDP: the survivors heal from step 0, then the replacement joins), or
+first-step (in step 0's compute). --backend hierarchical: HierarchicalComm<ShmComm, GlooComm>
+over fake nodes of two ranks.
+
 No step waits on the clock; the bounds only end a hang and are generous for a loaded machine.
 
   heal_driver.py --worker build/x/tests/elastic/heal_worker --tandemrun build/x/tools/tandemrun \\
-                 --backend shm --world 3 --trials 2 --seed 1 [--exact | --save]
+                 --backend shm|gloo|hierarchical --world 3 --trials 2 --seed 1 [--exact | --save]
+                 [--startup before-join|before-start|first-step [--no-replacement]]
 Exit status: 0 when every trial passed, 1 when one failed.
 """
 
@@ -36,6 +45,8 @@ import time
 
 STEPS = 16
 SAVE_EVERY = 3
+# --startup: where heal_worker's victim is lost before its first step (first-step: in step 0).
+STARTUP_KILLS = ["before-join", "before-start"]
 
 
 def read(path):
@@ -51,7 +62,9 @@ def run_job(args, directory, trial):
     wargs = ["--backend", args.backend, "--dir", directory, "--ranks", str(args.world),
              "--steps", str(STEPS), "--timeout-ms", "20000", "--window-ms", "20000"]
     if trial is not None:
-        wargs += ["--fault-step", str(trial["step"]), "--victim", str(trial["victim"])]
+        wargs += ["--victim", str(trial["victim"])]
+        wargs += ["--startup", args.startup] if args.startup in STARTUP_KILLS else \
+            ["--fault-step", str(trial["step"])]
         if args.exact:
             wargs += ["--await-ms", "60000"]
         else:  # the survivors wait for the replacement's ticket two steps after the loss
@@ -60,7 +73,8 @@ def run_job(args, directory, trial):
         wargs += ["--save-every", str(SAVE_EVERY)]
         if trial is not None:
             wargs += ["--kill-permille", str(trial["permille"])]
-    command = [args.tandemrun, "--standalone", "--elastic", "--max-restarts", "1",
+    restarts = "0" if args.no_replacement else "1"
+    command = [args.tandemrun, "--standalone", "--elastic", "--max-restarts", restarts,
                "--nproc-per-node", str(args.world), args.worker] + wargs
     started = time.monotonic()
     with open(os.path.join(directory, "out"), "wb") as out, \
@@ -97,6 +111,16 @@ def check_trial(args, trial, directory, reference):
     victim = trial["victim"]
     if code is None:
         failures.append(f"still running {args.bound_s:g} s after the start")
+    elif args.no_replacement:
+        # Lost before joining the store, and nobody takes its place: the job must end, its
+        # survivors naming the rank that never joined.
+        if code == 0:
+            failures.append("tandemrun exited 0")
+        if not re.search(rf"rank\(s\) {victim} did not join file://", err):
+            failures.append(f"no survivor named rank {victim} as never joined")
+        if failures:
+            failures.append("stderr ends: " + err[-3000:])
+        return failures, {"took": took, "landed": None, "heal_s": 0, "join_s": 0}
     elif code != 0:
         failures.append(f"tandemrun exited {code}")
     if not re.search(rf"tandemrun: rank {victim} was lost \(signal SIGKILL \(9\)\); the others "
@@ -115,26 +139,32 @@ def check_trial(args, trial, directory, reference):
     if len({v["steps"] for v in done.values()}) > 1:
         failures.append("the ranks took different numbers of steps: " +
                         ", ".join(f"rank {r} {v['steps']}" for r, v in done.items()))
-    want_generation = 1 if args.exact else 2
+    # Lost before joining the store: its replacement formed generation 0 in its place, as the
+    # member itself (no heal, no join).
+    fills_in = args.startup == "before-join"
+    want_generation = 0 if fills_in else 1 if args.exact else 2
+    want_changes = 0 if fills_in else 1
     for r, v in done.items():
         if v["size"] != args.world:
             failures.append(f"rank {r} ended in a group of {v['size']} (want {args.world})")
-        if v["replacement"] != (1 if r == victim else 0):
+        if v["replacement"] != (1 if r == victim and not fills_in else 0):
             failures.append(f"rank {r}: replacement={v['replacement']}")
-        if r == victim:
+        if r == victim and not fills_in:
             continue
         if v["steps"] != v["applied"]:
             failures.append(f"rank {r}: {v['steps']} steps done, {v['applied']} applied")
-        if v["heals"] != 1 or v["joins"] != 1 or v["generation"] != want_generation:
+        if v["heals"] != want_changes or v["joins"] != want_changes or \
+                v["generation"] != want_generation:
             failures.append(f"rank {r}: {v['heals']} heals, {v['joins']} joins, generation "
-                            f"{v['generation']} (want 1, 1, {want_generation})")
+                            f"{v['generation']} (want {want_changes}, {want_changes}, "
+                            f"{want_generation})")
     if reference is not None and done and any(v["hash"] != reference for v in done.values()):
         failures.append(f"the state differs from the undisturbed run's ({reference}): " +
                         ", ".join(f"rank {r} {v['hash']}" for r, v in done.items()))
     counted = {}
     for r in range(args.world):
         text = read(os.path.join(directory, f"rank{r}.samples"))
-        if text and r != victim:
+        if text and (r != victim or fills_in):
             counted[r] = [int(c) for c in text.split()]
     if len({tuple(c) for c in counted.values()}) > 1:
         failures.append("the members counted different samples")
@@ -177,7 +207,7 @@ def main():
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worker", required=True)
     parser.add_argument("--tandemrun", required=True)
-    parser.add_argument("--backend", required=True, choices=["shm", "gloo"])
+    parser.add_argument("--backend", required=True, choices=["shm", "gloo", "hierarchical"])
     parser.add_argument("--world", type=int, default=3)
     parser.add_argument("--trials", type=int, default=2)
     parser.add_argument("--seed", type=int, default=1)
@@ -185,6 +215,11 @@ def main():
                         help="the survivors await the replacement; compare with an undisturbed run")
     parser.add_argument("--save", action="store_true",
                         help="kill rank 0 while it writes a checkpoint")
+    parser.add_argument("--startup", choices=STARTUP_KILLS + ["first-step"],
+                        help="the victim is lost before its first step (first-step: in step 0)")
+    parser.add_argument("--no-replacement", action="store_true",
+                        help="--max-restarts 0: with --startup before-join the job must fail, "
+                             "naming the rank that never joined")
     parser.add_argument("--bound-s", type=float, default=200.0)
     parser.add_argument("--keep", action="store_true", help="keep each trial's directory")
     args = parser.parse_args()
@@ -207,7 +242,8 @@ def main():
     for i in range(args.trials):
         rng = random.Random(args.seed * 1000003 + i)
         trial = {"victim": 0 if args.save else rng.randrange(args.world),
-                 "step": (SAVE_EVERY * rng.randint(1, 2)) if args.save else rng.randint(1, 6),
+                 "step": (SAVE_EVERY * rng.randint(1, 2)) if args.save else
+                 0 if args.startup else rng.randint(1, 6),
                  "permille": rng.randint(600, 980)}
         directory = tempfile.mkdtemp(prefix="tandem-heal-")
         try:
@@ -217,8 +253,10 @@ def main():
                 subprocess.run(["rm", "-rf", directory], check=False)
         failed += bool(failures)
         status = "FAIL" if failures else "PASS"
+        where = f"at step {trial['step']}" if args.startup in (None, "first-step") else \
+            args.startup
         print(f"[{status}] {args.backend} trial {i}: {args.world} ranks, victim rank "
-              f"{trial['victim']} killed at step {trial['step']}" +
+              f"{trial['victim']} killed {where}" +
               (f", {trial['permille'] / 10:g} % into its save (landed {info['landed']})"
                if args.save else "") +
               f" (longest heal {info['heal_s']:.3f} s, longest join {info['join_s']:.3f} s, "

@@ -14,6 +14,12 @@
 // written: a thread raises SIGKILL after --kill-permille thousandths of the time its previous
 // save took (the saves write a 16 MiB ballast tensor, so that the write is long enough to be hit).
 //
+// With --startup, the victim is lost before its first step (docs/elastic.md, "Lost at start-up"):
+// before-join kills it before it joins the job's store (a replacement then takes its place in
+// generation 0), before-start once the group has formed, before Elastic::start builds DDP (the
+// survivors heal from step 0). --backend hierarchical: HierarchicalComm<ShmComm, GlooComm> with
+// the launcher's ranks cut into fake nodes of two.
+//
 // With --join-at S, the survivors of the loss wait at step S until the replacement has asked to
 // join (its ticket in the store), so that it joins before they finish (else it would find the
 // run over, which Elastic allows: finished()).
@@ -69,6 +75,9 @@
 #if TANDEM_ELASTIC_WITH_SHM
 #include "tandem/comm/shm/shm.hpp"
 #endif
+#if TANDEM_ELASTIC_WITH_SHM && TANDEM_ELASTIC_WITH_GLOO
+#include "tandem/comm/hierarchical/hierarchical.hpp"
+#endif
 
 namespace {
 
@@ -87,6 +96,10 @@ struct Settings {
   int save_every = 0;
   int kill_permille = 0;
   int join_at = -1;  // members wait at this step, after a heal, until the replacement asked
+  // The victim is lost before its first step instead (--fault-step is then unused):
+  // "before-join" (before it joins the job's store, once the others have) or "before-start"
+  // (in the group, before Elastic::start builds DDP).
+  std::string startup;
 };
 
 void publish(const Settings& settings, const std::string& name, const std::string& text) {
@@ -143,7 +156,8 @@ int train(tandem::Elastic<Comm>& elastic, const Settings& settings) {
   elastic.on_join(
       [&] { return state.to_bytes(); },
       [&](std::span<const std::byte> bytes) { state.from_bytes(bytes, elastic.comm().rank()); });
-  ddp.emplace(elastic.comm(), params);
+  if (victim && settings.startup == "before-start") ::kill(::getpid(), SIGKILL);
+  elastic.start();  // DDP through the rebuild callback: a loss in its broadcast heals too
 
   std::vector<int> used(samples, 0);  // by every member, in the applied steps
   const std::filesystem::path checkpoints = std::filesystem::path(settings.dir) / "ckpt";
@@ -252,16 +266,43 @@ int train(tandem::Elastic<Comm>& elastic, const Settings& settings) {
   return 0;
 }
 
+/// The victim of --startup before-join: waits until every other rank has joined the job's
+/// store (white-box: join_store's keys), then kills itself, having joined nothing.
+void lose_before_joining(const Settings& settings) {
+  tandem::FileStore store(settings.dir + "/store");
+  std::vector<std::string> others;
+  for (int r = 0; r < settings.ranks; ++r) {
+    if (r != settings.victim) others.push_back("tandem/init/rank/" + std::to_string(r));
+  }
+  while (!store.check(others)) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  ::kill(::getpid(), SIGKILL);
+}
+
+/// The launcher's World; for HierarchicalComm cut into fake nodes of two ranks (rank r on node
+/// r / 2), as tests/unit/hierarchical does on one host.
+tandem::World launched_world(const Settings& settings) {
+  tandem::World world = tandem::World::from_env();
+  if (settings.backend != "hierarchical") return world;
+  const int n = world.world_size;
+  const int node = world.rank / 2;
+  return tandem::World{world.rank, n, world.rank % 2, std::min(2, n - 2 * node), node, (n + 1) / 2};
+}
+
 template <class Comm>
 int run_process(const Settings& settings) {
   const char* rank_text = std::getenv("RANK");
   const auto rank = tandem::parse_int(rank_text ? rank_text : "");
   const int me = rank ? static_cast<int>(*rank) : -1;
+  const char* join = std::getenv("TANDEM_ELASTIC_JOIN");
+  const bool first_process = join == nullptr || std::string_view(join) != "1";
+  if (settings.startup == "before-join" && me == settings.victim && first_process) {
+    lose_before_joining(settings);
+  }
   try {
     typename Comm::options_type options;
     options.timeout = std::chrono::milliseconds(settings.timeout_ms);
     tandem::Elastic<Comm> elastic(
-        "file://" + settings.dir + "/store", options,
+        launched_world(settings), "file://" + settings.dir + "/store", options,
         {.window = std::chrono::milliseconds(settings.window_ms),
          .await_replacement = std::chrono::milliseconds(settings.await_ms)});
     if (elastic.finished()) {
@@ -277,8 +318,9 @@ int run_process(const Settings& settings) {
 
 int usage() {
   std::fprintf(stderr,
-               "usage: heal_worker --backend shm|gloo --dir DIR [--ranks N] [--steps S]\n"
-               "  [--timeout-ms T] [--window-ms W] [--await-ms A] [--fault-step S --victim V]\n"
+               "usage: heal_worker --backend shm|gloo|hierarchical --dir DIR [--ranks N]\n"
+               "  [--steps S] [--timeout-ms T] [--window-ms W] [--await-ms A]\n"
+               "  [--fault-step S --victim V] [--startup before-join|before-start --victim V]\n"
                "  [--save-every N --kill-permille P] [--join-at S]\n");
   return 2;
 }
@@ -287,8 +329,8 @@ int usage() {
 
 int main(int argc, char** argv) {
   Settings settings;
-  const std::map<std::string_view, std::string*> words{{"--backend", &settings.backend},
-                                                       {"--dir", &settings.dir}};
+  const std::map<std::string_view, std::string*> words{
+      {"--backend", &settings.backend}, {"--dir", &settings.dir}, {"--startup", &settings.startup}};
   const std::map<std::string_view, int*> numbers{{"--ranks", &settings.ranks},
                                                  {"--steps", &settings.steps},
                                                  {"--timeout-ms", &settings.timeout_ms},
@@ -306,6 +348,11 @@ int main(int argc, char** argv) {
 #endif
 #if TANDEM_ELASTIC_WITH_SHM
   if (settings.backend == "shm") return run_process<tandem::ShmComm>(settings);
+#endif
+#if TANDEM_ELASTIC_WITH_SHM && TANDEM_ELASTIC_WITH_GLOO
+  if (settings.backend == "hierarchical") {
+    return run_process<tandem::HierarchicalComm<tandem::ShmComm, tandem::GlooComm>>(settings);
+  }
 #endif
   std::fprintf(stderr, "heal_worker: backend '%s' is not built in\n", settings.backend.c_str());
   return 77;

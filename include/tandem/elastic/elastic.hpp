@@ -199,6 +199,21 @@ class Elastic {
     last_join_time_ = std::chrono::steady_clock::now() - started_;
   }
 
+  /// Runs on_heal's rebuild(comm()) for the first time under the heal's protection: build DDP
+  /// (whose constructor broadcasts) through it, and a member lost before the first step heals
+  /// from step 0. Call it once, after on_heal and on_join, before the first step; on a
+  /// replacement too (it meets the rebuild the members run once they sent the state).
+  void start() {
+    if (!rebuild_) return;
+    try {
+      rebuild_(comm());
+    } catch (const Error& lost) {  // the heal re-forms the group and runs rebuild again
+      auto nothing_to_apply = [] {};
+      reduced_ = false;
+      heal(lost, nothing_to_apply);
+    }
+  }
+
   /// Takes one step: compute(comm) runs every collective of the step (forward, backward and
   /// the gradient reduction, metrics), then the group passes the step's commit point (a
   /// barrier), then apply() updates the model: local work only, no collectives, and nothing that
@@ -245,6 +260,7 @@ class Elastic {
   struct Opened {
     World world;
     AnyStore store;
+    bool fills_in = false;  // a replacement that forms generation 0 as the member it replaces
   };
 
   static ElasticOptions replaces(ElasticOptions elastic, const EnvLookup& env) {
@@ -259,11 +275,16 @@ class Elastic {
     const InitMethod method = parse_init_method(url, env);
     const World resolved = resolve_world(method, world, env);
     AnyStore store = open_store(method, resolved, options.timeout, env);
-    // A replacement's rank is held in the store by the member it replaces: it joins later.
-    if (!elastic.replacement) {
+    // A replacement's rank is held in the store by the member it replaces: it joins later,
+    // unless that member was lost before joining (start-up): then it forms generation 0 as it.
+    const bool fills_in =
+        elastic.replacement &&
+        elastic::never_joined(store, std::string(detail::join_prefix), resolved.rank,
+                              resolved.world_size, options.timeout);
+    if (!elastic.replacement || fills_in) {
       join_store(store, resolved, options.timeout, method.url, detail::wait_notice_interval(env));
     }
-    return {resolved, std::move(store)};
+    return {resolved, std::move(store), fills_in};
   }
 
   Elastic(Opened opened, const options_type& options, ElasticOptions elastic)
@@ -275,6 +296,7 @@ class Elastic {
         round_(store_, opened.world.rank, elastic::MemberRecord::mine(opened.world),
                elastic::RoundOptions{.window = elastic.window}) {
     opened.world.validate();
+    if (opened.fills_in) elastic_.replacement = false;  // it is the member, lost at start-up
     if (elastic_.join_check_every < 1) {
       throw Error(member_, "Elastic", "ElasticOptions::join_check_every must be at least 1");
     }
@@ -285,7 +307,12 @@ class Elastic {
     round_.announce();
     for (int r = 0; r < opened.world.world_size; ++r) members_.push_back(r);
     AnyStore scoped = generation_store();
-    comm_.emplace(B::rendezvous(opened.world, scoped, options_));
+    try {
+      comm_.emplace(B::rendezvous(opened.world, scoped, options_));
+    } catch (const Error& lost) {  // a member lost at start-up: heal from step 0
+      auto nothing_to_apply = [] {};
+      heal(lost, nothing_to_apply);
+    }
   }
 
   /// A replacement's side: asks to join (a ticket in the store), waits to be admitted, and forms

@@ -188,6 +188,26 @@ inline World world_of(const std::vector<int>& members, const std::map<int, int>&
   return world;
 }
 
+/// On a replacement of `rank` in a job of `size` ranks: true when the job's store is in use (a
+/// rank joined it: a key `joined_prefix` + rank, as join_store writes) but `rank` never joined, so
+/// that the member it replaces was lost at start-up and left nothing in the store. A store no rank
+/// has joined yet waits up to `timeout` for one (the launcher may restart a rank lost at start-up
+/// before the others opened the store); one that stays empty is a job that has ended.
+template <Store S>
+bool never_joined(S& store, const std::string& joined_prefix, int rank, int size, Timeout timeout) {
+  const auto joined = [&](int r) {
+    return store.check(std::vector<std::string>{joined_prefix + std::to_string(r)});
+  };
+  const Deadline deadline(timeout);
+  for (;;) {
+    for (int r = 0; r < size; ++r) {
+      if (joined(r)) return !joined(rank);
+    }
+    if (deadline.expired()) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
 /// What a replacement (a process started for a lost member) writes when it asks to join: the
 /// first rank it takes over and where it runs.
 struct JoinRequest {
@@ -350,13 +370,17 @@ class MembershipRound {
   }
 
   /// Whether every member of the previous generation has arrived (one of the first `drawn`
-  /// tickets) or is known lost from here.
+  /// tickets) or is known lost from here. A member without a record (lost at start-up before it
+  /// wrote one) cannot be told lost: the window decides.
   bool all_accounted(const std::string& prefix, std::int64_t drawn,
                      const std::vector<int>& previous) {
     std::set<int> arrived;
     for (std::int64_t t = 1; t <= drawn; ++t) arrived.insert(arrival(prefix, t).member);
     return std::all_of(previous.begin(), previous.end(), [&](int m) {
-      return arrived.count(m) > 0 || record_of(m).known_lost(self_);
+      if (arrived.count(m) > 0) return true;
+      const bool recorded = records_.count(m) > 0 ||
+                            store_.check(std::vector<std::string>{"member/" + std::to_string(m)});
+      return recorded && record_of(m).known_lost(self_);
     });
   }
 
