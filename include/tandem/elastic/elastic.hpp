@@ -241,6 +241,24 @@ class Elastic {
     }
   }
 
+  /// Runs `work(comm)` between steps: collectives that take no step (no commit point, nothing
+  /// applied, steps_done() unchanged), such as ZeRO's all_gather of the last step's parameters
+  /// (ElasticZero::gather). A loss during it heals the group, and work runs again from the start
+  /// over the new one: it must be safe to repeat. Every member calls it at the same point.
+  template <class Work>
+  void settle(Work&& work) {
+    const auto nothing_to_apply = [] {};
+    for (;;) {
+      reduced_ = false;
+      try {
+        work(comm());
+        return;
+      } catch (const Error& lost) {
+        heal(lost, nothing_to_apply);
+      }
+    }
+  }
+
  private:
   struct Opened {
     World world;
@@ -462,6 +480,7 @@ class Elastic {
   template <class Apply>
   void heal(const Error& cause, Apply& apply) {
     const auto started = std::chrono::steady_clock::now();
+    std::string rebuild_failure;  // the last re-forming's Error, should it not have been a loss
     for (;;) {
       if (heals_ >= elastic_.max_heals) {
         throw Error(member_, "elastic heal",
@@ -471,6 +490,10 @@ class Elastic {
       ++heals_;
       abandon(cause);
       const auto arrivals = agree(cause);
+      if (arrivals.size() == members_.size() && !rebuild_failure.empty()) {
+        throw Error(member_, "elastic heal",
+                    "re-forming the group failed with no rank lost: " + rebuild_failure);
+      }
       if (arrivals.size() == members_.size()) {
         throw Error(member_, "elastic heal",
                     "every member failed the step and none was lost, so this is no lost rank: " +
@@ -501,7 +524,7 @@ class Elastic {
         return;
       } catch (const Error& again) {  // another loss while re-forming: heal again
         reduced_ = false;
-        (void)again;
+        rebuild_failure = told(again);
       }
     }
   }
