@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "elastic/training.hpp"
 #include "support/mlp.hpp"
 #include "tandem/comm/local/local.hpp"
 #include "tandem/ddp/ddp.hpp"
@@ -54,21 +55,6 @@ struct Final {
 std::vector<std::byte> bytes_of(const void* data, std::size_t size) {
   std::vector<std::byte> out(size);
   if (size != 0) std::memcpy(out.data(), data, size);
-  return out;
-}
-
-std::vector<std::byte> flatten(const Dict& dict) {
-  std::vector<std::byte> out;
-  for (const auto& [index, entry] : dict.state) {
-    for (const auto& [key, tensor] : entry.tensors) {
-      const auto b = bytes_of(tensor.data(), tensor.size() * sizeof(float));
-      out.insert(out.end(), b.begin(), b.end());
-    }
-  }
-  for (const auto& group : dict.param_groups) {
-    const auto b = bytes_of(&group.step, sizeof(group.step));
-    out.insert(out.end(), b.begin(), b.end());
-  }
   return out;
 }
 
@@ -140,7 +126,7 @@ std::vector<Final> run(int ranks, const Start& start, std::int64_t last,
         auto& out = finals[static_cast<std::size_t>(r)];
         const auto dict = zero.state_dict();  // collective: the full state
         out.params = bytes_of(params.values().data(), params.numel() * sizeof(float));
-        out.state = flatten(dict);
+        out.state = tandem::test::elastic::state_bytes(dict);
         out.steps = elastic.steps_done();
         out.generation = elastic.generation();
         out.members = elastic.members();

@@ -179,6 +179,7 @@ class ElasticZero {
                   "under shard<2> the replica needs its neighbour's reduced gradients: call "
                   "exchange(ddp) after finish_gradient_sync() in the step's compute");
     }
+    require_in_step("ElasticZero::step");
     primary().step();
     if (replica_) replica_->step();
     keep_values();
@@ -219,6 +220,20 @@ class ElasticZero {
       }
       gather_(full, begin, end);
     };
+  }
+
+  /// An Error when the shard and the replica have taken different numbers of steps (the
+  /// optimizer was stepped outside step(), or its groups' steps were changed by hand).
+  void require_in_step(const char* operation) const {
+    if (!replica_) return;
+    for (std::size_t g = 0; g < primary().group_count(); ++g) {
+      if (primary().group_steps(g) == replica_->group_steps(g)) continue;
+      throw Error(comm_rank_, operation,
+                  "param group " + std::to_string(g) + " of this rank's shard has taken " +
+                      std::to_string(primary().group_steps(g)) + " steps, its replica " +
+                      std::to_string(replica_->group_steps(g)) +
+                      ": step the optimizer only through ElasticZero::step()");
+    }
   }
 
   /// Copies the parameters this rank's shard and the replica own out of the arena: the next
@@ -302,6 +317,7 @@ class ElasticZero {
   /// together over the new group from each survivor's shard and the replicas of lost shards.
   template <class Ddp>
   state_dict_type reassemble(Ddp& ddp, const std::vector<int>& next) {
+    require_in_step("ElasticZero::attach");
     const auto held = holdings(ddp, next);
     std::vector<value_type> mine(held.size(), value_type{});  // +0: all bits zero
     copy_ranges(mine.data(), own_ranges_, own_values_.data(), false);
