@@ -4,7 +4,8 @@
 // survivors heal, put the lost shard together from its replica and finish. The claim tested, bit
 // for bit: the parameters and the full optimizer state at the end are those of an undisturbed run
 // that took the steps before the loss at the full size, saved its state, and took the rest at the
-// smaller size from that state. And two ring neighbours lost together (a shard and its only
+// smaller size from that state (the learning rate set each step on the rank's optimizer, which
+// the replica follows). And two ring neighbours lost together (a shard and its only
 // replica): an Error naming the cause.
 #include <doctest/doctest.h>
 
@@ -94,6 +95,7 @@ std::vector<Final> run(int ranks, const Start& start, std::int64_t last,
         std::optional<Ddp<Stage>> ddp;
         ddp.emplace(elastic.comm(), params);
         zero.attach(*ddp, elastic.members());
+        Opt& opt = zero.optimizer();  // the same object across heals
         if (start.dict) zero.load_state_dict(*start.dict);
         elastic.on_heal([&] { ddp.reset(); },
                         [&](tandem::LocalComm& comm) {
@@ -120,7 +122,10 @@ std::vector<Final> run(int ranks, const Start& start, std::int64_t last,
                 zero.exchange(*ddp);
                 if (leaving && point == Point::after_exchange) throw Leave{};
               },
-              [&] { zero.step(); });
+              [&] {
+                opt.set_lr(0, 0.01 / static_cast<double>(1 + step));  // a schedule, on the shard
+                zero.step();
+              });
         }
         elastic.settle([&](tandem::LocalComm&) { zero.gather(*ddp); });
         auto& out = finals[static_cast<std::size_t>(r)];

@@ -119,14 +119,10 @@ class ElasticZero {
     };
   }
 
-  /// This rank's optimizer (its shard): read and set learning rates through for_each_optimizer.
+  /// This rank's optimizer (its shard): set its learning rates and options here (an LR
+  /// schedule), step() gives them to the replica. The same object across heals (attach re-shards
+  /// it in place), so a reference taken once stays valid.
   [[nodiscard]] Opt& optimizer() { return primary(); }
-  /// f(opt) for this rank's optimizer and the replica (what an LR schedule sets must reach both).
-  template <class F>
-  void for_each_optimizer(F&& f) {
-    f(primary());
-    if (replica_) f(*replica_);
-  }
 
   /// Collective at the start of a step's compute: the all_gather of the parameters the last
   /// step updated (each rank updated its own parts), before the forward reads them. Nothing when
@@ -181,7 +177,14 @@ class ElasticZero {
     }
     require_in_step("ElasticZero::step");
     primary().step();
-    if (replica_) replica_->step();
+    if (replica_) {
+      // The owner of the replica's shard steps with its own options, which are this rank's: the
+      // run's schedule sets them alike on every rank.
+      for (std::size_t g = 0; g < primary().group_count(); ++g) {
+        replica_->options(g) = primary().options(g);
+      }
+      replica_->step();
+    }
     keep_values();
     gather_due_ = true;
     exchanged_ = false;
