@@ -16,6 +16,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "elastic/training.hpp"
@@ -190,27 +191,17 @@ void lose_one_and_compare(int leaver, Point point) {
 
 }  // namespace
 
-TEST_CASE("ZeRO-1 under Elastic: a lost rank's shard comes back from its replica, exactly") {
+TEST_CASE_TEMPLATE(
+    "ZeRO-1/2 under Elastic: a lost rank's shard comes back from its replica, exactly", Stage,
+    std::integral_constant<int, 1>, std::integral_constant<int, 2>) {
   SUBCASE("rank 1 before the parameters' all_gather") {
-    lose_one_and_compare<1>(1, Point::start);
+    lose_one_and_compare<Stage::value>(1, Point::start);
   }
   SUBCASE("rank 0 after the reduction") {
-    lose_one_and_compare<1>(0, Point::after_reduction);
+    lose_one_and_compare<Stage::value>(0, Point::after_reduction);
   }
   SUBCASE("rank 2 after the exchange") {
-    lose_one_and_compare<1>(2, Point::after_exchange);
-  }
-}
-
-TEST_CASE("ZeRO-2 under Elastic: a lost rank's shard comes back from its replica, exactly") {
-  SUBCASE("rank 1 before the parameters' all_gather") {
-    lose_one_and_compare<2>(1, Point::start);
-  }
-  SUBCASE("rank 0 after the reduction") {
-    lose_one_and_compare<2>(0, Point::after_reduction);
-  }
-  SUBCASE("rank 2 after the exchange") {
-    lose_one_and_compare<2>(2, Point::after_exchange);
+    lose_one_and_compare<Stage::value>(2, Point::after_exchange);
   }
 }
 
