@@ -67,12 +67,19 @@ struct Start {
   const Dict* dict = nullptr;
 };
 
+/// A rank (its first rank) that leaves at a step.
+struct Loss {
+  int rank = 0;
+  std::int64_t step = 0;
+};
+
 /// `ranks` threads train steps [start.first, last) under Elastic with ElasticZero (each rank's
-/// batch a function of the step and its rank in the group); `leavers` leave at step `leave_at`,
-/// at `point`. Returns each rank's Final (empty for a leaver) and writes errors[r].
+/// batch a function of the step and its rank in the group); each of `losses` leaves at its step,
+/// at `point`. Returns each rank's Final (empty for a leaver) and writes errors[r]; with `saved`,
+/// the full state at the end too.
 template <int Stage>
 std::vector<Final> run(int ranks, const Start& start, std::int64_t last,
-                       const std::vector<int>& leavers, std::int64_t leave_at, Point point,
+                       const std::vector<Loss>& losses, Point point,
                        std::vector<std::string>& errors, Dict* saved = nullptr,
                        std::vector<float>* saved_params = nullptr) {
   tandem::AnyStore store(tandem::HashStore{});
@@ -81,7 +88,8 @@ std::vector<Final> run(int ranks, const Start& start, std::int64_t last,
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks; ++r) {
     threads.emplace_back([&, r] {
-      const bool leaver = std::find(leavers.begin(), leavers.end(), r) != leavers.end();
+      std::int64_t leave_at = -1;
+      for (const auto& loss : losses) leave_at = loss.rank == r ? loss.step : leave_at;
       try {
         tandem::Elastic<tandem::LocalComm> elastic(
             tandem::World::single_node(r, ranks), store,
@@ -105,7 +113,7 @@ std::vector<Final> run(int ranks, const Start& start, std::int64_t last,
                         });
         while (start.first + elastic.steps_done() < last) {
           const std::int64_t step = start.first + elastic.steps_done();
-          const bool leaving = leaver && step == leave_at && elastic.generation() == 0;
+          const bool leaving = step == leave_at;
           elastic.step(
               [&](tandem::LocalComm& comm) {
                 if (leaving && point == Point::start) throw Leave{};
@@ -154,32 +162,45 @@ std::vector<Final> run(int ranks, const Start& start, std::int64_t last,
   return finals;
 }
 
+/// Loses `losses` (sorted by step) from `ranks` at `point`, and compares the survivors' end with
+/// the reference: each stretch between losses run undisturbed by the group of that size, started
+/// from the state the stretch before saved.
 template <int Stage>
-void lose_one_and_compare(int leaver, Point point) {
-  constexpr int ranks = 3;
+void lose_and_compare(int ranks, const std::vector<Loss>& losses, Point point) {
   constexpr std::int64_t steps = 7;
-  constexpr std::int64_t leave_at = 3;
   std::vector<std::string> errors;
-  // The reference: steps [0, leave_at) on 3 ranks, its state saved, the rest on 2 from it.
-  Dict saved;
-  std::vector<float> saved_params;
-  (void)run<Stage>(ranks, {}, leave_at, {}, -1, point, errors, &saved, &saved_params);
-  for (const auto& e : errors) REQUIRE_MESSAGE(e.empty(), e);
-  REQUIRE(saved_params.size() > 0);
-  const auto reference =
-      run<Stage>(ranks - 1, {leave_at, &saved_params, &saved}, steps, {}, -1, point, errors);
+  std::vector<Dict> saved(losses.size());
+  std::vector<std::vector<float>> saved_params(losses.size());
+  Start start;
+  int size = ranks;
+  int heals = 0;
+  for (std::size_t i = 0; i < losses.size(); ++i) {
+    if (i > 0 && losses[i].step == losses[i - 1].step) {
+      --size;
+      continue;
+    }
+    (void)run<Stage>(size, start, losses[i].step, {}, point, errors, &saved[i], &saved_params[i]);
+    for (const auto& e : errors) REQUIRE_MESSAGE(e.empty(), e);
+    REQUIRE(saved_params[i].size() > 0);
+    start = {losses[i].step, &saved_params[i], &saved[i]};
+    --size;
+    ++heals;
+  }
+  const auto reference = run<Stage>(size, start, steps, {}, point, errors);
   for (const auto& e : errors) REQUIRE_MESSAGE(e.empty(), e);
 
-  const auto healed = run<Stage>(ranks, {}, steps, {leaver}, leave_at, point, errors);
+  const auto healed = run<Stage>(ranks, {}, steps, losses, point, errors);
   for (int r = 0; r < ranks; ++r) {
     CAPTURE(r);
     const auto& e = errors[static_cast<std::size_t>(r)];
     CHECK_MESSAGE(e.empty(), e);
-    if (r == leaver) continue;
+    if (std::any_of(losses.begin(), losses.end(), [&](const Loss& l) { return l.rank == r; })) {
+      continue;
+    }
     const auto& out = healed[static_cast<std::size_t>(r)];
     CHECK(out.steps == steps);
-    CHECK(out.generation == 1);
-    CHECK(out.members.size() == static_cast<std::size_t>(ranks - 1));
+    CHECK(out.generation == heals);
+    CHECK(out.members.size() == static_cast<std::size_t>(size));
     CHECK(out.params == reference[0].params);  // bit for bit
     CHECK(out.state == reference[0].state);
     CHECK(out.state.size() > 0);
@@ -195,20 +216,26 @@ TEST_CASE_TEMPLATE(
     "ZeRO-1/2 under Elastic: a lost rank's shard comes back from its replica, exactly", Stage,
     std::integral_constant<int, 1>, std::integral_constant<int, 2>) {
   SUBCASE("rank 1 before the parameters' all_gather") {
-    lose_one_and_compare<Stage::value>(1, Point::start);
+    lose_and_compare<Stage::value>(3, {{1, 3}}, Point::start);
   }
   SUBCASE("rank 0 after the reduction") {
-    lose_one_and_compare<Stage::value>(0, Point::after_reduction);
+    lose_and_compare<Stage::value>(3, {{0, 3}}, Point::after_reduction);
   }
   SUBCASE("rank 2 after the exchange") {
-    lose_one_and_compare<Stage::value>(2, Point::after_exchange);
+    lose_and_compare<Stage::value>(3, {{2, 3}}, Point::after_exchange);
+  }
+  SUBCASE("4 ranks: rank 1 at step 2, then rank 3 (its new ring neighbour keeps it) at step 4") {
+    lose_and_compare<Stage::value>(4, {{1, 2}, {3, 4}}, Point::after_reduction);
+  }
+  SUBCASE("5 ranks: ranks 1 and 3 together (not neighbours) at step 2") {
+    lose_and_compare<Stage::value>(5, {{1, 2}, {3, 2}}, Point::start);
   }
 }
 
 TEST_CASE("ZeRO under Elastic: two ring neighbours lost together is an Error naming the cause") {
   std::vector<std::string> errors;
   // Both leave before the step's first collective: neither can see the other's loss first.
-  (void)run<1>(4, {}, 5, {1, 2}, 2, Point::start, errors);
+  (void)run<1>(4, {}, 5, {{1, 2}, {2, 2}}, Point::start, errors);
   for (int r : {0, 3}) {
     CAPTURE(r);
     CHECK_MESSAGE(
