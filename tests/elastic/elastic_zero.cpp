@@ -75,8 +75,8 @@ struct Loss {
 
 /// `ranks` threads train steps [start.first, last) under Elastic with ElasticZero (each rank's
 /// batch a function of the step and its rank in the group); each of `losses` leaves at its step,
-/// at `point`. Returns each rank's Final (empty for a leaver) and writes errors[r]; with `saved`,
-/// the full state at the end too.
+/// at `point` (at step `last`: before the last step's all_gather). Returns each rank's Final (empty
+/// for a leaver) and writes errors[r]; with `saved`, the full state at the end too.
 template <int Stage>
 std::vector<Final> run(int ranks, const Start& start, std::int64_t last,
                        const std::vector<Loss>& losses, Point point,
@@ -136,6 +136,7 @@ std::vector<Final> run(int ranks, const Start& start, std::int64_t last,
                 zero.step();
               });
         }
+        if (leave_at == last) throw Leave{};  // before the last step's all_gather
         elastic.settle([&](tandem::LocalComm&) { zero.gather(*ddp); });
         auto& out = finals[static_cast<std::size_t>(r)];
         const auto dict = zero.state_dict();  // collective: the full state
@@ -223,6 +224,9 @@ TEST_CASE_TEMPLATE(
   }
   SUBCASE("rank 2 after the exchange") {
     lose_and_compare<Stage::value>(3, {{2, 3}}, Point::after_exchange);
+  }
+  SUBCASE("rank 1 after the last step, before its all_gather (Elastic::settle)") {
+    lose_and_compare<Stage::value>(3, {{1, 7}}, Point::start);
   }
   SUBCASE("4 ranks: rank 1 at step 2, then rank 3 (its new ring neighbour keeps it) at step 4") {
     lose_and_compare<Stage::value>(4, {{1, 2}, {3, 4}}, Point::after_reduction);
