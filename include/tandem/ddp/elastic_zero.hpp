@@ -235,7 +235,8 @@ class ElasticZero {
                   "param group " + std::to_string(g) + " of this rank's shard has taken " +
                       std::to_string(primary().group_steps(g)) + " steps, its replica " +
                       std::to_string(replica_->group_steps(g)) +
-                      ": step the optimizer only through ElasticZero::step()");
+                      ": step the optimizer only through ElasticZero::step(), and load a saved "
+                      "state through ElasticZero::load_state_dict() (not into optimizer() alone)");
     }
   }
 
