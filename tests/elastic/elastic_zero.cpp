@@ -19,6 +19,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "elastic/commit_losing_comm.hpp"
 #include "elastic/training.hpp"
 #include "support/mlp.hpp"
 #include "tandem/comm/local/local.hpp"
@@ -32,9 +33,10 @@ namespace {
 
 using Opt = tandem::optim::AdamW<float>;
 using Dict = Opt::state_dict_type;
-template <int Stage>
-using Ddp = tandem::DistributedDataParallel<tandem::LocalComm, tandem::overlap,
-                                            tandem::bucket_cap<512>, tandem::shard<Stage>>;
+template <int Stage, class Comm = tandem::LocalComm>
+using Ddp = tandem::DistributedDataParallel<Comm, tandem::overlap, tandem::bucket_cap<512>,
+                                            tandem::shard<Stage>>;
+namespace el = tandem::test::elastic;
 
 /// Where the leaver leaves its step.
 /// start: before the step's first collective, the all_gather of the last step's parameters (so
@@ -52,6 +54,7 @@ struct Final {
   std::int64_t steps = 0;
   int generation = 0;
   std::vector<int> members;
+  int caught_up = 0;  // steps applied during a heal
 };
 
 std::vector<std::byte> bytes_of(const void* data, std::size_t size) {
@@ -73,25 +76,38 @@ struct Loss {
   std::int64_t step = 0;
 };
 
+/// The rarest path (CommitLosingComm): `loser` loses the end of step `step`'s commit point while
+/// the others pass it and apply the step; the run's loss (at step + 1, Point::start) comes once
+/// it has raised, and it applies the step during the heal.
+struct CatchUp {
+  int loser = -1;
+  std::int64_t step = -1;
+};
+
 /// `ranks` threads train steps [start.first, last) under Elastic with ElasticZero (each rank's
 /// batch a function of the step and its rank in the group); each of `losses` leaves at its step,
 /// at `point` (at step `last`: before the last step's all_gather). Returns each rank's Final (empty
 /// for a leaver) and writes errors[r]; with `saved`, the full state at the end too.
-template <int Stage>
+template <int Stage, class Comm = tandem::LocalComm>
 std::vector<Final> run(int ranks, const Start& start, std::int64_t last,
                        const std::vector<Loss>& losses, Point point,
                        std::vector<std::string>& errors, Dict* saved = nullptr,
-                       std::vector<float>* saved_params = nullptr) {
+                       std::vector<float>* saved_params = nullptr, CatchUp catch_up = {}) {
   tandem::AnyStore store(tandem::HashStore{});
   std::vector<Final> finals(static_cast<std::size_t>(ranks));
   errors.assign(static_cast<std::size_t>(ranks), {});
+  el::others_applied.count = 0;
+  el::others_applied.expected = ranks - 1;
+  el::others_applied.loser_threw = false;
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks; ++r) {
     threads.emplace_back([&, r] {
+      el::barriers_seen = 0;  // one barrier per step: the commit point
+      el::lose_barrier_end_at = r == catch_up.loser ? static_cast<int>(catch_up.step) : -1;
       std::int64_t leave_at = -1;
       for (const auto& loss : losses) leave_at = loss.rank == r ? loss.step : leave_at;
       try {
-        tandem::Elastic<tandem::LocalComm> elastic(
+        tandem::Elastic<Comm> elastic(
             tandem::World::single_node(r, ranks), store,
             tandem::LocalCommOptions{std::chrono::seconds(120)},
             {.window = std::chrono::minutes(10)});  // a leaver is known lost: never waited out
@@ -101,21 +117,23 @@ std::vector<Final> run(int ranks, const Start& start, std::int64_t last,
           std::memcpy(params.values().data(), start.params->data(), params.numel() * sizeof(float));
         }
         tandem::ElasticZero<Opt> zero(params, [&] { return Opt(params, {.lr = 0.01}); });
-        std::optional<Ddp<Stage>> ddp;
+        std::optional<Ddp<Stage, Comm>> ddp;
         ddp.emplace(elastic.comm(), params);
         zero.attach(*ddp, elastic.members());
         Opt& opt = zero.optimizer();  // the same object across heals
         if (start.dict) zero.load_state_dict(*start.dict);
         elastic.on_heal([&] { ddp.reset(); },
-                        [&](tandem::LocalComm& comm) {
+                        [&](Comm& comm) {
                           ddp.emplace(comm, params);
                           zero.attach(*ddp, elastic.members());
                         });
+        int caught_up = 0;
         while (start.first + elastic.steps_done() < last) {
           const std::int64_t step = start.first + elastic.steps_done();
           const bool leaving = step == leave_at;
           elastic.step(
-              [&](tandem::LocalComm& comm) {
+              [&](Comm& comm) {
+                if (leaving && catch_up.loser >= 0) el::others_applied.await_loser();
                 if (leaving && point == Point::start) throw Leave{};
                 zero.gather(*ddp);
                 ddp->before_forward();
@@ -134,10 +152,12 @@ std::vector<Final> run(int ranks, const Start& start, std::int64_t last,
               [&] {
                 opt.set_lr(0, 0.01 / static_cast<double>(1 + step));  // a schedule, on the shard
                 zero.step();
+                if (elastic.heals() > 0 && elastic.generation() == 0) ++caught_up;
+                if (r != catch_up.loser && step == catch_up.step) el::others_applied.note_applied();
               });
         }
         if (leave_at == last) throw Leave{};  // before the last step's all_gather
-        elastic.settle([&](tandem::LocalComm&) { zero.gather(*ddp); });
+        elastic.settle([&](Comm&) { zero.gather(*ddp); });
         auto& out = finals[static_cast<std::size_t>(r)];
         const auto dict = zero.state_dict();  // collective: the full state
         out.params = bytes_of(params.values().data(), params.numel() * sizeof(float));
@@ -145,6 +165,7 @@ std::vector<Final> run(int ranks, const Start& start, std::int64_t last,
         out.steps = elastic.steps_done();
         out.generation = elastic.generation();
         out.members = elastic.members();
+        out.caught_up = caught_up;
         if (saved && elastic.comm().rank() == 0) {
           *saved = zero.state_dict();
         } else if (saved) {
@@ -166,8 +187,9 @@ std::vector<Final> run(int ranks, const Start& start, std::int64_t last,
 /// Loses `losses` (sorted by step) from `ranks` at `point`, and compares the survivors' end with
 /// the reference: each stretch between losses run undisturbed by the group of that size, started
 /// from the state the stretch before saved.
-template <int Stage>
-void lose_and_compare(int ranks, const std::vector<Loss>& losses, Point point) {
+template <int Stage, class Comm = tandem::LocalComm>
+void lose_and_compare(int ranks, const std::vector<Loss>& losses, Point point,
+                      CatchUp catch_up = {}) {
   constexpr std::int64_t steps = 7;
   std::vector<std::string> errors;
   std::vector<Dict> saved(losses.size());
@@ -190,7 +212,8 @@ void lose_and_compare(int ranks, const std::vector<Loss>& losses, Point point) {
   const auto reference = run<Stage>(size, start, steps, {}, point, errors);
   for (const auto& e : errors) REQUIRE_MESSAGE(e.empty(), e);
 
-  const auto healed = run<Stage>(ranks, {}, steps, losses, point, errors);
+  const auto healed =
+      run<Stage, Comm>(ranks, {}, steps, losses, point, errors, nullptr, nullptr, catch_up);
   for (int r = 0; r < ranks; ++r) {
     CAPTURE(r);
     const auto& e = errors[static_cast<std::size_t>(r)];
@@ -205,6 +228,9 @@ void lose_and_compare(int ranks, const std::vector<Loss>& losses, Point point) {
     CHECK(out.params == reference[0].params);  // bit for bit
     CHECK(out.state == reference[0].state);
     CHECK(out.state.size() > 0);
+  }
+  if (catch_up.loser >= 0) {
+    CHECK(healed[static_cast<std::size_t>(catch_up.loser)].caught_up == 1);
   }
   // The reference's ranks agree with each other too.
   CHECK(reference[0].params == reference[1].params);
@@ -227,6 +253,11 @@ TEST_CASE_TEMPLATE(
   }
   SUBCASE("rank 1 after the last step, before its all_gather (Elastic::settle)") {
     lose_and_compare<Stage::value>(3, {{1, 7}}, Point::start);
+  }
+  SUBCASE("rank 1 loses step 2's commit point, which the others pass; rank 2 leaves in step 3") {
+    // Rank 1 applies step 2 during the heal, with the shard, the replica and (shard<2>) the
+    // gradients it received, before the shards are put together.
+    lose_and_compare<Stage::value, el::CommitLosingComm>(3, {{2, 3}}, Point::start, {1, 2});
   }
   SUBCASE("4 ranks: rank 1 at step 2, then rank 3 (its new ring neighbour keeps it) at step 4") {
     lose_and_compare<Stage::value>(4, {{1, 2}, {3, 4}}, Point::after_reduction);
