@@ -70,7 +70,8 @@ class ElasticZero {
   /// full optimizer state from their shards and replicas (collective over ddp.comm()) and load
   /// them into optimizers sharded for the new group. An Error when two ring neighbours were lost
   /// together (a shard and its only replica) or when a member is new (a replacement: not
-  /// supported under ZeRO yet). Nothing changes when it raises: it can run again.
+  /// supported under ZeRO yet). When it raises (another loss during the heal), the shards it
+  /// holds are kept (the arena's parameters may already be whole): the next heal runs it again.
   template <class Ddp>
   void attach(Ddp& ddp, std::span<const int> members) {
     static_assert(Ddp::shard_stage > 0, "tandem::ElasticZero needs shard<1> or shard<2>");
