@@ -174,10 +174,13 @@ int first_world_size(Group& group) {
 /// Why `backend` (with `zero`, a ZeRO stage, 0 for none) cannot run --elastic, or "".
 inline std::string elastic_problem(const std::string& backend, int zero) {
   if (zero != 0) {
+    // tandem::ElasticZero heals ZeRO, but all-gathers the parameters at the next step's start,
+    // while these loops read them in the step's apply (EMA) and between steps (evaluation).
     return "--elastic with --zero: ZeRO keeps each rank's part of the optimizer state (the "
-           "momentum) on that rank only, so a lost rank takes its part with it and the survivors "
-           "cannot go on exactly; train with plain DDP (no --zero), or use tandemrun "
-           "--max-restarts to restart from checkpoints";
+           "momentum) on that rank only, so a lost rank takes its part with it; this example "
+           "does not step through tandem::ElasticZero, which keeps a replica of it "
+           "(docs/elastic.md, ZeRO), so the survivors cannot go on exactly; train with plain DDP "
+           "(no --zero), or use tandemrun --max-restarts to restart from checkpoints";
   }
   if (backend == "local") {
     return "--elastic with --backend local: threads of one process are lost together with it; "

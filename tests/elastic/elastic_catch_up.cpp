@@ -17,61 +17,16 @@
 #include <utility>
 #include <vector>
 
+#include "elastic/commit_losing_comm.hpp"
 #include "tandem/comm/local/local.hpp"
 #include "tandem/elastic/elastic.hpp"
 #include "tandem/rendezvous/store.hpp"
 
 namespace {
 
-/// Which rank's barrier raises once it has ended, at which of its barrier calls (-1: none).
-thread_local int lose_barrier_end_at = -1;
-thread_local int barriers_seen = 0;
-
-/// The order of events the test needs, without timing: the loser raises only once both others
-/// have applied the step (else its leaving could fail their barrier too), and the leaver leaves
-/// only once the loser has raised (else its leaving could fail the loser's barrier for real, and
-/// the others' too).
-struct Applied {
-  std::mutex mutex;
-  std::condition_variable changed;
-  int count = 0;             // ranks 0 and 2 that have applied the step
-  bool loser_threw = false;  // rank 1 has raised
-};
-Applied others_applied;
-
-/// LocalComm whose barrier can raise after it ended (as if this rank had lost the end of it).
-class CommitLosingComm : public tandem::LocalComm {
- public:
-  using options_type = tandem::LocalCommOptions;
-
-  explicit CommitLosingComm(tandem::LocalComm comm) : LocalComm(std::move(comm)) {}
-
-  static CommitLosingComm rendezvous(const tandem::World& world, tandem::AnyStore& store,
-                                     const options_type& options) {
-    return CommitLosingComm(LocalComm::rendezvous(world, store, options));
-  }
-
-  void barrier() {
-    const int call = barriers_seen++;
-    LocalComm::barrier();
-    if (call == lose_barrier_end_at) {
-      std::unique_lock lock(others_applied.mutex);
-      others_applied.changed.wait_for(lock, std::chrono::seconds(60),
-                                      [] { return others_applied.count == 2; });
-      others_applied.loser_threw = true;
-      others_applied.changed.notify_all();
-      throw tandem::Error(rank(), "barrier", "injected: this rank lost the barrier's end");
-    }
-  }
-
-  std::optional<CommitLosingComm> split(int color, int key) {
-    auto made = LocalComm::split(color, key);
-    if (!made) return std::nullopt;
-    return CommitLosingComm(std::move(*made));
-  }
-};
-
-static_assert(tandem::ProcessGroupBackend<CommitLosingComm>);
+using tandem::test::elastic::CommitLosingComm;
+using tandem::test::elastic::lose_barrier_end_at;
+using tandem::test::elastic::others_applied;
 
 /// Thrown by the rank that leaves.
 struct Leave {};
@@ -112,9 +67,7 @@ TEST_CASE("a survivor that lost the commit point applies the committed step duri
               [&](CommitLosingComm& comm) {
                 const auto step = elastic.steps_done();
                 if (r == leaver && step == committed + 1) {
-                  std::unique_lock lock(others_applied.mutex);
-                  others_applied.changed.wait_for(lock, std::chrono::seconds(60),
-                                                  [] { return others_applied.loser_threw; });
+                  others_applied.await_loser();
                   throw Leave{};
                 }
                 // Each member's gradient is its first rank + 1, times the step: the average says
@@ -123,11 +76,7 @@ TEST_CASE("a survivor that lost the commit point applies the committed step duri
                 comm.all_reduce(grads, tandem::ReduceOp::avg);
               },
               [&] {
-                if (r != 1 && elastic.steps_done() == committed) {
-                  const std::lock_guard lock(others_applied.mutex);
-                  ++others_applied.count;
-                  others_applied.changed.notify_all();
-                }
+                if (r != 1 && elastic.steps_done() == committed) others_applied.note_applied();
                 for (std::size_t i = 0; i < params.size(); ++i) params[i] -= grads[i];
                 ++out.applied;
                 if (elastic.heals() > 0 && elastic.generation() == 0) ++out.caught_up;

@@ -13,7 +13,8 @@ the bounds here only end a hang and are generous for a loaded machine.
 A trial passes when every survivor exits 0 within its bound, each wrote DIR/rank<R>.result, and
 they all say: each step applied exactly once (applied optimizer steps = steps, the same number on
 every survivor), one heal into generation 1 of world-1 members, the same parameters (their hash)
-on every survivor, and every sample of the epoch used exactly once in an applied step (the epoch's
+on every survivor (with --zero: and the full optimizer state, which after the heal equals the state
+before the loss bit for bit), and every sample of the epoch used exactly once in an applied step (the epoch's
 rest is re-split over the survivors; at most world-2 samples repeated, the last split's padding).
 Processes are started here by hand over file:// (a FileStore in the trial's directory, which
 outlives any rank, so the victim may be rank 0), as fault_driver.py's env mode does; with
@@ -69,6 +70,8 @@ def start(args, trial, directory):
     port = fault.free_port()
     if args.env_store:
         wargs += ["--url", "env://"]
+    if args.zero:
+        wargs += ["--zero", str(args.zero)]
 
     def out(name):
         return open(os.path.join(directory, name), "wb")
@@ -149,10 +152,15 @@ def run_trial(args, trial, directory):
             if not text:
                 failures.append(f"rank {r} wrote no result")
                 continue
-            steps, applied, generation, size, digest, heals, heal_us = text.split()
+            steps, applied, generation, size, digest, heals, compared, heal_us = text.split()
             results[r] = (int(steps), int(applied), int(generation), int(size), digest, int(heals),
-                          int(heal_us))
-        for r, (steps, applied, generation, size, digest, heals, _) in results.items():
+                          int(heal_us), int(compared))
+        # --zero: the state after the heal was compared with the one before the loss (the worker
+        # fails when they differ) on some survivor; one whose shadow of the step was cut short
+        # by the loss has nothing to compare with.
+        if args.zero and results and not any(v[7] for v in results.values()):
+            failures.append("no survivor compared its state after the heal with the one before")
+        for r, (steps, applied, generation, size, digest, heals, _, _) in results.items():
             if steps != applied:
                 failures.append(f"rank {r}: {steps} steps done, {applied} optimizer steps applied")
             if generation != 1 or size != args.world - 1 or heals != 1:
@@ -213,6 +221,10 @@ def main():
     parser.add_argument("--bound-s", type=float, default=90.0,
                         help="how long the survivors may take to finish after the fault")
     parser.add_argument("--keep", action="store_true", help="keep each trial's directory")
+    parser.add_argument("--zero", type=int, choices=[0, 1, 2], default=0,
+                        help="train under ZeRO stage 1 or 2 (ElasticZero): the survivors' "
+                             "parameters and full optimizer state must match, and after the heal "
+                             "equal the state before the loss bit for bit")
     parser.add_argument("--env-store", action="store_true",
                         help="meet over env:// (rank 0 hosts a TcpStore) instead of file://; the "
                              "victim is then never rank 0, whose loss takes the store with it")

@@ -17,8 +17,10 @@
 //
 // The ranks meet in a FileStore in DIR (file://), which outlives any rank, so any rank may be the
 // victim. Every rank that finishes writes DIR/rank<R>.result: "steps applied generation size
-// hash heals heal_us" (R its first rank; applied counts the optimizer steps it took; hash is
-// FNV-1a of its parameters' bytes; heal_us how long its last heal took) and DIR/rank<R>.samples
+// hash heals compared heal_us" (R its first rank; applied counts the optimizer steps it took; hash
+// is FNV-1a of its parameters' bytes, and under --zero of the full optimizer state's too;
+// compared counts the heals after which --zero's ShadowCheck compared the state; heal_us how long
+// its last heal took) and DIR/rank<R>.samples
 // (how often each sample of the epoch went into an applied step, counted for every member of the
 // group that reduced the step), and exits 0 when the loss fell; a rank that fails prints its
 // tandem::Error.
@@ -36,9 +38,11 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "elastic/training.hpp"
@@ -51,7 +55,9 @@
 #include "tandem/core/hash.hpp"
 #include "tandem/data/sampler.hpp"
 #include "tandem/ddp/ddp.hpp"
+#include "tandem/ddp/elastic_zero.hpp"
 #include "tandem/elastic/elastic.hpp"
+#include "tandem/optim/sgd.hpp"
 #include "tandem/rendezvous/file_store.hpp"
 #if TANDEM_ELASTIC_WITH_GLOO
 #include "tandem/comm/gloo/gloo.hpp"
@@ -83,6 +89,7 @@ struct Settings {
   int victim = 1;
   std::string dir = ".";
   std::string url;  // empty: file://DIR/store
+  int zero = 0;     // a ZeRO stage (ElasticZero, SGD with momentum), 0: plain DDP and SGD
 };
 
 /// Writes `text` to DIR/name whole (tests/fault/handoff.hpp), so the driver never reads half of it.
@@ -140,13 +147,56 @@ class FaultPlan {
   LocalStop* stop_;
 };
 
+/// --zero: what a survivor checks after each heal, at the step's start: the parameters and the full
+/// optimizer state it holds are, bit for bit, those all ranks held at that step's start before
+/// the loss (the shadow, taken every step: a test's cost), when both are of the same step.
+struct ShadowCheck {
+  std::int64_t steps = -1;
+  std::vector<std::byte> params;
+  std::vector<std::byte> state;
+  int heals_seen = 0;
+  int compared = 0;
+  int differed = 0;
+
+  template <class Elastic, class Zero>
+  void at_step_start(Elastic& elastic, Zero& zero, std::span<const float> values) {
+    const auto params_now = std::as_bytes(values);
+    auto state_now = tandem::test::elastic::state_bytes(zero.state_dict());  // collective
+    if (elastic.heals() != heals_seen) {
+      heals_seen = elastic.heals();
+      if (steps == elastic.steps_done()) {
+        ++compared;
+        if (state_now != state ||
+            !std::equal(params_now.begin(), params_now.end(), params.begin(), params.end())) {
+          ++differed;
+          std::fprintf(stderr,
+                       "elastic_worker: rank %d: after the heal at step %lld the state "
+                       "differs from the one before the loss\n",
+                       elastic.first_rank(), static_cast<long long>(steps));
+        }
+      }
+    }
+    steps = elastic.steps_done();
+    params.assign(params_now.begin(), params_now.end());
+    state = std::move(state_now);
+  }
+};
+
 /// One epoch of ranks * steps * 16 samples under Elastic (steps per rank at the full size: more
 /// after a loss, the epoch's rest re-split over the survivors in the rebuild callback); writes
 /// its result file and the samples each applied step used, every member's. Returns whether the
 /// loss fell.
-template <class Comm>
+/// --zero 1|2: the same under shard<Stage>, stepping an SGD with momentum through ElasticZero (the
+/// next step's start all-gathers the parameters; stage 2 sends each rank's reduced gradients to
+/// the rank that keeps its replica), with the ShadowCheck after each heal; the result's hash
+/// covers the parameters and the full optimizer state.
+template <class Comm, int Stage>
 bool train(tandem::Elastic<Comm>& elastic, const Settings& settings, FaultPlan& plan) {
-  using Ddp = tandem::DistributedDataParallel<Comm, tandem::overlap, tandem::bucket_cap<4096>>;
+  using Plain = tandem::DistributedDataParallel<Comm, tandem::overlap, tandem::bucket_cap<4096>>;
+  using Sharded = tandem::DistributedDataParallel<Comm, tandem::overlap, tandem::bucket_cap<4096>,
+                                                  tandem::shard<std::max(Stage, 1)>>;
+  using Ddp = std::conditional_t<Stage == 0, Plain, Sharded>;
+  using Sgd = tandem::optim::SGD<float>;
   constexpr std::size_t local_batch = 16;
   const auto samples = static_cast<std::size_t>(settings.ranks * settings.steps) * local_batch;
   tandem::test::Mlp<float> model({8, 48, 48, 4}, /*seed=*/7);
@@ -154,11 +204,16 @@ bool train(tandem::Elastic<Comm>& elastic, const Settings& settings, FaultPlan& 
   sampler.set_epoch(0);
   std::size_t taken = 0;  // positions of this rank's list (of the current split) applied
   std::vector<int> used(samples, 0);  // by every member, in the applied steps
+  auto& params = model.params();
+  tandem::ElasticZero<Sgd> zero(params, [&] { return Sgd(params, {.lr = 0.05, .momentum = 0.9}); });
+  ShadowCheck shadow;
   std::optional<Ddp> ddp;
-  ddp.emplace(elastic.comm(), model.params());
+  ddp.emplace(elastic.comm(), params);
+  if constexpr (Stage > 0) zero.attach(*ddp, elastic.members());
   elastic.on_heal([&] { ddp.reset(); },
                   [&](Comm& comm) {
-                    ddp.emplace(comm, model.params());
+                    ddp.emplace(comm, params);
+                    if constexpr (Stage > 0) zero.attach(*ddp, elastic.members());
                     sampler.resplit(comm, taken);  // the epoch's rest over the new members
                     taken = 0;
                   });
@@ -171,6 +226,12 @@ bool train(tandem::Elastic<Comm>& elastic, const Settings& settings, FaultPlan& 
     elastic.step(
         [&](Comm& comm) {
           const int generation = elastic.generation();
+          if constexpr (Stage > 0) {
+            zero.gather(*ddp);
+            const auto values = params.values();
+            shadow.at_step_start(elastic, zero,
+                                 std::span<const float>(values.data(), values.size()));
+          }
           ddp->before_forward();
           model.params().zero_grad();
           plan.at(generation, step, "grads", "before");
@@ -184,6 +245,7 @@ bool train(tandem::Elastic<Comm>& elastic, const Settings& settings, FaultPlan& 
           ddp->finish_gradient_sync();
           plan.at(generation, step, "grads", "passed");
           plan.at(generation, step, "grads", "after");
+          if constexpr (Stage > 0) zero.exchange(*ddp);
           std::vector<double> mean{loss};
           plan.at(generation, step, "loss", "before");
           plan.at(generation, step, "loss", "inside");
@@ -193,7 +255,11 @@ bool train(tandem::Elastic<Comm>& elastic, const Settings& settings, FaultPlan& 
           mean_loss = mean[0];
         },
         [&] {
-          model.sgd_step(0.05f);
+          if constexpr (Stage > 0) {
+            zero.step();
+          } else {
+            model.sgd_step(0.05f);
+          }
           ++applied;
           // The samples of the step, every member's: members() is the group that reduced it.
           const int members = static_cast<int>(elastic.members().size());
@@ -209,7 +275,13 @@ bool train(tandem::Elastic<Comm>& elastic, const Settings& settings, FaultPlan& 
     losses.push_back(mean_loss);
   }
   const auto values = model.params().values();
-  const auto hash = tandem::fnv1a(std::as_bytes(std::span(values.data(), values.size())));
+  auto hash = tandem::fnv1a(std::as_bytes(std::span(values.data(), values.size())));
+  if constexpr (Stage > 0) {
+    elastic.settle([&](Comm&) { zero.gather(*ddp); });  // the last step's parameters
+    const auto state = tandem::test::elastic::state_bytes(zero.state_dict());  // collective
+    hash = tandem::fnv1a(std::as_bytes(std::span(values.data(), values.size()))) ^
+           (tandem::fnv1a(std::span<const std::byte>(state)) * 31);
+  }
   std::string counts;
   for (int n : used) counts += std::to_string(n) + " ";
   publish(settings, "rank" + std::to_string(elastic.first_rank()) + ".samples", counts + "\n");
@@ -217,7 +289,7 @@ bool train(tandem::Elastic<Comm>& elastic, const Settings& settings, FaultPlan& 
           std::to_string(elastic.steps_done()) + " " + std::to_string(applied) + " " +
               std::to_string(elastic.generation()) + " " +
               std::to_string(elastic.members().size()) + " " + std::to_string(hash) + " " +
-              std::to_string(elastic.heals()) + " " +
+              std::to_string(elastic.heals()) + " " + std::to_string(shadow.compared) + " " +
               std::to_string(
                   std::chrono::duration_cast<std::chrono::microseconds>(elastic.last_heal_time())
                       .count()) +
@@ -229,7 +301,16 @@ bool train(tandem::Elastic<Comm>& elastic, const Settings& settings, FaultPlan& 
     return total / static_cast<double>(to - from);
   };
   const std::size_t few = std::min<std::size_t>(4, losses.size() / 2);
+  if (shadow.differed != 0) return false;
   return few == 0 || mean_of(losses.size() - few, losses.size()) < mean_of(0, few);
+}
+
+/// train at the ZeRO stage --zero names.
+template <class Comm>
+bool train_at_stage(tandem::Elastic<Comm>& elastic, const Settings& settings, FaultPlan& plan) {
+  if (settings.zero == 1) return train<Comm, 1>(elastic, settings, plan);
+  if (settings.zero == 2) return train<Comm, 2>(elastic, settings, plan);
+  return train<Comm, 0>(elastic, settings, plan);
 }
 
 std::string store_url(const Settings& settings) {
@@ -251,7 +332,7 @@ int run_threads(const Settings& settings) {
         tandem::Elastic<tandem::LocalComm> elastic(
             tandem::World::single_node(r, settings.ranks), store, options,
             {.window = std::chrono::milliseconds(settings.window_ms)});
-        code = train(elastic, settings, plan) ? 0 : 1;
+        code = train_at_stage(elastic, settings, plan) ? 0 : 1;
       } catch (const VictimExit&) {
         code = 0;  // the fault, not a failure
         return;
@@ -287,7 +368,7 @@ int run_process(const Settings& settings) {
     tandem::Elastic<Comm> elastic(store_url(settings), options,
                                   {.window = std::chrono::milliseconds(settings.window_ms)});
     FaultPlan plan(settings, elastic.first_rank(), /*threads=*/false, nullptr);
-    return train(elastic, settings, plan) ? 0 : 1;
+    return train_at_stage(elastic, settings, plan) ? 0 : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "elastic_worker: rank %d caught: %s\n", me, e.what());
     return 1;
@@ -295,10 +376,11 @@ int run_process(const Settings& settings) {
 }
 
 int usage() {
-  std::fprintf(stderr,
-               "usage: elastic_worker --backend local|gloo|shm|hierarchical --dir DIR [--ranks N]\n"
-               "  [--steps S] [--timeout-ms T] [--window-ms W] [--fault-step S --point "
-               "before|inside|after\n  --target grads|loss --victim V --fault exit|stop]\n");
+  std::fprintf(
+      stderr,
+      "usage: elastic_worker --backend local|gloo|shm|hierarchical --dir DIR [--ranks N]\n"
+      "  [--steps S] [--timeout-ms T] [--window-ms W] [--fault-step S --point "
+      "before|inside|after\n  --target grads|loss --victim V --fault exit|stop] [--zero 1|2]\n");
   return 2;
 }
 
@@ -309,12 +391,15 @@ int main(int argc, char** argv) {
   const std::map<std::string_view, std::string*> words{
       {"--backend", &settings.backend}, {"--dir", &settings.dir},     {"--point", &settings.point},
       {"--target", &settings.target},   {"--fault", &settings.fault}, {"--url", &settings.url}};
-  const std::map<std::string_view, int*> numbers{
-      {"--ranks", &settings.ranks},           {"--steps", &settings.steps},
-      {"--timeout-ms", &settings.timeout_ms}, {"--window-ms", &settings.window_ms},
-      {"--fault-step", &settings.fault_step}, {"--victim", &settings.victim}};
+  const std::map<std::string_view, int*> numbers{{"--ranks", &settings.ranks},
+                                                 {"--steps", &settings.steps},
+                                                 {"--timeout-ms", &settings.timeout_ms},
+                                                 {"--window-ms", &settings.window_ms},
+                                                 {"--fault-step", &settings.fault_step},
+                                                 {"--victim", &settings.victim},
+                                                 {"--zero", &settings.zero}};
   const bool read = tandem::test::elastic::read_settings(argc, argv, words, numbers);
-  if (!read) return usage();
+  if (!read || settings.zero < 0 || settings.zero > 2) return usage();
   if (settings.backend == "local") return run_threads(settings);
 #if TANDEM_ELASTIC_WITH_GLOO
   if (settings.backend == "gloo") return run_process<tandem::GlooComm>(settings);

@@ -1,11 +1,12 @@
 // What tests/elastic's workers (elastic_worker, heal_worker) share: the command line's
 // "--flag value" pairs read into named words and numbers, and the synthetic samples their
-// perceptron trains on, each a function of its index alone.
+// perceptron trains on, each a function of its index alone; an optimizer state's bytes.
 //   if (!tandem::test::elastic::read_settings(argc, argv, words, numbers)) return usage();
 //   auto batch = tandem::test::elastic::batch_of({sampler[0], sampler[1]});
 // Needs: tests/fault/worker.hpp (read_flags) and tests/support/mlp.hpp (make_batch).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -35,6 +36,24 @@ inline bool read_settings(int argc, char** argv,
     *number->second = static_cast<int>(*parsed);
     return true;
   });
+}
+
+/// An optimizer state_dict's bytes (each tensor in the dict's order, then each group's step
+/// count), to compare two states bit for bit.
+template <class Dict>
+std::vector<std::byte> state_bytes(const Dict& dict) {
+  std::vector<std::byte> out;
+  const auto append = [&](const void* data, std::size_t size) {
+    const auto* begin = static_cast<const std::byte*>(data);
+    out.insert(out.end(), begin, begin + size);
+  };
+  for (const auto& [index, entry] : dict.state) {
+    for (const auto& [key, tensor] : entry.tensors) {
+      append(tensor.data(), tensor.size() * sizeof(*tensor.data()));
+    }
+  }
+  for (const auto& group : dict.param_groups) append(&group.step, sizeof(group.step));
+  return out;
 }
 
 /// Samples `indices` of the synthetic data set (8 inputs, 4 outputs; each sample a function of

@@ -46,40 +46,12 @@
 #include "tandem/core/timeout.hpp"
 #include "tandem/core/world.hpp"
 #include "tandem/elastic/membership.hpp"
+#include "tandem/elastic/options.hpp"
 #include "tandem/rendezvous/init_method.hpp"
 #include "tandem/rendezvous/join.hpp"
 #include "tandem/rendezvous/store.hpp"
 
 namespace tandem {
-
-/// How Elastic heals.
-struct ElasticOptions {
-  /// How long a survivor waits in a membership round for members that neither arrived nor are
-  /// known lost (members on another host; a live one that does not come) before the group goes
-  /// on without them. Members on this host whose process is gone or stopped are not waited for.
-  /// Make it longer than a live survivor can take to arrive (its longest step's local work plus
-  /// the detection): one that arrives later is left out and raises.
-  Timeout window = std::chrono::seconds(10);
-  /// Heals allowed over the whole run; one more loss is the job's end (an Error).
-  int max_heals = 16;
-  /// The smallest group that goes on; a heal that leaves fewer members raises.
-  int min_world_size = 1;
-  /// This process replaces a lost member: it joins the running group (at its next step
-  /// boundary) instead of forming generation 0 with the others. The constructors that read the
-  /// environment also set it when TANDEM_ELASTIC_JOIN=1 (tandemrun --elastic --max-restarts sets
-  /// it for the workers it restarts).
-  bool replacement = false;
-  /// How long a replacement waits to be admitted before it raises.
-  Timeout join_timeout = std::chrono::minutes(10);
-  /// How long the survivors of a loss wait, in the heal, for replacements of the members they
-  /// lost before going on without them (0: they do not wait; a replacement joins at a later step
-  /// boundary). Waiting keeps the world size, and with it the run bit for bit the undisturbed
-  /// one (docs/elastic.md).
-  Timeout await_replacement = Timeout::zero();
-  /// Rank 0 looks for waiting replacements (one store lookup) at the commit point of every
-  /// this many steps; the group learns it through the commit point's all-reduce.
-  int join_check_every = 1;
-};
 
 /// One rank of an elastic group over backend B. Not copyable or movable: the callbacks given to
 /// on_heal usually hold references to it. See the top of this header and docs/elastic.md.
@@ -252,6 +224,24 @@ class Elastic {
         last_join_time_ = std::chrono::steady_clock::now() - started;
       } catch (const Error& lost) {  // a loss while admitting: heal (no step is in flight)
         heal(lost, apply);
+      }
+    }
+  }
+
+  /// Runs `work(comm)` between steps: collectives that take no step (no commit point, nothing
+  /// applied, steps_done() unchanged), such as ZeRO's all_gather of the last step's parameters
+  /// (ElasticZero::gather). A loss during it heals the group, and work runs again from the start
+  /// over the new one: it must be safe to repeat. Every member calls it at the same point.
+  template <class Work>
+  void settle(Work&& work) {
+    const auto nothing_to_apply = [] {};
+    for (;;) {
+      reduced_ = false;
+      try {
+        work(comm());
+        return;
+      } catch (const Error& lost) {
+        heal(lost, nothing_to_apply);
       }
     }
   }
@@ -489,6 +479,7 @@ class Elastic {
   template <class Apply>
   void heal(const Error& cause, Apply& apply) {
     const auto started = std::chrono::steady_clock::now();
+    std::string rebuild_failure;  // the last re-forming's Error, should it not have been a loss
     for (;;) {
       if (heals_ >= elastic_.max_heals) {
         throw Error(member_, "elastic heal",
@@ -498,6 +489,10 @@ class Elastic {
       ++heals_;
       abandon(cause);
       const auto arrivals = agree(cause);
+      if (arrivals.size() == members_.size() && !rebuild_failure.empty()) {
+        throw Error(member_, "elastic heal",
+                    "re-forming the group failed with no rank lost: " + rebuild_failure);
+      }
       if (arrivals.size() == members_.size()) {
         throw Error(member_, "elastic heal",
                     "every member failed the step and none was lost, so this is no lost rank: " +
@@ -528,7 +523,7 @@ class Elastic {
         return;
       } catch (const Error& again) {  // another loss while re-forming: heal again
         reduced_ = false;
-        (void)again;
+        rebuild_failure = told(again);
       }
     }
   }

@@ -1,0 +1,280 @@
+// ZeRO under tandem::Elastic (include/tandem/ddp/elastic_zero.hpp), ranks as threads: a rank
+// leaves a ZeRO-1 or ZeRO-2 training with AdamW at a step (before the all_gather of the last
+// step's parameters, after the gradient reduction, or after the replica's gradient exchange); the
+// survivors heal, put the lost shard together from its replica and finish. The claim tested, bit
+// for bit: the parameters and the full optimizer state at the end are those of an undisturbed run
+// that took the steps before the loss at the full size, saved its state, and took the rest at the
+// smaller size from that state (the learning rate set each step on the rank's optimizer, which
+// the replica follows). And two ring neighbours lost together (a shard and its only
+// replica): an Error naming the cause.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "elastic/commit_losing_comm.hpp"
+#include "elastic/training.hpp"
+#include "support/mlp.hpp"
+#include "tandem/comm/local/local.hpp"
+#include "tandem/ddp/ddp.hpp"
+#include "tandem/ddp/elastic_zero.hpp"
+#include "tandem/elastic/elastic.hpp"
+#include "tandem/optim/adamw.hpp"
+#include "tandem/rendezvous/store.hpp"
+
+namespace {
+
+using Opt = tandem::optim::AdamW<float>;
+using Dict = Opt::state_dict_type;
+template <int Stage, class Comm = tandem::LocalComm>
+using Ddp = tandem::DistributedDataParallel<Comm, tandem::overlap, tandem::bucket_cap<512>,
+                                            tandem::shard<Stage>>;
+namespace el = tandem::test::elastic;
+
+/// Where the leaver leaves its step.
+/// start: before the step's first collective, the all_gather of the last step's parameters (so
+/// the leaver's updated parts exist only on it and in its replica).
+enum class Point { start, after_reduction, after_exchange };
+
+/// Thrown by a rank that leaves.
+struct Leave {};
+
+/// The full state a rank ends with: its parameters' bytes and the gathered optimizer state's
+/// (every tensor in the dict's order, then every step count).
+struct Final {
+  std::vector<std::byte> params;
+  std::vector<std::byte> state;
+  std::int64_t steps = 0;
+  int generation = 0;
+  std::vector<int> members;
+  int caught_up = 0;  // steps applied during a heal
+};
+
+std::vector<std::byte> bytes_of(const void* data, std::size_t size) {
+  std::vector<std::byte> out(size);
+  if (size != 0) std::memcpy(out.data(), data, size);
+  return out;
+}
+
+/// A run's start: step `first`, and the state to load there (none: the model's initial values).
+struct Start {
+  std::int64_t first = 0;
+  const std::vector<float>* params = nullptr;
+  const Dict* dict = nullptr;
+};
+
+/// A rank (its first rank) that leaves at a step.
+struct Loss {
+  int rank = 0;
+  std::int64_t step = 0;
+};
+
+/// The rarest path (CommitLosingComm): `loser` loses the end of step `step`'s commit point while
+/// the others pass it and apply the step; the run's loss (at step + 1, Point::start) comes once
+/// it has raised, and it applies the step during the heal.
+struct CatchUp {
+  int loser = -1;
+  std::int64_t step = -1;
+};
+
+/// `ranks` threads train steps [start.first, last) under Elastic with ElasticZero (each rank's
+/// batch a function of the step and its rank in the group); each of `losses` leaves at its step,
+/// at `point` (at step `last`: before the last step's all_gather). Returns each rank's Final (empty
+/// for a leaver) and writes errors[r]; with `saved`, the full state at the end too.
+template <int Stage, class Comm = tandem::LocalComm>
+std::vector<Final> run(int ranks, const Start& start, std::int64_t last,
+                       const std::vector<Loss>& losses, Point point,
+                       std::vector<std::string>& errors, Dict* saved = nullptr,
+                       std::vector<float>* saved_params = nullptr, CatchUp catch_up = {}) {
+  tandem::AnyStore store(tandem::HashStore{});
+  std::vector<Final> finals(static_cast<std::size_t>(ranks));
+  errors.assign(static_cast<std::size_t>(ranks), {});
+  el::others_applied.count = 0;
+  el::others_applied.expected = ranks - 1;
+  el::others_applied.loser_threw = false;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      el::barriers_seen = 0;  // one barrier per step: the commit point
+      el::lose_barrier_end_at = r == catch_up.loser ? static_cast<int>(catch_up.step) : -1;
+      std::int64_t leave_at = -1;
+      for (const auto& loss : losses) leave_at = loss.rank == r ? loss.step : leave_at;
+      try {
+        tandem::Elastic<Comm> elastic(
+            tandem::World::single_node(r, ranks), store,
+            tandem::LocalCommOptions{std::chrono::seconds(120)},
+            {.window = std::chrono::minutes(10)});  // a leaver is known lost: never waited out
+        tandem::test::Mlp<float> model({8, 24, 24, 4}, /*seed=*/7);
+        auto& params = model.params();
+        if (start.params) {
+          std::memcpy(params.values().data(), start.params->data(), params.numel() * sizeof(float));
+        }
+        tandem::ElasticZero<Opt> zero(params, [&] { return Opt(params, {.lr = 0.01}); });
+        std::optional<Ddp<Stage, Comm>> ddp;
+        ddp.emplace(elastic.comm(), params);
+        zero.attach(*ddp, elastic.members());
+        Opt& opt = zero.optimizer();  // the same object across heals
+        if (start.dict) zero.load_state_dict(*start.dict);
+        elastic.on_heal([&] { ddp.reset(); },
+                        [&](Comm& comm) {
+                          ddp.emplace(comm, params);
+                          zero.attach(*ddp, elastic.members());
+                        });
+        int caught_up = 0;
+        while (start.first + elastic.steps_done() < last) {
+          const std::int64_t step = start.first + elastic.steps_done();
+          const bool leaving = step == leave_at;
+          elastic.step(
+              [&](Comm& comm) {
+                if (leaving && catch_up.loser >= 0) el::others_applied.await_loser();
+                if (leaving && point == Point::start) throw Leave{};
+                zero.gather(*ddp);
+                ddp->before_forward();
+                params.zero_grad();
+                constexpr std::size_t batch = 8;
+                const auto samples = tandem::test::make_batch(
+                    3, static_cast<std::size_t>(step),
+                    static_cast<std::size_t>(comm.rank()) * batch, batch, 8, 4);
+                (void)model.forward_backward(samples, 1.0 / batch,
+                                             [&](auto& p) { ddp->grad_ready(p); });
+                ddp->finish_gradient_sync();
+                if (leaving && point == Point::after_reduction) throw Leave{};
+                zero.exchange(*ddp);
+                if (leaving && point == Point::after_exchange) throw Leave{};
+              },
+              [&] {
+                opt.set_lr(0, 0.01 / static_cast<double>(1 + step));  // a schedule, on the shard
+                zero.step();
+                if (elastic.heals() > 0 && elastic.generation() == 0) ++caught_up;
+                if (r != catch_up.loser && step == catch_up.step) el::others_applied.note_applied();
+              });
+        }
+        if (leave_at == last) throw Leave{};  // before the last step's all_gather
+        elastic.settle([&](Comm&) { zero.gather(*ddp); });
+        auto& out = finals[static_cast<std::size_t>(r)];
+        const auto dict = zero.state_dict();  // collective: the full state
+        out.params = bytes_of(params.values().data(), params.numel() * sizeof(float));
+        out.state = tandem::test::elastic::state_bytes(dict);
+        out.steps = elastic.steps_done();
+        out.generation = elastic.generation();
+        out.members = elastic.members();
+        out.caught_up = caught_up;
+        if (saved && elastic.comm().rank() == 0) {
+          *saved = zero.state_dict();
+        } else if (saved) {
+          (void)zero.state_dict();
+        }
+        if (saved_params && elastic.comm().rank() == 0) {
+          saved_params->assign(params.values().data(), params.values().data() + params.numel());
+        }
+      } catch (const Leave&) {
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return finals;
+}
+
+/// Loses `losses` (sorted by step) from `ranks` at `point`, and compares the survivors' end with
+/// the reference: each stretch between losses run undisturbed by the group of that size, started
+/// from the state the stretch before saved.
+template <int Stage, class Comm = tandem::LocalComm>
+void lose_and_compare(int ranks, const std::vector<Loss>& losses, Point point,
+                      CatchUp catch_up = {}) {
+  constexpr std::int64_t steps = 7;
+  std::vector<std::string> errors;
+  std::vector<Dict> saved(losses.size());
+  std::vector<std::vector<float>> saved_params(losses.size());
+  Start start;
+  int size = ranks;
+  int heals = 0;
+  for (std::size_t i = 0; i < losses.size(); ++i) {
+    if (i > 0 && losses[i].step == losses[i - 1].step) {
+      --size;
+      continue;
+    }
+    (void)run<Stage>(size, start, losses[i].step, {}, point, errors, &saved[i], &saved_params[i]);
+    for (const auto& e : errors) REQUIRE_MESSAGE(e.empty(), e);
+    REQUIRE(saved_params[i].size() > 0);
+    start = {losses[i].step, &saved_params[i], &saved[i]};
+    --size;
+    ++heals;
+  }
+  const auto reference = run<Stage>(size, start, steps, {}, point, errors);
+  for (const auto& e : errors) REQUIRE_MESSAGE(e.empty(), e);
+
+  const auto healed =
+      run<Stage, Comm>(ranks, {}, steps, losses, point, errors, nullptr, nullptr, catch_up);
+  for (int r = 0; r < ranks; ++r) {
+    CAPTURE(r);
+    const auto& e = errors[static_cast<std::size_t>(r)];
+    CHECK_MESSAGE(e.empty(), e);
+    if (std::any_of(losses.begin(), losses.end(), [&](const Loss& l) { return l.rank == r; })) {
+      continue;
+    }
+    const auto& out = healed[static_cast<std::size_t>(r)];
+    CHECK(out.steps == steps);
+    CHECK(out.generation == heals);
+    CHECK(out.members.size() == static_cast<std::size_t>(size));
+    CHECK(out.params == reference[0].params);  // bit for bit
+    CHECK(out.state == reference[0].state);
+    CHECK(out.state.size() > 0);
+  }
+  if (catch_up.loser >= 0) {
+    CHECK(healed[static_cast<std::size_t>(catch_up.loser)].caught_up == 1);
+  }
+  // The reference's ranks agree with each other too.
+  CHECK(reference[0].params == reference[1].params);
+  CHECK(reference[0].state == reference[1].state);
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE(
+    "ZeRO-1/2 under Elastic: a lost rank's shard comes back from its replica, exactly", Stage,
+    std::integral_constant<int, 1>, std::integral_constant<int, 2>) {
+  SUBCASE("rank 1 before the parameters' all_gather") {
+    lose_and_compare<Stage::value>(3, {{1, 3}}, Point::start);
+  }
+  SUBCASE("rank 0 after the reduction") {
+    lose_and_compare<Stage::value>(3, {{0, 3}}, Point::after_reduction);
+  }
+  SUBCASE("rank 2 after the exchange") {
+    lose_and_compare<Stage::value>(3, {{2, 3}}, Point::after_exchange);
+  }
+  SUBCASE("rank 1 after the last step, before its all_gather (Elastic::settle)") {
+    lose_and_compare<Stage::value>(3, {{1, 7}}, Point::start);
+  }
+  SUBCASE("rank 1 loses step 2's commit point, which the others pass; rank 2 leaves in step 3") {
+    // Rank 1 applies step 2 during the heal, with the shard, the replica and (shard<2>) the
+    // gradients it received, before the shards are put together.
+    lose_and_compare<Stage::value, el::CommitLosingComm>(3, {{2, 3}}, Point::start, {1, 2});
+  }
+  SUBCASE("4 ranks: rank 1 at step 2, then rank 3 (its new ring neighbour keeps it) at step 4") {
+    lose_and_compare<Stage::value>(4, {{1, 2}, {3, 4}}, Point::after_reduction);
+  }
+  SUBCASE("5 ranks: ranks 1 and 3 together (not neighbours) at step 2") {
+    lose_and_compare<Stage::value>(5, {{1, 2}, {3, 2}}, Point::start);
+  }
+}
+
+TEST_CASE("ZeRO under Elastic: two ring neighbours lost together is an Error naming the cause") {
+  std::vector<std::string> errors;
+  // Both leave before the step's first collective: neither can see the other's loss first.
+  (void)run<1>(4, {}, 5, {{1, 2}, {2, 2}}, Point::start, errors);
+  for (int r : {0, 3}) {
+    CAPTURE(r);
+    CHECK_MESSAGE(
+        errors[static_cast<std::size_t>(r)].find("were lost together") != std::string::npos,
+        errors[static_cast<std::size_t>(r)]);
+  }
+}
