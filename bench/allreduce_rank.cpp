@@ -92,6 +92,9 @@ struct Impl {
   /// Where set, the implementation is a reference, not an all_reduce (memcpy): its check is
   /// this, on the buffer after one call, instead of the sum.
   std::function<bool(std::span<const float>)> verify = {};
+  /// Where set, runs on the buffer before each timed call, outside the time (a backward pass
+  /// writing the gradients: they are then in this rank's cache, not the reducer's).
+  std::function<void(float*, std::size_t)> prepare = {};
 };
 
 /// What the timing loop needs from the job: who we are, and the maximum over ranks of a vector.
@@ -164,6 +167,7 @@ void measure(std::vector<Impl>& impls, const Job& job, const Settings& settings)
         Impl& impl = impls[which];
         float* const data = buffer_of(impl).data();
         for (auto& sample : samples) {
+          if (impl.prepare) impl.prepare(data, count);
           impl.barrier();
           const auto start = clock_type::now();
           impl.all_reduce(data, count);
@@ -331,9 +335,11 @@ int run_shm(const Settings& settings) {
   auto store = comm.store();
   auto sleeper = tandem::ShmComm::rendezvous(world, store, {.spin = std::chrono::microseconds(0)});
   // One block for every size, allocated (collectively) only where tandem-shm-segment runs.
-  const bool segment_wanted =
-      settings.impls.empty() || std::find(settings.impls.begin(), settings.impls.end(),
-                                          "tandem-shm-segment") != settings.impls.end();
+  const bool segment_wanted = settings.impls.empty() ||
+                              std::find(settings.impls.begin(), settings.impls.end(),
+                                        "tandem-shm-segment") != settings.impls.end() ||
+                              std::find(settings.impls.begin(), settings.impls.end(),
+                                        "tandem-shm-segment-written") != settings.impls.end();
   // tandem-shm-segment-spin: the same on a group whose waiters poll for 50 us before they sleep
   // (ShmComm's default only where there are 4 CPUs per rank).
   auto spinner = tandem::ShmComm::rendezvous(world, store, {.spin = std::chrono::microseconds(50)});
@@ -365,6 +371,16 @@ int run_shm(const Settings& settings) {
                    comm.all_reduce(std::span<float>(p, n), tandem::ReduceOp::sum);
                  },
                  [&](std::size_t) { return reinterpret_cast<float*>(block.data); }});
+  // The same, where each rank writes its whole tensor before each call (untimed), as a backward
+  // pass writes the gradients: the reducer then reads the peers' shares from their caches.
+  all.push_back({"tandem-shm-segment-written",
+                 [&] { comm.barrier(); },
+                 [&](float* p, std::size_t n) {
+                   comm.all_reduce(std::span<float>(p, n), tandem::ReduceOp::sum);
+                 },
+                 [&](std::size_t) { return reinterpret_cast<float*>(block.data); },
+                 {},
+                 [](float* p, std::size_t n) { std::fill(p, p + n, 0.0f); }});
   all.push_back({"tandem-shm-segment-spin", [&] { spinner.barrier(); },
                  [&](float* p, std::size_t n) {
                    spinner.all_reduce(std::span<float>(p, n), tandem::ReduceOp::sum);

@@ -3,11 +3,13 @@
 // block gives the bits of the slots' path on every rank, at sizes around the chunk and share
 // boundaries, at offsets that break the alignment, in every type and operation, sync and async;
 // ranks that pass tensors in different places, or ask for blocks of different sizes, all raise
-// the same Error and the group goes on; nothing is left in /dev/shm; a block outlives its group.
+// the same Error and the group goes on; nothing is left in /dev/shm; a block outlives its group;
+// the sum kernel's variants (SSE2, AVX2) give reduce_range's bits.
 #include <doctest/doctest.h>
 
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -101,7 +103,74 @@ void check_block_bits(tandem::ShmComm& group) {
   failures.report();
 }
 
+/// Each instruction set's variant of the block's sum kernel (and the dispatch between them)
+/// against reduce_range, bit for bit, on N parts: counts around a cache line, starts off it.
+/// The tests build without optimisation, so the multi-rank bits above run the kernel's loops
+/// unvectorised; this runs every variant that this CPU has, whatever the build.
+template <std::size_t N, class T>
+void check_sum_kernels(tandem::test::Failures& failures) {
+  using namespace tandem::detail::shm;
+  for (const std::size_t begin : {std::size_t{0}, std::size_t{1}, std::size_t{3}}) {
+    for (const std::size_t count :
+         {std::size_t{1}, std::size_t{15}, std::size_t{16}, std::size_t{17}, std::size_t{1000}}) {
+      for (const bool average : {false, true}) {
+        const std::size_t end = begin + count;
+        std::vector<std::vector<T>> inputs;
+        std::vector<const T*> sources;
+        for (std::size_t k = 0; k < N; ++k) inputs.push_back(values<T>(static_cast<int>(k), end));
+        for (const auto& input : inputs) sources.push_back(input.data());
+        std::vector<T> want(end);
+        tandem::detail::reduce_range(want.data(), sources, begin, end,
+                                     average ? tandem::ReduceOp::avg : tandem::ReduceOp::sum);
+        for (int variant = 0; variant < 3; ++variant) {
+          auto parts = inputs;
+          std::vector<T*> pointers;
+          std::array<T*, N> to{};
+          for (std::size_t k = 0; k < N; ++k) to[k] = parts[k].data();
+          for (auto& part : parts) pointers.push_back(part.data());
+          if (variant == 0) sum_into_parts<N>(pointers, begin, end, average);
+          if (variant == 1) sum_into_parts_baseline<N>(to, begin, end, average);
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+          if (variant == 2 && __builtin_cpu_supports("avx2")) {
+            sum_into_parts_avx2<N>(to, begin, end, average);
+          } else if (variant == 2) {
+            continue;
+          }
+#else
+          if (variant == 2) continue;
+#endif
+          for (std::size_t k = 0; k < N; ++k) {
+            failures.expect(
+                std::memcmp(parts[k].data() + begin, want.data() + begin, count * sizeof(T)) == 0,
+                "sum kernel variant ", variant, " on ", N, " parts of ",
+                tandem::name(tandem::dtype_of<T>), " begin ", begin, " count ", count,
+                average ? " avg" : " sum", ": part ", k, " differs from reduce_range");
+          }
+        }
+      }
+    }
+  }
+}
+
+template <class T>
+void check_sum_kernels(tandem::test::Failures& failures) {
+  check_sum_kernels<2, T>(failures);
+  check_sum_kernels<3, T>(failures);
+  check_sum_kernels<4, T>(failures);
+  check_sum_kernels<5, T>(failures);
+  check_sum_kernels<6, T>(failures);
+  check_sum_kernels<7, T>(failures);
+  check_sum_kernels<8, T>(failures);
+}
+
 }  // namespace
+
+TEST_CASE("ShmComm: the block's sum kernels give reduce_range's bits in every variant") {
+  tandem::test::Failures failures;
+  check_sum_kernels<float>(failures);
+  check_sum_kernels<double>(failures);
+  failures.report();
+}
 
 TEST_CASE("ShmComm: an all_reduce in a shared block gives the slots' bits, on groups of 1 to n") {
   check_block_bits(comm());

@@ -35,9 +35,10 @@
 // - Shared blocks (allocate_shared, the SharedMemoryComm concept; DistributedDataParallel puts
 //   its gradients in one): a POSIX object per allocation, made as the segment is, a part per
 //   rank. An in-place all_reduce of more than 64 KiB of a tensor in a block, at the same offset
-//   on every rank, needs no copy in: each rank reduces its 1/n share from every part into its
-//   own in 64 KiB chunks, counting each, and copies the peers' chunks as they count them (two
-//   barriers). Ranks whose tensors lie in different places all raise the same Error
+//   on every rank, needs no copy in and no copy out: between two barriers each rank reduces its
+//   1/n share from every part and writes the result into every part, then takes the chunks of
+//   the peers' shares they have not claimed yet (a chunk of any part is touched by the rank
+//   that claimed it only). Ranks whose tensors lie in different places all raise the same Error
 //   (detail/in_block.hpp).
 // - The barrier: each rank counts its arrivals in its record. A waiter polls for a while
 //   (options.spin: 50 us where the machine has 4 CPUs per rank, else none), then sleeps on the

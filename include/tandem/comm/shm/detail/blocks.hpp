@@ -1,7 +1,8 @@
 // tandem/comm/shm/detail/blocks.hpp - the shared blocks of a ShmComm group (ShmComm::
 // allocate_shared): one POSIX object per allocation, holding one part per rank, mapped whole by
 // every rank; the registry that tells whether a tensor lies in this rank's part of one (and
-// where); and the copy with non-temporal stores that the all_reduce in a block finishes with.
+// where); and the reduction of the all_reduce in a block, which writes its result into every
+// rank's part.
 //   if (auto found = blocks.find(out, bytes)) { ... found->part(peer) + found->at ... }
 // Needs: Linux (through segment.hpp). Not a public header: detail/engine.hpp holds a Blocks.
 #pragma once
@@ -21,26 +22,16 @@
 #include "tandem/comm/detail/reduction.hpp"
 #include "tandem/comm/shm/detail/segment.hpp"
 
-#if defined(__x86_64__)
-#include <emmintrin.h>
-#endif
-
 namespace tandem::detail::shm {
 
 /// Up to this many bytes an all_reduce in a block takes the slots' path even so: one barrier and
-/// a small copy in cost less than the block's two barriers and chunk counts (measured: 14 us
-/// against 20 us at 64 KiB, 36 us against 29 us at 128 KiB; bench/results/shm-allreduce.md).
+/// a small copy in cost less than the block's two barriers (measured: 14 us against 20 us at 64
+/// KiB, 36 us against 29 us at 128 KiB; bench/results/shm-allreduce.md).
 inline constexpr std::size_t in_block_most_slot_bytes = std::size_t{64} << 10;
-/// In an all_reduce of a tensor of at least this many bytes the copies of the peers' shares
-/// bypass the cache (non-temporal stores): the parts of every rank then pass the last-level
-/// cache (32 MiB here) and the tensor is not read from it again, so the stores need not read
-/// the destination's lines first. Below it, the tensor stays in the cache for whoever reads it
-/// next (the optimizer). On the loaded 2-core machine of bench/results/shm-allreduce.md the
-/// difference was within the noise at 1 to 64 MiB.
-inline constexpr std::size_t streaming_copy_bytes = std::size_t{16} << 20;
-/// A rank reduces its share in chunks of this many bytes, and counts each one done in its record
-/// (RankState::reduced); the peers copy a chunk as soon as it is counted, while it is still in
-/// the cache, instead of waiting for every share behind a barrier.
+/// The all_reduce in a block hands out the shares in chunks of this many bytes (a rank done with
+/// its own share takes the chunks of a peer's that are left), and looks for a failure recorded
+/// by another rank (or an abort) before each: a rank that was stopped past the others' timeout
+/// stops writing into their parts within a chunk of running again.
 inline constexpr std::size_t block_chunk_bytes = std::size_t{64} << 10;
 
 /// One block: `parts` parts of `part_bytes` bytes, rank r's at base + r * part_bytes.
@@ -101,94 +92,106 @@ class Blocks {
   std::uint64_t next_id_ = 1;
 };
 
-/// dst[i] = parts[0][i] + ... + parts[N-1][i] (divided by N for `average`) for i in [begin,
-/// end), one pass per element; dst may be one of the parts (each element is read before it is
-/// written).
+/// For i in [begin, end): every part's element i becomes parts[0][i] + ... + parts[N-1][i]
+/// (divided by N for `average`) - reduce_range's additions in the same (rank) order and its
+/// division, so its bits. A cache line of every part at a time, read whole into an accumulator
+/// before any part is written: fixed-length loops the compiler vectorises although the parts
+/// are written as well as read. Inlined into each instruction set's variant below.
 template <std::size_t N, class T>
-void sum_parts(T* dst, const std::vector<const T*>& parts, std::size_t begin, std::size_t end,
-               bool average) {
-  std::array<const T*, N> from{};
-  std::copy_n(parts.begin(), N, from.begin());
+[[gnu::always_inline]] inline void sum_into_parts_lines(const std::array<T*, N>& to,
+                                                        std::size_t begin, std::size_t end,
+                                                        bool average) {
   const auto ranks = static_cast<T>(N);
-  for (std::size_t i = begin; i < end; ++i) {
-    T acc = from[0][i];
-    for (std::size_t k = 1; k < N; ++k) acc = acc + from[k][i];
-    dst[i] = average ? acc / ranks : acc;
+  constexpr std::size_t lanes = 64 / sizeof(T);
+  std::size_t i = begin;
+  for (; i + lanes <= end; i += lanes) {
+    T acc[lanes];
+    for (std::size_t l = 0; l < lanes; ++l) acc[l] = to[0][i + l];
+    for (std::size_t k = 1; k < N; ++k) {
+      for (std::size_t l = 0; l < lanes; ++l) acc[l] = acc[l] + to[k][i + l];
+    }
+    if (average) {
+      for (std::size_t l = 0; l < lanes; ++l) acc[l] = acc[l] / ranks;
+    }
+    for (std::size_t k = 0; k < N; ++k) {
+      for (std::size_t l = 0; l < lanes; ++l) to[k][i + l] = acc[l];
+    }
+  }
+  for (; i < end; ++i) {
+    T acc = to[0][i];
+    for (std::size_t k = 1; k < N; ++k) acc = acc + to[k][i];
+    if (average) acc = acc / ranks;
+    for (std::size_t k = 0; k < N; ++k) to[k][i] = acc;
   }
 }
 
-/// reduce_range (comm/detail/reduction.hpp) over the parts of a block. Sum and avg of float and
-/// double over 2 to 8 parts run as one pass per element - the same additions in the same (rank)
-/// order and the same division, so the same bits (the tests compare them), at 3 to 4 times the
-/// speed of reduce_range's tiles, which copy each tile through an accumulator (the reduction is
-/// what limits an all_reduce in a block); everything else is reduce_range's.
+/// sum_into_parts_lines for the baseline instruction set (SSE2 on x86-64).
+template <std::size_t N, class T>
+void sum_into_parts_baseline(const std::array<T*, N>& to, std::size_t begin, std::size_t end,
+                             bool average) {
+  sum_into_parts_lines<N>(to, begin, end, average);
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+/// The same with 32-byte vectors, where the CPU has AVX2: the loop is bound by its stores, not
+/// by the caches (measured on the 2-CPU EPYC of bench/results/shm-allreduce-2.md: 4 MiB of two
+/// parts in 143 us with SSE2, 90 us with AVX2, one core). Additions and divisions of single
+/// elements, as in SSE2: the same bits (no FMA: nothing is multiplied).
+template <std::size_t N, class T>
+[[gnu::target("avx2")]] void sum_into_parts_avx2(const std::array<T*, N>& to, std::size_t begin,
+                                                 std::size_t end, bool average) {
+  sum_into_parts_lines<N>(to, begin, end, average);
+}
+#endif
+
+/// sum_into_parts_lines over `parts`, with the widest vectors this CPU has.
+template <std::size_t N, class T>
+void sum_into_parts(const std::vector<T*>& parts, std::size_t begin, std::size_t end,
+                    bool average) {
+  std::array<T*, N> to{};
+  std::copy_n(parts.begin(), N, to.begin());
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  static const bool avx2 = __builtin_cpu_supports("avx2") != 0;
+  if (avx2) return sum_into_parts_avx2<N>(to, begin, end, average);
+#endif
+  sum_into_parts_baseline<N>(to, begin, end, average);
+}
+
+/// reduce_range (comm/detail/reduction.hpp) of [begin, end) of the parts, written into every
+/// part. Sum and avg of float and double over 2 to 8 parts run as one pass (sum_into_parts);
+/// everything else is reduce_range into this rank's part (`mine`), then copied into the others.
+/// Either way reduce_range's bits (the tests compare them).
 template <class T>
-void reduce_parts(T* dst, const std::vector<const T*>& parts, std::size_t begin, std::size_t end,
-                  ReduceOp op) {
+void reduce_into_parts(const std::vector<T*>& parts, std::size_t mine, std::size_t begin,
+                       std::size_t end, ReduceOp op) {
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
     if (op == ReduceOp::sum || op == ReduceOp::avg) {
       const bool average = op == ReduceOp::avg;
       switch (parts.size()) {
         case 2:
-          return sum_parts<2>(dst, parts, begin, end, average);
+          return sum_into_parts<2>(parts, begin, end, average);
         case 3:
-          return sum_parts<3>(dst, parts, begin, end, average);
+          return sum_into_parts<3>(parts, begin, end, average);
         case 4:
-          return sum_parts<4>(dst, parts, begin, end, average);
+          return sum_into_parts<4>(parts, begin, end, average);
         case 5:
-          return sum_parts<5>(dst, parts, begin, end, average);
+          return sum_into_parts<5>(parts, begin, end, average);
         case 6:
-          return sum_parts<6>(dst, parts, begin, end, average);
+          return sum_into_parts<6>(parts, begin, end, average);
         case 7:
-          return sum_parts<7>(dst, parts, begin, end, average);
+          return sum_into_parts<7>(parts, begin, end, average);
         case 8:
-          return sum_parts<8>(dst, parts, begin, end, average);
+          return sum_into_parts<8>(parts, begin, end, average);
         default:
           break;
       }
     }
   }
-  reduce_range(dst, parts, begin, end, op);
-}
-
-/// memcpy of `bytes` bytes; `streaming` (the tensor is large: streaming_copy_bytes) with
-/// non-temporal stores where both ends have the same alignment (the same offset in two parts of
-/// a block: always): the destination's lines are not read first, and the copy does not evict
-/// what the cache holds.
-inline void copy_bytes(const std::byte* from, std::byte* to, std::size_t bytes,
-                       bool streaming) noexcept {
-#if defined(__x86_64__)
-  const auto misaligned = reinterpret_cast<std::uintptr_t>(from) % 16;
-  if (streaming && bytes >= 64 && misaligned == reinterpret_cast<std::uintptr_t>(to) % 16) {
-    if (misaligned) {  // up to the first aligned byte as it is
-      const std::size_t head = 16 - misaligned;
-      std::memcpy(to, from, head);
-      from += head;
-      to += head;
-      bytes -= head;
-    }
-    const std::size_t blocks = bytes / 64;
-    const auto* source = reinterpret_cast<const __m128i*>(from);
-    auto* target = reinterpret_cast<__m128i*>(to);
-    for (std::size_t i = 0; i < blocks; ++i, source += 4, target += 4) {
-      const __m128i a = _mm_load_si128(source);
-      const __m128i b = _mm_load_si128(source + 1);
-      const __m128i c = _mm_load_si128(source + 2);
-      const __m128i d = _mm_load_si128(source + 3);
-      _mm_stream_si128(target, a);
-      _mm_stream_si128(target + 1, b);
-      _mm_stream_si128(target + 2, c);
-      _mm_stream_si128(target + 3, d);
-    }
-    _mm_sfence();  // the stores are seen before the barrier that publishes them
-    const std::size_t done = blocks * 64;
-    if (done < bytes) std::memcpy(to + done, from + done, bytes - done);
-    return;
+  const std::vector<const T*> sources(parts.begin(), parts.end());
+  reduce_range(parts[mine], sources, begin, end, op);
+  for (std::size_t k = 0; k < parts.size(); ++k) {
+    if (k != mine) std::memcpy(parts[k] + begin, parts[mine] + begin, (end - begin) * sizeof(T));
   }
-#else
-  (void)streaming;
-#endif
-  if (bytes) std::memcpy(to, from, bytes);
 }
 
 }  // namespace tandem::detail::shm

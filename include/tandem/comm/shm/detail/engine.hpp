@@ -83,8 +83,7 @@ class Engine : public IssueOrder, public Peers {
         options_(options),
         spin_(resolve_spin(options.spin, layout.size)),
         inboxes_(static_cast<std::size_t>(layout.size)),
-        sent_(static_cast<std::size_t>(layout.size), 0),
-        reduced_(static_cast<std::size_t>(layout.size), 0) {
+        sent_(static_cast<std::size_t>(layout.size), 0) {
     ranks_[rank_].pid_namespace.store(pid_space_);
     ranks_[rank_].pid.store(::getpid());
     ranks_[rank_].locked.store(segment_.locked() ? 1 : 0);
@@ -119,7 +118,7 @@ class Engine : public IssueOrder, public Peers {
     const std::size_t bytes = count * sizeof(T);
     if (in == out && bytes > in_block_most_slot_bytes && size_ > 1) {
       if (auto where = blocks_.find(out, bytes, rank_)) {
-        return all_reduce_in_block(out, count, op, *where);
+        return all_reduce_in_block<T>(count, op, *where);
       }
     }
     std::vector<T> copy;
@@ -528,14 +527,12 @@ class Engine : public IssueOrder, public Peers {
 
   // --- tensors in a shared block (detail/in_block.hpp) ----------------------------------------
 
-  /// all_reduce in place of a tensor that lies in a shared block on every rank.
+  /// all_reduce in place of `count` elements that lie in a shared block on every rank.
   template <class T>
-  void all_reduce_in_block(T* data, std::size_t count, ReduceOp op, const InBlock& where);
+  void all_reduce_in_block(std::size_t count, ReduceOp op, const InBlock& where);
   /// After an all_reduce's first barrier: every rank's tensor lies in the same place (the same
   /// block and offset, or no block), else every rank raises the same tandem::Error.
   void check_places(const Place& mine) const;
-  /// Waits until rank r has reduced `chunks` chunks of its shares (RankState::reduced).
-  void wait_reduced(int r, std::uint64_t chunks);
 
   AnyStore store_;
   std::string name_;  ///< this group's prefix in the store; splits extend it
@@ -551,8 +548,7 @@ class Engine : public IssueOrder, public Peers {
   std::vector<Inbox> inboxes_;       ///< per source rank
   std::vector<std::uint64_t> sent_;  ///< per destination: bytes written to its ring
   std::map<std::int64_t, std::deque<Message>> to_self_;
-  std::vector<std::uint64_t> reduced_;  ///< per rank: its `reduced` count before this operation
-  Blocks blocks_;                       ///< this group's shared blocks (allocate_shared)
+  Blocks blocks_;  ///< this group's shared blocks (allocate_shared)
 };
 
 }  // namespace tandem::detail::shm

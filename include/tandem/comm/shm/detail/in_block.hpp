@@ -2,7 +2,7 @@
 // object per allocation, a part per rank, made like the group's segment: a random name, sized
 // to what /dev/shm has free, locked by every rank that maps it, unlinked once all have) and the
 // all_reduce of a tensor that lies in one on every rank: each rank reduces its share straight
-// from the peers' parts into its own, then copies the others' reduced shares - no copy in.
+// from the peers' parts and writes it into every part - no copy in, no copy out.
 //   SharedBlock block = engine.allocate_shared(bytes);   engine.all_reduce(p, p, n, op);
 // Needs: Linux (through segment.hpp). Not a public header: detail/engine.hpp declares these
 // members and shm.hpp includes this header. The design: docs/backends.md, "Buckets in the
@@ -118,87 +118,55 @@ inline void Engine::check_places(const Place& mine) const {
                   "rank's tensor at the same place of one");
 }
 
-inline void Engine::wait_reduced(int r, std::uint64_t chunks) {
-  const std::atomic<std::uint64_t>& reduced = ranks_[r].reduced;
-  if (reduced.load(std::memory_order_acquire) >= chunks) return;
-  wait([&] { return reduced.load(std::memory_order_acquire) >= chunks; },
-       [&] { return std::vector<int>{r}; },
-       [&] {
-         return "timed out after " + describe(options_.timeout) + " waiting for rank " +
-                std::to_string(r) + " to reduce its share";
-       });
-}
-
-/// Two barriers and a count per chunk: after the first barrier every rank's tensor is ready (and
+/// Two barriers, and no wait between them: after the first, every rank's tensor is ready (and
 /// the calls and places agree); each rank reduces its share (1/n of the elements) chunk by chunk
-/// from every rank's part into its own, counting each chunk done in its record, and copies each
-/// peer's chunks into its own part as that peer counts them - one of each peer's that is ready,
-/// then one of its own, so that it never waits while it has work, and copies a chunk while the
-/// peer's cache still holds it where the ranks keep pace; the last barrier ends it, so that no
-/// rank writes its part again (the next backward pass, the next collective) while a peer still
-/// reads it. A rank writes only its own part: its share in place (no other rank reads that share
-/// of it), and a peer's share chunk by chunk once that peer has finished reading it (it counts a
-/// chunk after reading every part's). The reduction is LocalComm's arithmetic, in rank order,
-/// element by element (reduce_parts): the bits of the slots' path on every rank.
+/// from every rank's part, in rank order, and writes the result into every rank's part - a chunk
+/// of any part is read and written by the rank that claimed it only - then claims what is left
+/// of the peers' shares, so that a rank the scheduler has not run yet (ranks that share CPUs
+/// with other work) finds its share done instead of holding up the others; the second barrier
+/// ends it once every part holds every chunk (and no rank writes its part again - the next
+/// backward pass - while a peer still reads it). Per byte reduced a rank reads each part's once
+/// and writes each part's once, where a reduction into its own part and a copy of the peers'
+/// shares out of theirs read the peers' shares a second time (bench/results/
+/// shm-allreduce-2.md). Who reduces a chunk changes nothing in it: the arithmetic is
+/// LocalComm's, in rank order, element by element (reduce_into_parts), the bits of the slots'
+/// path on every rank. Before each chunk a rank looks for a failure another rank recorded (or
+/// an abort), so that one stopped past the others' timeout and then resumed raises instead of
+/// going on writing into their parts.
 template <class T>
-void Engine::all_reduce_in_block(T* data, std::size_t count, ReduceOp op, const InBlock& where) {
+void Engine::all_reduce_in_block(std::size_t count, ReduceOp op, const InBlock& where) {
   const Place mine{where.id, where.at};
   const std::size_t chunk = std::max<std::size_t>(1, block_chunk_bytes / sizeof(T));
-  const bool streaming = count * sizeof(T) >= streaming_copy_bytes;
-  const auto n = static_cast<std::size_t>(size_);
-  const auto me = static_cast<std::size_t>(rank_);
   rounds(make_fingerprint<T>(Op::all_reduce, 0, count, 0, op), count, count,
          [&](std::size_t, std::size_t, const Call* call) {
            ranks_[rank_].places[half_] = mine;
+           // No peer claims a chunk of this operation before this arrival, nor one of the last
+           // operation after it: both ends are barriers.
+           ranks_[rank_].claimed.store(0, std::memory_order_relaxed);
            arrive(call);
            check_places(mine);
-           std::vector<const T*> parts;
-           std::vector<std::size_t> firsts(n);  // rank r's share starts here ...
-           std::vector<std::size_t> chunks(n);  // ... and has this many chunks
-           std::vector<std::size_t> taken(n);   // chunks of rank r's share this rank has
-           parts.reserve(n);
-           std::size_t left = 0;  // chunks to reduce or copy
-           for (std::size_t r = 0; r < n; ++r) {
-             parts.push_back(where.part<T>(static_cast<int>(r)));
-             const auto [first, last] = share(static_cast<int>(r), count);
-             firsts[r] = first;
-             chunks[r] = (last - first + chunk - 1) / chunk;
-             left += chunks[r];
-           }
-           const auto piece = [&](std::size_t r, std::size_t j) {
-             const std::size_t at = firsts[r] + j * chunk;
-             const std::size_t last = share(static_cast<int>(r), count).second;
-             return std::pair{at, std::min(last, at + chunk)};
-           };
-           const auto ready = [&](std::size_t r) {
-             return ranks_[r].reduced.load(std::memory_order_acquire) >= reduced_[r] + taken[r] + 1;
-           };
-           while (left > 0) {
-             bool moved = false;
-             for (std::size_t r = 0; r < n; ++r) {
-               if (r == me || taken[r] == chunks[r] || !ready(r)) continue;
-               const auto [at, end] = piece(r, taken[r]++);
-               copy_bytes(reinterpret_cast<const std::byte*>(parts[r] + at),
-                          reinterpret_cast<std::byte*>(data + at), (end - at) * sizeof(T),
-                          streaming);
-               --left;
-               moved = true;
-             }
-             if (taken[me] < chunks[me]) {
-               const auto [at, end] = piece(me, taken[me]++);
-               reduce_parts(data, parts, at, end, op);
-               ranks_[rank_].reduced.store(reduced_[me] + taken[me], std::memory_order_release);
-               notify();
-               --left;
-             } else if (!moved && left > 0) {  // nothing of its own left: wait for a peer's chunk
-               for (std::size_t r = 0; r < n; ++r) {
-                 if (r == me || taken[r] == chunks[r]) continue;
-                 wait_reduced(static_cast<int>(r), reduced_[r] + taken[r] + 1);
-                 break;
+           std::vector<T*> parts;
+           parts.reserve(static_cast<std::size_t>(size_));
+           for (int r = 0; r < size_; ++r) parts.push_back(where.part<T>(r));
+           const auto me = static_cast<std::size_t>(rank_);
+           for (int k = 0; k < size_; ++k) {  // its own share first, then the peers' in turn
+             const int r = (rank_ + k) % size_;
+             const auto [first, last] = share(r, count);
+             const std::size_t chunks = (last - first + chunk - 1) / chunk;
+             std::atomic<std::uint64_t>& claimed = ranks_[r].claimed;
+             // A peer's count is read before it is added to: once its share is all claimed, the
+             // line stays in its owner's cache.
+             while (k == 0 || claimed.load(std::memory_order_relaxed) < chunks) {
+               const std::uint64_t c = claimed.fetch_add(1, std::memory_order_relaxed);
+               if (c >= chunks) break;
+               if (control_->broken.load(std::memory_order_acquire) != 0 ||
+                   control_->aborted_by.load(std::memory_order_acquire) != 0) {
+                 fail(trouble({}));
                }
+               const std::size_t at = first + static_cast<std::size_t>(c) * chunk;
+               reduce_into_parts(parts, me, at, std::min(last, at + chunk), op);
              }
            }
-           for (std::size_t r = 0; r < n; ++r) reduced_[r] += chunks[r];
            arrive(nullptr);
          });
 }

@@ -43,7 +43,7 @@
 namespace tandem::detail::shm {
 
 inline constexpr std::uint64_t segment_magic = 0x746e'6465'6d73'686dULL;
-inline constexpr std::uint32_t layout_version = 3;  // 3: places, reduced
+inline constexpr std::uint32_t layout_version = 4;  // 3: places, reduced; 4: claimed
 /// Bytes of the ring that carries one ordered pair's sends, where /dev/shm has room for it...
 inline constexpr std::size_t default_ring_bytes = std::size_t{64} << 10;
 /// ... and the least it may shrink to (a group's rings take n x n of them).
@@ -105,11 +105,12 @@ struct alignas(64) RankState {
   std::atomic<std::uint64_t> pid_namespace{0};  ///< where `pid` means something (see pid_space)
   std::atomic<std::uint32_t> left{0};           ///< its communicator is destroyed
   std::atomic<std::uint32_t> locked{0};  ///< it holds its lock (Segment::lock_rank) while alive
-  /// Chunks of its shares this rank has reduced in shared blocks, over the group's life
-  /// (detail/in_block.hpp: a peer copies a chunk once it is counted here).
-  std::atomic<std::uint64_t> reduced{0};
-  CollectiveFingerprint calls[2];  ///< its call, per staging half (see Engine::arrive)
-  Place places[2];                 ///< its tensor's place, per staging half
+  CollectiveFingerprint calls[2];        ///< its call, per staging half (see Engine::arrive)
+  Place places[2];                       ///< its tensor's place, per staging half
+  /// Chunks of this rank's share of the current all_reduce in a shared block that are claimed,
+  /// by it or by a peer done with its own (detail/in_block.hpp); it sets 0 before the first
+  /// barrier. A cache line of its own: its owner counts every chunk there.
+  alignas(64) std::atomic<std::uint64_t> claimed{0};
 };
 
 /// Positions in the byte stream of one ordered pair: bytes written, bytes taken.
