@@ -9,7 +9,8 @@
 # default backend once more with --no-sync-bn (per-rank BatchNorm, as PyTorch's side has), and
 # the compute floor (two one-rank processes with no communication). Writes seconds of training
 # per epoch, test accuracy and the ratios to
-# bench/results/torch-resnet.md, and accuracy against time to torch-resnet.png (matplotlib).
+# bench/results/torch-resnet.md (or $TORCH_RESNET_OUT), and accuracy against time to the .png
+# beside it (matplotlib).
 #   bench/torch_resnet/run_torch_resnet.sh [BUILD_DIR] [EPOCHS]     (default build/release, 2)
 # Needs: torch_resnet and tandemrun built (Release, libtorch found), OpenMPI, Debian's
 # python3-torch, python3-numpy and python3-matplotlib for /usr/bin/python3,
@@ -24,8 +25,8 @@ program=$build/examples/torch_resnet/torch_resnet
 tandemrun=$build/tools/tandemrun
 for f in "$program" "$tandemrun"; do [[ -x $f ]] || { echo "missing $f" >&2; exit 1; }; done
 python=/usr/bin/python3
-out=$root/bench/results/torch-resnet.md
-plot=$root/bench/results/torch-resnet.png
+out=${TORCH_RESNET_OUT:-$root/bench/results/torch-resnet.md}
+plot=${out%.md}.png
 tmp=$(mktemp -d /tmp/tandem-bench-resnet.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 export GLOO_SOCKET_IFNAME=lo OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -107,7 +108,7 @@ lines += ["", best_run_summary(names, runs, per_epoch, best, 0.7), "",
           "libtorch work the floor measures, so a target below the floor's ratio needs faster "
           "kernels. The floor is a measurement too, with this VM's run-to-run noise of several "
           "percent: a run within that of 1.00x is at the floor.", "",
-          "![test accuracy against training time](torch-resnet.png)"]
+          f"![test accuracy against training time]({os.path.basename(plot)})"]
 write_report(out, lines)
 plot_accuracy(runs, names, plot, "seconds of training (2-core VM, shared)",
               f"libtorch ResNet on Fashion-MNIST, {epochs} epochs, batch 64 per rank")
