@@ -61,6 +61,14 @@ struct JsonValue {
   std::string text;  ///< a string's value, or a number's digits
   std::vector<JsonValue> items;
   std::vector<std::pair<std::string, JsonValue>> members;
+  // Declared, not implied: clang (14, with libstdc++) works out an implied move's noexcept while
+  // `pair<string, JsonValue>` is still incomplete, and rejects the class.
+  JsonValue() = default;
+  JsonValue(const JsonValue&) = default;
+  JsonValue(JsonValue&&) noexcept = default;
+  JsonValue& operator=(const JsonValue&) = default;
+  JsonValue& operator=(JsonValue&&) noexcept = default;
+  ~JsonValue() = default;
 
   /// The member `key` of an object (the first, should a key repeat); null otherwise.
   [[nodiscard]] const JsonValue* find(std::string_view key) const {
