@@ -30,7 +30,6 @@
 #include <cblas.h>
 
 #include <algorithm>
-#include <bit>
 #include <chrono>
 #include <cmath>
 #include <concepts>
