@@ -285,9 +285,15 @@ double train(Group& group, const Settings& settings) {
 
   const auto groups = fashion_mnist::sgd_groups(settings);
   const auto make_optimizer = [&] { return Sgd(model.params(), std::span(groups)); };
-  std::optional<Sgd> own_optimizer;              // but under --elastic --zero
+  std::optional<Sgd> own_optimizer;              // the run's, except under --elastic --zero
   std::optional<tandem::ElasticZero<Sgd>> zero;  // --elastic --zero: the shard and a replica
   if constexpr (elastic_zero) {
+    if (group.replacement()) {  // elastic_problem refuses --max-restarts: started by hand
+      throw tandem::Error(group.first_rank(), "fashion_mnist --elastic --zero",
+                          "a replacement cannot receive a ZeRO optimizer shard (tandem::"
+                          "ElasticZero re-shards over the survivors only): under --zero the "
+                          "group only shrinks");
+    }
     zero.emplace(model.params(), make_optimizer);
     zero->attach(*ddp, group.members());
   } else {
