@@ -7,18 +7,21 @@
 // running group and receives the state), replacement() and step(compute, apply)
 // (docs/elastic.md).
 // Here: FixedGroup, what the loop needs across heals (HealingBatches, HealingProgress,
-// report_heal, crash_if_asked) and the checks of the flags; elastic_run.hpp starts the group.
+// HealLog, crash_if_asked), what a replacement receives (EpochEnds, joined_state,
+// send_on_join) and the checks of the flags; elastic_run.hpp starts the group.
 //   examples::FixedGroup group(comm);  train(group, s);                 // the plain run
 // Needs: common/run.hpp (no tandem::Elastic itself: the CUDA programs include this too).
 #pragma once
 
 #include <signal.h>
 
+#include <bit>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 
@@ -26,6 +29,7 @@
 #include "tandem/core/env.hpp"
 #include "tandem/io/log.hpp"
 #include "tandem/io/progress.hpp"
+#include "tandem/io/training_state.hpp"
 
 namespace examples {
 
@@ -171,16 +175,60 @@ int first_world_size(Group& group) {
   return group.comm().size();
 }
 
+/// Where a group stands at an epoch's end besides the training state, sent to a replacement with
+/// it so that it takes up the loop at the members' point: the epochs evaluated (and the last
+/// evaluation's results, bit for bit) and the epochs checkpointed.
+struct EpochEnds {
+  std::int64_t evaluated = 0;  // epochs evaluated
+  std::int64_t saved = 0;      // epochs checkpointed
+  std::int64_t accuracy_bits = 0;
+  std::int64_t ema_accuracy_bits = 0;
+
+  /// The evaluation of `epoch` is done (an apply: local).
+  void evaluated_epoch(int epoch, double accuracy, double ema_accuracy) {
+    evaluated = epoch + 1;
+    accuracy_bits = std::bit_cast<std::int64_t>(accuracy);
+    ema_accuracy_bits = std::bit_cast<std::int64_t>(ema_accuracy);
+  }
+  [[nodiscard]] double accuracy() const { return std::bit_cast<double>(accuracy_bits); }
+  [[nodiscard]] double ema_accuracy() const { return std::bit_cast<double>(ema_accuracy_bits); }
+};
+
+/// What a replacement receives: `state` and `ends`' counters (add the program's own to it).
+inline tandem::TrainingState joined_state(const tandem::TrainingState& state, EpochEnds& ends) {
+  tandem::TrainingState joined = state;
+  joined.counter("evaluated", ends.evaluated)
+      .counter("saved", ends.saved)
+      .counter("accuracy_bits", ends.accuracy_bits)
+      .counter("ema_accuracy_bits", ends.ema_accuracy_bits);
+  return joined;
+}
+
+/// group.on_join over `joined` (which must outlive the group's steps): a member sends it, a
+/// replacement loads it.
+template <class Group>
+void send_on_join(Group& group, tandem::TrainingState& joined) {
+  group.on_join([&joined] { return joined.to_bytes(); },
+                [&joined, &group](std::span<const std::byte> bytes) {
+                  joined.from_bytes(bytes, group.comm().rank());
+                });
+}
+
+/// Whether the launcher may start replacements (tandemrun --max-restarts N, N > 0).
+inline bool replacements_allowed() {
+  const char* text = std::getenv("TORCHELASTIC_MAX_RESTARTS");
+  const auto restarts = tandem::parse_int(text ? text : "");
+  return restarts && *restarts > 0;
+}
+
 /// Why `backend` (with `zero`, a ZeRO stage, 0 for none) cannot run --elastic, or "".
 inline std::string elastic_problem(const std::string& backend, int zero) {
-  if (zero != 0) {
-    // tandem::ElasticZero heals ZeRO, but all-gathers the parameters at the next step's start,
-    // while these loops read them in the step's apply (EMA) and between steps (evaluation).
-    return "--elastic with --zero: ZeRO keeps each rank's part of the optimizer state (the "
-           "momentum) on that rank only, so a lost rank takes its part with it; this example "
-           "does not step through tandem::ElasticZero, which keeps a replica of it "
-           "(docs/elastic.md, ZeRO), so the survivors cannot go on exactly; train with plain DDP "
-           "(no --zero), or use tandemrun --max-restarts to restart from checkpoints";
+  if (zero != 0 && replacements_allowed()) {
+    // tandem::ElasticZero::attach raises when a new member appears (docs/elastic.md, ZeRO).
+    return "--elastic --zero under tandemrun --max-restarts N (N > 0): a replacement cannot "
+           "receive a ZeRO optimizer shard (tandem::ElasticZero re-partitions the shards over "
+           "the survivors only; docs/elastic.md, ZeRO), so under --zero the group only shrinks: "
+           "launch with --max-restarts 0, or train with plain DDP (no --zero)";
   }
   if (backend == "local") {
     return "--elastic with --backend local: threads of one process are lost together with it; "

@@ -25,12 +25,11 @@
 //        --elastic [--elastic-store file:///PATH] (under `tandemrun --elastic`: a lost rank does
 //        not end the run; the survivors heal through tandem::Elastic and go on with the epoch's
 //        rest re-split over them; under `tandemrun --elastic --max-restarts N` a restarted
-//        worker joins the running group, its state sent by a member; shm, gloo, hierarchical; not
-//        with --zero; README.md here)
+//        worker joins the running group, its state sent by a member; shm, gloo, hierarchical;
+//        with --zero through tandem::ElasticZero, survivors only; README.md here)
 #include <cblas.h>
 
 #include <algorithm>
-#include <bit>
 #include <chrono>
 #include <cmath>
 #include <concepts>
@@ -61,6 +60,7 @@
 #include "tandem/data/mnist.hpp"
 #include "tandem/data/sampler.hpp"
 #include "tandem/ddp/ddp.hpp"
+#include "tandem/ddp/elastic_zero.hpp"
 #include "tandem/io/async_checkpoint.hpp"
 #include "tandem/io/checkpoint.hpp"
 #include "tandem/io/log.hpp"
@@ -255,13 +255,16 @@ struct DdpFor<Comm, 0> {
 
 /// One rank's whole run under ZeRO stage Stage (0: plain DDP) in `group`: an
 /// examples::FixedGroup (the plain run) or a tandem::Elastic (--elastic: a lost rank's survivors
-/// heal and go on, the epoch's rest re-split over them; only plain DDP). Every collective runs in
-/// a step's compute; apply is local. Returns the final test accuracy.
+/// heal and go on, the epoch's rest re-split over them; under ZeRO through tandem::ElasticZero,
+/// which keeps a replica of the ring neighbour's optimizer shard). Every collective runs in a
+/// step's compute; apply is local. Returns the final test accuracy.
 template <int Stage, class Group>
 double train(Group& group, const Settings& settings) {
   using Comm = std::remove_reference_t<decltype(group.comm())>;
-  static_assert(Stage == 0 || std::same_as<Group, examples::FixedGroup<Comm>>,
-                "ZeRO cannot heal: a lost rank's optimizer shard is gone (elastic_problem)");
+  using Sgd = tandem::optim::SGD<float>;
+  // --elastic --zero: ElasticZero steps the shard and the replica in apply and all-gathers the
+  // parameters at the start of the next compute (or of the evaluation's), not in the step.
+  constexpr bool elastic_zero = Stage != 0 && !std::same_as<Group, examples::FixedGroup<Comm>>;
   Comm& first = group.comm();
   // A replacement (--elastic under tandemrun --max-restarts) joins a group that agreed long ago:
   // nothing collective runs before its on_join below, the state it receives included.
@@ -281,8 +284,24 @@ double train(Group& group, const Settings& settings) {
   if (!group.replacement()) ddp.emplace(first, model.params());  // a replacement's: after on_join
 
   const auto groups = fashion_mnist::sgd_groups(settings);
-  tandem::optim::SGD optimizer(model.params(), std::span(groups));
-  if (ddp) ddp->shard(optimizer);  // --zero: momentum for this rank's parts only (before a resume)
+  const auto make_optimizer = [&] { return Sgd(model.params(), std::span(groups)); };
+  std::optional<Sgd> own_optimizer;              // the run's, except under --elastic --zero
+  std::optional<tandem::ElasticZero<Sgd>> zero;  // --elastic --zero: the shard and a replica
+  if constexpr (elastic_zero) {
+    if (group.replacement()) {  // elastic_problem refuses --max-restarts: started by hand
+      throw tandem::Error(group.first_rank(), "fashion_mnist --elastic --zero",
+                          "a replacement cannot receive a ZeRO optimizer shard (tandem::"
+                          "ElasticZero re-shards over the survivors only): under --zero the "
+                          "group only shrinks");
+    }
+    zero.emplace(model.params(), make_optimizer);
+    zero->attach(*ddp, group.members());
+  } else {
+    own_optimizer.emplace(make_optimizer());
+    // --zero: momentum for this rank's parts only (before a resume)
+    if (ddp) ddp->shard(*own_optimizer);
+  }
+  Sgd& optimizer = zero ? zero->optimizer() : *own_optimizer;  // the same object across heals
   tandem::DistributedSampler sampler(train_set.size(), first,
                                      {.shuffle = true, .seed = settings.seed});
   auto batches = sampler | tandem::views::batches(settings.batch_size);
@@ -300,9 +319,13 @@ double train(Group& group, const Settings& settings) {
   std::size_t batches_done = 0;
   std::mt19937 generator(static_cast<unsigned>(settings.seed + 1000 * first.rank()));
   tandem::TrainingState state;
-  state.model(model.params())
-      .optimizer(optimizer)
-      .ema(ema, model.params())
+  state.model(model.params());
+  if constexpr (elastic_zero) {
+    state.optimizer(*zero);  // saved gathered, loaded into the shard and the replica
+  } else {
+    state.optimizer(optimizer);
+  }
+  state.ema(ema, model.params())
       .scheduler(schedule)
       .sampler(sampler, batches_done, settings.batch_size)
       .counter("step", step)
@@ -311,6 +334,16 @@ double train(Group& group, const Settings& settings) {
     examples::resume_from_latest(first, settings.resume, settings.checkpoint_dir, state, loader,
                                  batches_done, step);
   }
+  // --elastic --zero: the steps the EMA has taken. It averages the parameters a step updated once
+  // they are whole, at the next gather; a compute done again after a heal does not count twice.
+  std::int64_t ema_step = step;
+  const auto gather = [&] {
+    if constexpr (elastic_zero) {
+      zero->gather(*ddp);
+      if (!settings.plain && ema_step < step) ema.update();
+      ema_step = step;
+    }
+  };
   // A replacement writes no TensorBoard events (rank0_board is collective; its rank 0 was another).
   tandem::TensorBoardWriter board = group.replacement()
                                         ? tandem::TensorBoardWriter(".", false)
@@ -337,32 +370,27 @@ double train(Group& group, const Settings& settings) {
           async_saves.emplace(comm, settings.checkpoint_dir);
         model.rebind(comm);
         ddp.emplace(comm, model.params());  // rank 0's values and buffers everywhere
+        // The parameters and the full optimizer state put together from the survivors' shards
+        // and replicas (over the arena rank 0's broadcast wrote), re-sharded over the new group.
+        if constexpr (elastic_zero) zero->attach(*ddp, group.members());
         sampler.resplit(comm, std::min(sampler.size(), batches_done * settings.batch_size));
         batches_done = 0;
       });
   // A replacement (tandemrun --elastic --max-restarts): a member sends it the training state at
   // the step boundary where it is admitted, with where in the epoch's end the group is (the
   // epoch's evaluation, its checkpoint, the last save's wait done), so that it takes up the loop
-  // at the members' point. Then DDP over the grown group (the members rebuild theirs).
-  double ema_accuracy = 0;
-  std::int64_t accuracy_bits = 0;  // the last evaluation's, bit for bit
-  std::int64_t ema_accuracy_bits = 0;
-  std::int64_t evaluated = 0;  // epochs evaluated
-  std::int64_t saved = 0;      // epochs checkpointed
-  std::int64_t waited = 0;     // 1 once the last async save was waited for
-  tandem::TrainingState joined = state;
-  joined.counter("evaluated", evaluated)
-      .counter("saved", saved)
-      .counter("waited", waited)
-      .counter("accuracy_bits", accuracy_bits)
-      .counter("ema_accuracy_bits", ema_accuracy_bits);
-  group.on_join(
-      [&] { return joined.to_bytes(); },
-      [&](std::span<const std::byte> bytes) { joined.from_bytes(bytes, group.comm().rank()); });
+  // at the members' point. Then DDP over the grown group (the members rebuild theirs). Not under
+  // --zero: ElasticZero cannot hand a shard to a new member (elastic_problem refuses
+  // --max-restarts there), and without on_join none is admitted.
+  examples::EpochEnds ends;
+  std::int64_t waited = 0;  // 1 once the last async save was waited for
+  tandem::TrainingState joined = examples::joined_state(state, ends);
+  joined.counter("waited", waited);
+  if constexpr (!elastic_zero) examples::send_on_join(group, joined);
   if (!ddp) ddp.emplace(first, model.params());
 
-  double accuracy = std::bit_cast<double>(accuracy_bits);
-  ema_accuracy = std::bit_cast<double>(ema_accuracy_bits);
+  double accuracy = ends.accuracy();
+  double ema_accuracy = ends.ema_accuracy();
   double mean_loss = 0;
   double trained_seconds = 0;  // training only: the evaluations are not counted
   using clock = std::chrono::steady_clock;
@@ -379,6 +407,7 @@ double train(Group& group, const Settings& settings) {
       heal_log.step(
           group, step, "training",
           [&](Comm& comm) {
+            gather();  // --elastic --zero: the last step's parameters, before the forward
             const auto& batch = batches_of.current(batches_done, group.generation());
             auto [images, labels] = batch.views();
             ddp->before_forward();
@@ -388,14 +417,19 @@ double train(Group& group, const Settings& settings) {
                 model.loss_and_backward(images.data(), labels.data(), batch.size(),
                                         [&](auto& param) { ddp->grad_ready(param); });
             ddp->finish_gradient_sync();
+            if constexpr (elastic_zero) zero->exchange(*ddp);  // shard<2>: the replica's gradients
             if ((step + 1) % 50 == 0 || batches_done + 1 == batches.size())
-              mean_loss = tandem::reduce_mean(comm, loss);   // the same on every rank
-            if constexpr (Stage != 0) ddp->step(optimizer);  // the shards' all_gather
+              mean_loss = tandem::reduce_mean(comm, loss);  // the same on every rank
+            if constexpr (Stage != 0 && !elastic_zero) ddp->step(optimizer);  // the all_gather
           },
           [&] {  // local only (a survivor may apply a step committed elsewhere during a heal)
-            if constexpr (Stage == 0) optimizer.step();
+            if constexpr (elastic_zero) {
+              zero->step();  // the shard and the replica; their parameters gathered next compute
+            } else if constexpr (Stage == 0) {
+              optimizer.step();
+            }
             schedule.step();
-            if (!settings.plain) ema.update();
+            if (!settings.plain && !elastic_zero) ema.update();  // else at the next gather
             ++batches_done;
             ++step;
             batches_of.next(group.generation());
@@ -409,10 +443,11 @@ double train(Group& group, const Settings& settings) {
     }
     progress.of(group, epoch, 0).finish();
     trained_seconds += std::chrono::duration<double>(clock::now() - epoch_start).count();
-    if (evaluated <= epoch) {  // not yet on a replacement admitted after it
+    if (ends.evaluated <= epoch) {  // not yet on a replacement admitted after it
       heal_log.step(
           group, step, "evaluation",
           [&](Comm& comm) {
+            gather();
             accuracy = evaluate(comm, model, test_set);
             ema_accuracy = accuracy;
             if (!settings.plain) {
@@ -420,24 +455,21 @@ double train(Group& group, const Settings& settings) {
               ema_accuracy = evaluate(comm, model, test_set);
             }
           },
-          [&] {
-            evaluated = epoch + 1;
-            accuracy_bits = std::bit_cast<std::int64_t>(accuracy);
-            ema_accuracy_bits = std::bit_cast<std::int64_t>(ema_accuracy);
-          });
+          [&] { ends.evaluated_epoch(epoch, accuracy, ema_accuracy); });
     }
     examples::end_epoch(group.comm(), board, {epoch, step, accuracy, ema_accuracy, trained_seconds},
                         sampler, batches_done, batches.size());
-    if (!settings.checkpoint_dir.empty() && saved <= epoch) {
+    if (!settings.checkpoint_dir.empty() && ends.saved <= epoch) {
       heal_log.step(
           group, step, "checkpoint",
           [&](Comm& comm) {
+            gather();  // nothing after the evaluation's
             if (async_saves)
               async_saves->save(step, state);  // returns once the snapshot is taken
             else
               tandem::save_checkpoint(comm, settings.checkpoint_dir, step, state);
           },
-          [&] { saved = epoch + 1; });
+          [&] { ends.saved = epoch + 1; });
     }
     if (settings.max_steps >= 0 && step >= settings.max_steps) break;
   }
@@ -480,21 +512,24 @@ int main(int argc, char** argv) {
   }
   // run_main prints an exception that ends the run and writes torchrun's error file.
   return tandem::run_main([&]() -> int {
-    const auto accuracy = store ? examples::run_elastic_backend(
-                                      settings->backend, *store, timeout,
-                                      [&](auto& elastic) { return train<0>(elastic, *settings); })
-                                : examples::run_cpu_backend(settings->backend, settings->ranks,
-                                                            timeout, [&](auto& comm) {
-                                                              examples::FixedGroup group(comm);
-                                                              switch (settings->zero) {
-                                                                case 1:
-                                                                  return train<1>(group, *settings);
-                                                                case 2:
-                                                                  return train<2>(group, *settings);
-                                                                default:
-                                                                  return train<0>(group, *settings);
-                                                              }
-                                                            });
+    // train at the ZeRO stage --zero names, in `group`.
+    const auto train_at_stage = [&](auto& group) {
+      switch (settings->zero) {
+        case 1:
+          return train<1>(group, *settings);
+        case 2:
+          return train<2>(group, *settings);
+        default:
+          return train<0>(group, *settings);
+      }
+    };
+    const auto accuracy =
+        store ? examples::run_elastic_backend(settings->backend, *store, timeout, train_at_stage)
+              : examples::run_cpu_backend(settings->backend, settings->ranks, timeout,
+                                          [&](auto& comm) {
+                                            examples::FixedGroup group(comm);
+                                            return train_at_stage(group);
+                                          });
     if (!accuracy) {
       std::fprintf(stderr, "fashion_mnist: backend '%s' is not built in\n",
                    settings->backend.c_str());

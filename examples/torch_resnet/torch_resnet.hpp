@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <array>
-#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -404,11 +403,8 @@ double train_in(Group& group, const Settings& settings) {
   // Where the group is besides the training state, sent to a replacement with it, so that it
   // takes up the loop at the members' point: the epochs evaluated (and the last evaluation's
   // results, bit for bit), the epochs checkpointed and the step of the last checkpoint in an epoch.
-  std::int64_t evaluated = 0;
-  std::int64_t saved = 0;
+  examples::EpochEnds ends;
   std::int64_t saved_step = step;  // a resumed run has its checkpoint
-  std::int64_t accuracy_bits = 0;
-  std::int64_t ema_accuracy_bits = 0;
   auto checkpoint = [&](std::int64_t* epochs_saved, std::int64_t epoch) {
     if (settings.checkpoint_dir.empty()) return;
     heal_log.step(
@@ -431,20 +427,14 @@ double train_in(Group& group, const Settings& settings) {
         batches_of.stop();
       },
       rebuild);
-  tandem::TrainingState joined = state;
-  joined.counter("evaluated", evaluated)
-      .counter("saved", saved)
-      .counter("saved_step", saved_step)
-      .counter("accuracy_bits", accuracy_bits)
-      .counter("ema_accuracy_bits", ema_accuracy_bits);
-  group.on_join(
-      [&] { return joined.to_bytes(); },
-      [&](std::span<const std::byte> bytes) { joined.from_bytes(bytes, group.comm().rank()); });
+  tandem::TrainingState joined = examples::joined_state(state, ends);
+  joined.counter("saved_step", saved_step);
+  examples::send_on_join(group, joined);
   // The members rebuild over the grown group once the state is sent: so does the replacement
   // (its sampler already continues the sender's split: the re-split from nothing taken keeps it).
   if (group.replacement()) rebuild(group.comm());
 
-  double accuracy = std::bit_cast<double>(accuracy_bits);
+  double accuracy = ends.accuracy();
   double mean_loss = 0;
   double trained_seconds = 0;  // training only: the evaluations are not counted
   const bool limited = settings.max_steps >= 0;
@@ -507,8 +497,8 @@ double train_in(Group& group, const Settings& settings) {
     }
     progress.of(group, epoch, 0).finish();
     trained_seconds += std::chrono::duration<double>(clock::now() - epoch_start).count();
-    double ema_accuracy = std::bit_cast<double>(ema_accuracy_bits);
-    if (evaluated <= epoch) {  // not yet on a replacement admitted after it
+    double ema_accuracy = ends.ema_accuracy();
+    if (ends.evaluated <= epoch) {  // not yet on a replacement admitted after it
       heal_log.step(
           group, step, "evaluation",
           [&](Comm& comm) {
@@ -516,15 +506,11 @@ double train_in(Group& group, const Settings& settings) {
             auto applied = ema.applied();  // the module's tensors hold the average until it ends
             ema_accuracy = evaluate(comm, net, ddp, test_set);
           },
-          [&] {
-            evaluated = epoch + 1;
-            accuracy_bits = std::bit_cast<std::int64_t>(accuracy);
-            ema_accuracy_bits = std::bit_cast<std::int64_t>(ema_accuracy);
-          });
+          [&] { ends.evaluated_epoch(epoch, accuracy, ema_accuracy); });
     }
     examples::end_epoch(group.comm(), board, {epoch, step, accuracy, ema_accuracy, trained_seconds},
                         sampler, batches_done, batches.size());
-    if (saved <= epoch) checkpoint(&saved, epoch);
+    if (ends.saved <= epoch) checkpoint(&ends.saved, epoch);
     if (limited && step >= settings.max_steps) break;
   }
   examples::log_final_accuracy(group.comm(), accuracy, step);

@@ -193,11 +193,17 @@ class ElasticZero {
 
   /// The full optimizer state (collective: every rank's shard gathered), as a DDP run saves it.
   [[nodiscard]] state_dict_type state_dict() const { return primary().state_dict(); }
-  /// Loads a full optimizer state (a checkpoint's) into the shard and the replica.
+  /// Loads a full optimizer state (a checkpoint's) into the shard and the replica. Load the
+  /// checkpoint's parameters into the arena first (TrainingState loads the model before the
+  /// optimizer): a heal before the next step puts the parameters together from those kept here.
   void load_state_dict(const state_dict_type& dict) {
     primary().load_state_dict(dict);
     if (replica_) replica_->load_state_dict(dict);
+    keep_values();
   }
+  /// True: for TrainingState::optimizer(zero), which then saves it on every rank (state_dict()
+  /// is a collective) and loads the full state into the shard and the replica.
+  [[nodiscard]] bool sharded() const noexcept { return true; }
 
  private:
   static constexpr int exchange_tag = 0x2e1a;
