@@ -72,10 +72,16 @@ for line in open(results):
 key = lambda r: (r["backend"], int(r["ranks"]), int(r["stage"]), int(r.get("prefetch", 0)))
 by = {key(r): r for r in rows}
 now = datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M UTC")
+# The 1-minute load before the run, against the CPUs: above them, other work had the machine.
+if before == "unknown":
+    busy = "the load was not recorded: compare within a row's engine"
+elif float(before.split()[0]) > int(cpus):
+    busy = "other work was running: times are noisy, compare within a row's engine"
+else:
+    busy = "no more load than the CPUs before the run: the runs' own ranks load it while they run"
 lines = ["", f"## Prefetch: the parameter all_gather overlapped with the next forward ({now})", "",
          f"- Commit {commit}; `bench/zero/run_prefetch.sh`{' -- ' + extra if extra else ''}; "
-         f"{cpus} CPUs, load average (1, 5, 15 min) {before} before, {after} after (a VM shared "
-         "with other helpers' builds: times are noisy, compare within a row's engine).",
+         f"{cpus} CPUs, load average (1, 5, 15 min) {before} before, {after} after ({busy}).",
          "- Every part with `--forward 1`: a forward pass reads each tensor in registration order "
          "(under `prefetch_parameters` after `ddp.wait_parameters(p)`), then the synthetic "
          "backward; step = barrier to barrier, so a gather left in flight is counted.", "",
