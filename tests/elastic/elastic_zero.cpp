@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -237,6 +238,107 @@ void lose_and_compare(int ranks, const std::vector<Loss>& losses, Point point,
   CHECK(reference[0].state == reference[1].state);
 }
 
+/// `ranks` threads train `steps` steps under Elastic with ElasticZero and await_replacement:
+/// `leaver` leaves at the start of step `leave_at` (before the parameters' all_gather), a
+/// replacement thread for it joins in the heal (its ElasticZero attaches for the first time in
+/// elastic.start()'s rebuild; on_join carries nothing: under ZeRO the optimizer state and the
+/// parameters come through attach). Returns the members' Finals and the replacement's (last).
+template <int Stage>
+std::vector<Final> run_with_join(int ranks, std::int64_t steps, int leaver, std::int64_t leave_at,
+                                 std::vector<std::string>& errors) {
+  tandem::AnyStore store(tandem::HashStore{});
+  std::vector<Final> finals(static_cast<std::size_t>(ranks) + 1);
+  errors.assign(static_cast<std::size_t>(ranks) + 1, {});
+  const auto train = [&](int r, bool replacement, std::size_t slot) {
+    try {
+      tandem::Elastic<tandem::LocalComm> elastic(
+          tandem::World::single_node(r, ranks), store,
+          tandem::LocalCommOptions{std::chrono::seconds(120)},
+          {.window = std::chrono::minutes(10),
+           .replacement = replacement,
+           .await_replacement = std::chrono::minutes(10)});
+      tandem::test::Mlp<float> model({8, 24, 24, 4}, /*seed=*/replacement ? 99 : 7);
+      auto& params = model.params();
+      tandem::ElasticZero<Opt> zero(params, [&] { return Opt(params, {.lr = 0.01}); });
+      std::optional<Ddp<Stage>> ddp;
+      elastic.on_join([] { return std::vector<std::byte>{}; }, [](std::span<const std::byte>) {});
+      elastic.on_heal([&] { ddp.reset(); },
+                      [&](tandem::LocalComm& comm) {
+                        ddp.emplace(comm, params);
+                        zero.attach(*ddp, elastic.members());
+                      });
+      elastic.start();
+      while (elastic.steps_done() < steps) {
+        const std::int64_t step = elastic.steps_done();
+        elastic.step(
+            [&](tandem::LocalComm& comm) {
+              if (!replacement && r == leaver && step == leave_at) throw Leave{};
+              zero.gather(*ddp);
+              ddp->before_forward();
+              params.zero_grad();
+              constexpr std::size_t batch = 8;
+              const auto samples = tandem::test::make_batch(
+                  3, static_cast<std::size_t>(step), static_cast<std::size_t>(comm.rank()) * batch,
+                  batch, 8, 4);
+              (void)model.forward_backward(samples, 1.0 / batch,
+                                           [&](auto& p) { ddp->grad_ready(p); });
+              ddp->finish_gradient_sync();
+              zero.exchange(*ddp);
+            },
+            [&] {
+              zero.optimizer().set_lr(0, 0.01 / static_cast<double>(1 + step));
+              zero.step();
+            });
+      }
+      elastic.settle([&](tandem::LocalComm&) { zero.gather(*ddp); });
+      auto& out = finals[slot];
+      out.state = tandem::test::elastic::state_bytes(zero.state_dict());  // collective
+      out.params = bytes_of(params.values().data(), params.numel() * sizeof(float));
+      out.steps = elastic.steps_done();
+      out.generation = elastic.generation();
+      out.members = elastic.members();
+    } catch (const Leave&) {
+    } catch (const std::exception& e) {
+      errors[slot] = e.what();
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] { train(r, false, static_cast<std::size_t>(r)); });
+  }
+  threads[static_cast<std::size_t>(leaver)].join();
+  std::thread replacement([&] { train(leaver, true, static_cast<std::size_t>(ranks)); });
+  for (int r = 0; r < ranks; ++r) {
+    if (r != leaver) threads[static_cast<std::size_t>(r)].join();
+  }
+  replacement.join();
+  return finals;
+}
+
+/// A rank lost and replaced (await_replacement keeps the group's size): every member and the
+/// replacement end with the undisturbed run's parameters and full optimizer state, bit for bit.
+template <int Stage>
+void replace_and_compare(int ranks, int leaver, std::int64_t leave_at) {
+  constexpr std::int64_t steps = 6;
+  std::vector<std::string> errors;
+  const auto reference = run<Stage>(ranks, {}, steps, {}, Point::start, errors);
+  for (const auto& e : errors) REQUIRE_MESSAGE(e.empty(), e);
+  const auto healed = run_with_join<Stage>(ranks, steps, leaver, leave_at, errors);
+  for (int r = 0; r <= ranks; ++r) {
+    CAPTURE(r);  // `ranks`: the replacement
+    const auto& e = errors[static_cast<std::size_t>(r)];
+    CHECK_MESSAGE(e.empty(), e);
+    if (r == leaver) continue;
+    const auto& out = healed[static_cast<std::size_t>(r)];
+    CHECK(out.steps == steps);
+    CHECK(out.generation == 1);
+    CHECK(out.members.size() == static_cast<std::size_t>(ranks));
+    CHECK(out.params == reference[0].params);  // bit for bit
+    CHECK(out.state == reference[0].state);
+    CHECK(out.state.size() > 0);
+  }
+}
+
 }  // namespace
 
 TEST_CASE_TEMPLATE(
@@ -276,5 +378,15 @@ TEST_CASE("ZeRO under Elastic: two ring neighbours lost together is an Error nam
     CHECK_MESSAGE(
         errors[static_cast<std::size_t>(r)].find("were lost together") != std::string::npos,
         errors[static_cast<std::size_t>(r)]);
+  }
+}
+
+TEST_CASE_TEMPLATE("ZeRO-1/2 under Elastic: a replacement joins and receives its shard, exactly",
+                   Stage, std::integral_constant<int, 1>, std::integral_constant<int, 2>) {
+  SUBCASE("rank 1 of 3 leaves at step 3") {
+    replace_and_compare<Stage::value>(3, 1, 3);
+  }
+  SUBCASE("rank 0 of 3 (the first survivor sends the layout) leaves at step 2") {
+    replace_and_compare<Stage::value>(3, 0, 2);
   }
 }

@@ -68,10 +68,14 @@ class ElasticZero {
   /// group's first ranks in rank order). The first call makes the optimizers; a call after a heal
   /// (in the rebuild callback) re-partitions: the survivors put together the parameters and the
   /// full optimizer state from their shards and replicas (collective over ddp.comm()) and load
-  /// them into optimizers sharded for the new group. An Error when two ring neighbours were lost
-  /// together (a shard and its only replica) or when a member is new (a replacement: not
-  /// supported under ZeRO yet). When it raises (another loss during the heal), the shards it
-  /// holds are kept (the arena's parameters may already be whole): the next heal runs it again.
+  /// them into optimizers sharded for the new group. A replacement (Elastic's join: a member new
+  /// to the group, whose ElasticZero has not attached yet) calls it once, in elastic.start()'s
+  /// rebuild, over a DDP on the new group and with make() giving the members' options: it
+  /// contributes nothing, receives the parameters and the full optimizer state in the same
+  /// collectives, and shards them like every member. An Error when two ring neighbours were
+  /// lost together (a shard and its only replica). When it raises (another loss during the
+  /// heal), the shards it holds are kept (the arena's parameters may already be whole): the next
+  /// heal runs it again. Collective on every call (one small all_reduce when nothing is held).
   template <class Ddp>
   void attach(Ddp& ddp, std::span<const int> members) {
     static_assert(Ddp::shard_stage > 0, "tandem::ElasticZero needs shard<1> or shard<2>");
@@ -85,8 +89,7 @@ class ElasticZero {
     const std::vector<int> next(members.begin(), members.end());
     const ShardLayout& layout = ddp.shard_layout();
     const auto neighbour = plan_shards(ddp.buckets(), n, (r + 1) % n);
-    std::optional<state_dict_type> full;
-    if (primary_) full = reassemble(ddp, next);
+    std::optional<state_dict_type> full = reassemble(ddp, next);
     std::optional<Opt> primary(make_());
     primary->shard_to(layout.owned(), shard_gather(true));
     std::optional<Opt> replica;
@@ -279,18 +282,19 @@ class ElasticZero {
   }
 
   /// Marks which arena elements this survivor holds for the group: 1 its own shard, 2 the
-  /// replica of a lost neighbour's. An Error when a shard has no holder left, or a member is new.
+  /// replica of a lost neighbour's (a replacement, new to the group, holds nothing). An Error
+  /// when a shard has no holder left.
   template <class Ddp>
-  std::vector<std::uint8_t> holdings(Ddp& ddp, const std::vector<int>& next) const {
-    const auto alive = [&](int m) { return std::find(next.begin(), next.end(), m) != next.end(); };
-    for (int m : next) {
-      if (std::find(members_.begin(), members_.end(), m) == members_.end()) {
-        throw Error(ddp.rank(), "ElasticZero::attach",
-                    "rank " + std::to_string(m) +
-                        " joined the group, but a replacement cannot receive a ZeRO shard yet "
-                        "(docs/elastic.md, ZeRO): under ZeRO the group only shrinks");
+  std::vector<std::uint8_t> holdings(Ddp& ddp, const std::vector<int>& next,
+                                     const std::vector<std::int64_t>& holds) const {
+    // A member of the old group is alive when a rank of the new one holds its state: a
+    // replacement takes the first rank of the member it replaces, and holds nothing.
+    const auto alive = [&](int m) {
+      for (std::size_t i = 0; i < next.size(); ++i) {
+        if (next[i] == m && holds[i] != 0) return true;
       }
-    }
+      return false;
+    };
     const int n = static_cast<int>(members_.size());
     const int me = next[static_cast<std::size_t>(ddp.rank())];
     std::vector<std::uint8_t> held(params_->numel(), 0);
@@ -324,30 +328,62 @@ class ElasticZero {
     if (!bytes.empty()) comm.all_reduce(bytes, ReduceOp::sum);
   }
 
-  /// After a loss: the parameters (written into the arena) and the full optimizer state, put
-  /// together over the new group from each survivor's shard and the replicas of lost shards.
+  /// After a loss or a join: the parameters (written into the arena) and the full optimizer
+  /// state, put together over the new group from each survivor's shard and the replicas of lost
+  /// shards; a replacement contributes zeros and receives them, and the state's layout (the
+  /// dict without its tensors' values) from the first survivor. Nothing on a group's first
+  /// attach (no rank holds state).
   template <class Ddp>
-  state_dict_type reassemble(Ddp& ddp, const std::vector<int>& next) {
-    require_in_step("ElasticZero::attach");
-    const auto held = holdings(ddp, next);
+  std::optional<state_dict_type> reassemble(Ddp& ddp, const std::vector<int>& next) {
+    const bool survivor = primary_.has_value();
+    std::vector<std::uint8_t> held;
+    state_dict_type own;
+    state_dict_type kept;
+    std::vector<std::uint8_t> layout;
+    if (survivor) {
+      require_in_step("ElasticZero::attach");
+      local_ = true;
+      try {
+        own = primary_->state_dict();
+        if (replica_) kept = replica_->state_dict();
+      } catch (...) {
+        local_ = false;
+        throw;
+      }
+      local_ = false;
+      layout = encode_layout(own);
+    }
+    // Every rank learns which ranks hold state (none on a group's first attach; not a
+    // replacement), the state's size and its layout's (the same on every survivor).
+    const auto n = static_cast<std::size_t>(ddp.world_size());
+    std::vector<std::int64_t> header(n + 2, 0);
+    if (survivor) {
+      header[static_cast<std::size_t>(ddp.rank())] = 1;
+      header[n] = static_cast<std::int64_t>(tensor_elements(own));
+      header[n + 1] = static_cast<std::int64_t>(layout.size());
+    }
+    ddp.comm().all_reduce(header, ReduceOp::max);
+    const std::vector<std::int64_t> holds(header.begin(),
+                                          header.begin() + static_cast<std::ptrdiff_t>(n));
+    const auto first = std::find(holds.begin(), holds.end(), 1);
+    if (first == holds.end()) return std::nullopt;
+    const bool joined = std::find(holds.begin(), holds.end(), 0) != holds.end();
+    // The layout goes to replacements from the first survivor only (each byte from one rank).
+    if (!survivor || first - holds.begin() != ddp.rank()) {
+      layout.assign(static_cast<std::size_t>(header[n + 1]), 0);
+    }
+    held = survivor ? holdings(ddp, next, holds) : std::vector<std::uint8_t>(params_->numel(), 0);
     std::vector<value_type> mine(held.size(), value_type{});  // +0: all bits zero
-    copy_ranges(mine.data(), own_ranges_, own_values_.data(), false);
-    const bool keeper = std::find(held.begin(), held.end(), std::uint8_t{2}) != held.end();
-    if (keeper) copy_ranges(mine.data(), kept_ranges_, kept_values_.data(), false);
+    if (survivor) {
+      copy_ranges(mine.data(), own_ranges_, own_values_.data(), false);
+      const bool keeper = std::find(held.begin(), held.end(), std::uint8_t{2}) != held.end();
+      if (keeper) copy_ranges(mine.data(), kept_ranges_, kept_values_.data(), false);
+    }
     std::vector<std::uint8_t> bytes(held.size() * sizeof(value_type));
     std::memcpy(bytes.data(), mine.data(), bytes.size());
     merge(ddp.comm(), bytes);
-    local_ = true;
-    state_dict_type own;
-    state_dict_type kept;
-    try {
-      own = primary_->state_dict();
-      if (replica_) kept = replica_->state_dict();
-    } catch (...) {
-      local_ = false;
-      throw;
-    }
-    local_ = false;
+    if (joined) merge(ddp.comm(), layout);
+    if (!survivor) own = decode_layout(layout);
     // Every tensor of the state, in the dict's order (the same on every rank), with where its
     // parameter starts in the arena.
     struct Piece {
@@ -359,21 +395,27 @@ class ElasticZero {
     std::size_t total = 0;
     for (std::size_t g = 0; g < own.param_groups.size(); ++g) {
       const auto& group = own.param_groups[g];
-      const std::size_t first = primary_->group_params(g).first;
+      const std::size_t first = survivor ? primary_->group_params(g).first : 0;
       for (std::size_t j = 0; j < group.params.size(); ++j) {
         auto found = own.state.find(group.params[j]);
         if (found == own.state.end()) continue;
         for (auto& [key, tensor] : found->second.tensors) {
           const state_type* other =
-              replica_ ? kept.state.at(found->first).tensors.at(key).data() : nullptr;
-          tensors.push_back({&tensor, other, offsets_[first + j]});
+              survivor && replica_ ? kept.state.at(found->first).tensors.at(key).data() : nullptr;
+          tensors.push_back({&tensor, other, survivor ? offsets_[first + j] : 0});
           total += tensor.size();
         }
       }
     }
+    if (total != static_cast<std::size_t>(header[n])) {
+      throw Error(ddp.rank(), "ElasticZero::attach",
+                  "the optimizer state holds " + std::to_string(total) +
+                      " elements here, the survivors' " + std::to_string(header[n]) +
+                      ": make() must give every rank the same optimizer");
+    }
     std::vector<std::uint8_t> state(total * sizeof(state_type), 0);
     std::size_t at = 0;
-    for (const auto& piece : tensors) {
+    for (const auto& piece : survivor ? tensors : std::vector<Piece>{}) {
       for (std::size_t e = 0; e < piece.own->size(); ++e, ++at) {
         const std::uint8_t mark = held[piece.offset + e];
         if (mark == 0) continue;
@@ -391,6 +433,104 @@ class ElasticZero {
       at += tensor->size();
     }
     return own;
+  }
+
+  static std::uint64_t tensor_elements(const state_dict_type& dict) {
+    std::uint64_t total = 0;
+    for (const auto& entry : dict.state) {
+      for (const auto& tensor : entry.second.tensors) total += tensor.second.size();
+    }
+    return total;
+  }
+
+  /// A state dict without its tensors' values (their sizes instead), as bytes: what a
+  /// replacement needs to read the state's all_reduce. decode_layout() reads it back.
+  static std::vector<std::uint8_t> encode_layout(const state_dict_type& dict) {
+    std::vector<std::uint8_t> out;
+    const auto put = [&out](const auto& value) {
+      const auto* at = reinterpret_cast<const std::uint8_t*>(&value);
+      out.insert(out.end(), at, at + sizeof(value));
+    };
+    const auto put_key = [&](const std::string& key) {
+      put(static_cast<std::uint64_t>(key.size()));
+      out.insert(out.end(), key.begin(), key.end());
+    };
+    put(static_cast<std::uint64_t>(dict.param_groups.size()));
+    for (const auto& group : dict.param_groups) {
+      put(static_cast<std::uint64_t>(group.options.size()));
+      for (const auto& [key, value] : group.options) {
+        put_key(key);
+        put(value);
+      }
+      put(static_cast<std::uint64_t>(group.params.size()));
+      for (std::size_t index : group.params) put(static_cast<std::uint64_t>(index));
+      put(group.step);
+    }
+    put(static_cast<std::uint64_t>(dict.state.size()));
+    for (const auto& [index, entry] : dict.state) {
+      put(static_cast<std::uint64_t>(index));
+      put(static_cast<std::uint64_t>(entry.scalars.size()));
+      for (const auto& [key, value] : entry.scalars) {
+        put_key(key);
+        put(value);
+      }
+      put(static_cast<std::uint64_t>(entry.tensors.size()));
+      for (const auto& [key, tensor] : entry.tensors) {
+        put_key(key);
+        put(static_cast<std::uint64_t>(tensor.size()));
+      }
+    }
+    return out;
+  }
+
+  /// encode_layout()'s bytes back into a dict whose tensors have their sizes (values unset).
+  /// An Error when the bytes end early.
+  static state_dict_type decode_layout(const std::vector<std::uint8_t>& bytes) {
+    std::size_t at = 0;
+    const auto get = [&]<class T>(T& value) {
+      if (bytes.size() - at < sizeof(T)) {
+        throw Error("ElasticZero::attach", "the optimizer state's layout ends early");
+      }
+      std::memcpy(&value, bytes.data() + at, sizeof(T));
+      at += sizeof(T);
+    };
+    const auto count = [&] {
+      std::uint64_t n = 0;
+      get(n);
+      return static_cast<std::size_t>(n);
+    };
+    const auto get_key = [&] {
+      const std::size_t size = count();
+      if (bytes.size() - at < size) {
+        throw Error("ElasticZero::attach", "the optimizer state's layout ends early");
+      }
+      std::string key(reinterpret_cast<const char*>(bytes.data() + at), size);
+      at += size;
+      return key;
+    };
+    state_dict_type dict;
+    dict.param_groups.resize(count());
+    for (auto& group : dict.param_groups) {
+      for (std::size_t n = count(); n > 0; --n) {
+        std::string key = get_key();
+        get(group.options[key]);
+      }
+      group.params.resize(count());
+      for (auto& index : group.params) index = count();
+      get(group.step);
+    }
+    for (std::size_t n = count(); n > 0; --n) {
+      auto& entry = dict.state[count()];
+      for (std::size_t s = count(); s > 0; --s) {
+        std::string key = get_key();
+        get(entry.scalars[key]);
+      }
+      for (std::size_t t = count(); t > 0; --t) {
+        std::string key = get_key();
+        entry.tensors.emplace(key, Buffer<state_type, memory_space>(count()));
+      }
+    }
+    return dict;
   }
 
   Parameters<value_type, memory_space>* params_;
