@@ -3,7 +3,8 @@
 // steps its own shard of the optimizer and, in a second optimizer, a replica of its ring
 // neighbour's (rank r keeps rank r+1's), so that after a loss the survivors hold every shard:
 // attach() in the heal's rebuild re-partitions the parameters and the full optimizer state over the
-// new group, exactly (docs/elastic.md, "ZeRO").
+// new group, exactly (docs/elastic.md, "ZeRO"); a replacement (Elastic's on_join, which must not
+// carry the optimizer) receives its shard in its first attach, in elastic.start()'s rebuild.
 //   tandem::ElasticZero<tandem::optim::AdamW<>> zero(params, [&] { return AdamW(params, {}); });
 //   elastic.on_heal([&] { ddp.reset(); }, [&](auto& comm) {
 //     ddp.emplace(comm, params); zero.attach(*ddp, elastic.members()); });
