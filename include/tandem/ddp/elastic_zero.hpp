@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <optional>
 #include <span>
@@ -373,7 +374,22 @@ class ElasticZero {
     if (!survivor || first - holds.begin() != ddp.rank()) {
       layout.assign(static_cast<std::size_t>(header[n + 1]), 0);
     }
-    held = survivor ? holdings(ddp, next, holds) : std::vector<std::uint8_t>(params_->numel(), 0);
+    std::exception_ptr failed;
+    try {
+      held = survivor ? holdings(ddp, next, holds) : std::vector<std::uint8_t>(params_->numel(), 0);
+    } catch (const Error&) {
+      failed = std::current_exception();
+    }
+    if (joined) {  // a replacement cannot see a lost shard itself: the survivors say so
+      std::vector<std::uint8_t> lost{failed ? std::uint8_t{1} : std::uint8_t{0}};
+      ddp.comm().all_reduce(lost, ReduceOp::max);
+      if (lost[0] != 0 && !survivor) {
+        throw Error(ddp.rank(), "ElasticZero::attach",
+                    "the survivors lost an optimizer shard (a rank and the one that kept its "
+                    "replica were lost together): nothing to receive; restart from a checkpoint");
+      }
+    }
+    if (failed) std::rethrow_exception(failed);
     std::vector<value_type> mine(held.size(), value_type{});  // +0: all bits zero
     if (survivor) {
       copy_ranges(mine.data(), own_ranges_, own_values_.data(), false);
