@@ -9,6 +9,7 @@
 // replica): an Error naming the cause.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -55,7 +56,8 @@ struct Final {
   std::int64_t steps = 0;
   int generation = 0;
   std::vector<int> members;
-  int caught_up = 0;  // steps applied during a heal
+  int caught_up = 0;       // steps applied during a heal
+  std::vector<int> sizes;  // the group's size at each step applied (run_with_join)
 };
 
 std::vector<std::byte> bytes_of(const void* data, std::size_t size) {
@@ -238,14 +240,16 @@ void lose_and_compare(int ranks, const std::vector<Loss>& losses, Point point,
   CHECK(reference[0].state == reference[1].state);
 }
 
-/// `ranks` threads train `steps` steps under Elastic with ElasticZero and await_replacement:
-/// `leaver` leaves at the start of step `leave_at` (before the parameters' all_gather), a
-/// replacement thread for it joins in the heal (its ElasticZero attaches for the first time in
-/// elastic.start()'s rebuild; on_join carries nothing: under ZeRO the optimizer state and the
-/// parameters come through attach). Returns the members' Finals and the replacement's (last).
+/// `ranks` threads train `steps` steps under Elastic with ElasticZero: `leaver` leaves at the
+/// start of step `leave_at` (before the parameters' all_gather), a replacement thread for it
+/// joins (its ElasticZero attaches for the first time in elastic.start()'s rebuild; on_join
+/// carries nothing: under ZeRO the optimizer state and the parameters come through attach): in
+/// the heal with `await`, else at a step boundary after step `wait_at`, where the survivors wait
+/// until it has asked. Returns the members' Finals and the replacement's (last).
 template <int Stage>
 std::vector<Final> run_with_join(int ranks, std::int64_t steps, int leaver, std::int64_t leave_at,
-                                 std::vector<std::string>& errors) {
+                                 std::vector<std::string>& errors, bool await = true,
+                                 std::int64_t wait_at = -1) {
   tandem::AnyStore store(tandem::HashStore{});
   std::vector<Final> finals(static_cast<std::size_t>(ranks) + 1);
   errors.assign(static_cast<std::size_t>(ranks) + 1, {});
@@ -256,7 +260,7 @@ std::vector<Final> run_with_join(int ranks, std::int64_t steps, int leaver, std:
           tandem::LocalCommOptions{std::chrono::seconds(120)},
           {.window = std::chrono::minutes(10),
            .replacement = replacement,
-           .await_replacement = std::chrono::minutes(10)});
+           .await_replacement = await ? std::chrono::minutes(10) : std::chrono::minutes(0)});
       tandem::test::Mlp<float> model({8, 24, 24, 4}, /*seed=*/replacement ? 99 : 7);
       auto& params = model.params();
       tandem::ElasticZero<Opt> zero(params, [&] { return Opt(params, {.lr = 0.01}); });
@@ -268,11 +272,17 @@ std::vector<Final> run_with_join(int ranks, std::int64_t steps, int leaver, std:
                         zero.attach(*ddp, elastic.members());
                       });
       elastic.start();
+      std::vector<int> sizes;
       while (elastic.steps_done() < steps) {
         const std::int64_t step = elastic.steps_done();
         elastic.step(
             [&](tandem::LocalComm& comm) {
               if (!replacement && r == leaver && step == leave_at) throw Leave{};
+              if (step == wait_at) {  // white-box: the replacement's ticket (Elastic's prefix)
+                const std::vector<std::string> asked{"tandem/elastic//join/1"};
+                while (!store.check(asked))
+                  std::this_thread::sleep_for(std::chrono::milliseconds(1));
+              }
               zero.gather(*ddp);
               ddp->before_forward();
               params.zero_grad();
@@ -288,6 +298,7 @@ std::vector<Final> run_with_join(int ranks, std::int64_t steps, int leaver, std:
             [&] {
               zero.optimizer().set_lr(0, 0.01 / static_cast<double>(1 + step));
               zero.step();
+              sizes.push_back(static_cast<int>(elastic.members().size()));
             });
       }
       elastic.settle([&](tandem::LocalComm&) { zero.gather(*ddp); });
@@ -297,6 +308,7 @@ std::vector<Final> run_with_join(int ranks, std::int64_t steps, int leaver, std:
       out.steps = elastic.steps_done();
       out.generation = elastic.generation();
       out.members = elastic.members();
+      out.sizes = sizes;
     } catch (const Leave&) {
     } catch (const std::exception& e) {
       errors[slot] = e.what();
@@ -315,23 +327,45 @@ std::vector<Final> run_with_join(int ranks, std::int64_t steps, int leaver, std:
   return finals;
 }
 
-/// A rank lost and replaced (await_replacement keeps the group's size): every member and the
-/// replacement end with the undisturbed run's parameters and full optimizer state, bit for bit.
+/// A rank lost and replaced: every member and the replacement end with the parameters and full
+/// optimizer state of the undisturbed runs at the group's sizes (one run per stretch of a size,
+/// started from the state the stretch before saved), bit for bit. With `await` the size never
+/// changes; else it shrinks at `leave_at` and grows back after `wait_at`.
 template <int Stage>
-void replace_and_compare(int ranks, int leaver, std::int64_t leave_at) {
-  constexpr std::int64_t steps = 6;
+void replace_and_compare(int ranks, int leaver, std::int64_t leave_at, bool await = true,
+                         std::int64_t wait_at = -1) {
+  constexpr std::int64_t steps = 8;
   std::vector<std::string> errors;
-  const auto reference = run<Stage>(ranks, {}, steps, {}, Point::start, errors);
+  const auto healed = run_with_join<Stage>(ranks, steps, leaver, leave_at, errors, await, wait_at);
   for (const auto& e : errors) REQUIRE_MESSAGE(e.empty(), e);
-  const auto healed = run_with_join<Stage>(ranks, steps, leaver, leave_at, errors);
+  const auto& sizes = healed[leaver == 0 ? 1 : 0].sizes;
+  REQUIRE(sizes.size() == static_cast<std::size_t>(steps));
+  CHECK(sizes.front() == ranks);
+  CHECK(sizes.back() == ranks);
+  if (!await) CHECK(sizes[static_cast<std::size_t>(leave_at)] == ranks - 1);
+  // The reference: each stretch of one size run undisturbed from the last stretch's state.
+  std::vector<Dict> saved(static_cast<std::size_t>(steps));
+  std::vector<std::vector<float>> saved_params(static_cast<std::size_t>(steps));
+  Start start;
+  const auto size_at = [&](std::int64_t step) { return sizes[static_cast<std::size_t>(step)]; };
+  for (;;) {
+    std::int64_t end = start.first;
+    while (end < steps && size_at(end) == size_at(start.first)) ++end;
+    if (end == steps) break;
+    const auto at = static_cast<std::size_t>(end);
+    (void)run<Stage>(size_at(start.first), start, end, {}, Point::start, errors, &saved[at],
+                     &saved_params[at]);
+    for (const auto& e : errors) REQUIRE_MESSAGE(e.empty(), e);
+    start = {end, &saved_params[at], &saved[at]};
+  }
+  const auto reference = run<Stage>(ranks, start, steps, {}, Point::start, errors);
+  for (const auto& e : errors) REQUIRE_MESSAGE(e.empty(), e);
   for (int r = 0; r <= ranks; ++r) {
     CAPTURE(r);  // `ranks`: the replacement
-    const auto& e = errors[static_cast<std::size_t>(r)];
-    CHECK_MESSAGE(e.empty(), e);
     if (r == leaver) continue;
     const auto& out = healed[static_cast<std::size_t>(r)];
     CHECK(out.steps == steps);
-    CHECK(out.generation == 1);
+    CHECK(out.generation == (await ? 1 : 2));  // the heal (and the join)
     CHECK(out.members.size() == static_cast<std::size_t>(ranks));
     CHECK(out.params == reference[0].params);  // bit for bit
     CHECK(out.state == reference[0].state);
@@ -388,5 +422,8 @@ TEST_CASE_TEMPLATE("ZeRO-1/2 under Elastic: a replacement joins and receives its
   }
   SUBCASE("rank 0 of 3 (the first survivor sends the layout) leaves at step 2") {
     replace_and_compare<Stage::value>(3, 0, 2);
+  }
+  SUBCASE("rank 2 of 3 leaves at step 2, its replacement joins at a step boundary after step 5") {
+    replace_and_compare<Stage::value>(3, 2, 2, /*await=*/false, /*wait_at=*/5);
   }
 }
