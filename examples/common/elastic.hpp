@@ -224,11 +224,13 @@ inline bool replacements_allowed() {
 /// Why `backend` (with `zero`, a ZeRO stage, 0 for none) cannot run --elastic, or "".
 inline std::string elastic_problem(const std::string& backend, int zero) {
   if (zero != 0 && replacements_allowed()) {
-    // tandem::ElasticZero::attach raises when a new member appears (docs/elastic.md, ZeRO).
-    return "--elastic --zero under tandemrun --max-restarts N (N > 0): a replacement cannot "
-           "receive a ZeRO optimizer shard (tandem::ElasticZero re-partitions the shards over "
-           "the survivors only; docs/elastic.md, ZeRO), so under --zero the group only shrinks: "
-           "launch with --max-restarts 0, or train with plain DDP (no --zero)";
+    // tandem::ElasticZero admits replacements (docs/elastic.md, ZeRO); this example's on_join
+    // still sends its optimizer in the TrainingState, which a sharded optimizer cannot do.
+    return "--elastic --zero under tandemrun --max-restarts N (N > 0): this example's "
+           "replacements do not join a ZeRO group yet (their state would have to leave the "
+           "optimizer to tandem::ElasticZero::attach; docs/elastic.md, ZeRO), so under --zero "
+           "the group only shrinks: launch with --max-restarts 0, or train with plain DDP (no "
+           "--zero)";
   }
   if (backend == "local") {
     return "--elastic with --backend local: threads of one process are lost together with it; "

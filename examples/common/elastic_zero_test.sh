@@ -7,8 +7,8 @@
 # (parameters, the optimizer state gathered from the shards, the EMA, the schedule, the sampler)
 # must equal the reference's byte for byte: the survivors put the lost rank's optimizer shard
 # together from its replica (tandem::ElasticZero) exactly, and the EMA averages each step once.
-# Then --zero under `--max-restarts 1` must be refused, naming why (a replacement cannot receive a
-# shard).
+# Then --zero under `--max-restarts 1` must be refused, naming why (the example's replacements do
+# not join a ZeRO group yet).
 #   elastic_zero_test.sh TANDEMRUN PROGRAM CRASH FINAL MIN_ACCURACY [PROGRAM'S FLAGS...]
 set -euo pipefail
 tandemrun=$1 program=$2 crash=$3 final_step=$4 min_accuracy=$5
@@ -50,7 +50,7 @@ if "$tandemrun" --standalone --elastic --max-restarts 1 --nproc-per-node 2 "$pro
   --elastic --elastic-store "file://$work/refused.store" >"$log" 2>&1; then
   fail "--elastic --zero ran under --max-restarts 1"
 fi
-grep -q "a replacement cannot receive a ZeRO optimizer shard" "$log" ||
+grep -q "replacements do not join a ZeRO group yet" "$log" ||
   fail "--elastic --zero under --max-restarts 1 was not refused with its reason"
 echo "PASSED: rank 1 killed at step $crash; under --zero 1 and --zero 2 (resumed) the 2" \
   "survivors healed to step $final_step with the checkpoint of plain DDP's run, test accuracy" \

@@ -290,9 +290,10 @@ double train(Group& group, const Settings& settings) {
   if constexpr (elastic_zero) {
     if (group.replacement()) {  // elastic_problem refuses --max-restarts: started by hand
       throw tandem::Error(group.first_rank(), "fashion_mnist --elastic --zero",
-                          "a replacement cannot receive a ZeRO optimizer shard (tandem::"
-                          "ElasticZero re-shards over the survivors only): under --zero the "
-                          "group only shrinks");
+                          "this example's replacements do not join a ZeRO group yet (its "
+                          "on_join sends the optimizer, which under ZeRO is "
+                          "tandem::ElasticZero::attach's to send): under --zero the group "
+                          "only shrinks");
     }
     zero.emplace(model.params(), make_optimizer);
     zero->attach(*ddp, group.members());
