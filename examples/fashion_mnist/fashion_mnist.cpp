@@ -381,16 +381,19 @@ double train(Group& group, const Settings& settings) {
   // the step boundary where it is admitted, with where in the epoch's end the group is (the
   // epoch's evaluation, its checkpoint, the last save's wait done), so that it takes up the loop
   // at the members' point. Then DDP over the grown group (the members rebuild theirs). Under
-  // --elastic --zero the state leaves out the model and the optimizer: the members' rebuild
-  // attaches ElasticZero, whose collectives send the replacement the parameters and its shard of
-  // the optimizer state, and the replacement attaches in the same order, after its DDP; it
-  // receives where the EMA stands (ema_step), which the next gather() goes on from.
+  // --elastic --zero the state leaves out the optimizer: the members' rebuild attaches
+  // ElasticZero, whose collectives send the replacement the parameters and its shard of the
+  // optimizer state, and the replacement attaches in the same order, after its DDP. The model
+  // goes for its buffers (BatchNorm's running statistics, which DDP broadcasts from rank 0: the
+  // replacement may be rank 0; attach overwrites the parameters), and where the EMA stands
+  // (ema_step), which the next gather() goes on from.
   examples::EpochEnds ends;
   std::int64_t waited = 0;  // 1 once the last async save was waited for
-  tandem::TrainingState progress_state;
-  if constexpr (elastic_zero) add_progress(progress_state.counter("ema_step", ema_step));
+  tandem::TrainingState without_optimizer;
+  if constexpr (elastic_zero)
+    add_progress(without_optimizer.model(model.params()).counter("ema_step", ema_step));
   tandem::TrainingState joined =
-      examples::joined_state(elastic_zero ? progress_state : state, ends);
+      examples::joined_state(elastic_zero ? without_optimizer : state, ends);
   joined.counter("waited", waited);
   examples::send_on_join(group, joined);
   if (!ddp) {  // a replacement

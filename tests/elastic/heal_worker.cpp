@@ -26,10 +26,10 @@
 //
 // With --zero 1|2, ZeRO through tandem::ElasticZero (DDP's shard<1>/shard<2>, each rank keeping a
 // replica of its ring neighbour's optimizer shard): the replacement's on_join state leaves out the
-// parameters and the optimizer (it receives them, and its shard, in ElasticZero::attach in
-// Elastic::start's rebuild, the members in theirs), and the EMA averages a step's parameters once
-// they are whole, at the next step's all_gather (where it stands, ema_step, goes to a
-// replacement). Not with --save-every or --startup.
+// optimizer (it receives the parameters and its shard in ElasticZero::attach in Elastic::start's
+// rebuild, the members in theirs; the model still goes, for its buffers), and the EMA averages a
+// step's parameters once they are whole, at the next step's all_gather (where it stands,
+// ema_step, goes to a replacement). Not with --save-every or --startup.
 //
 // With --save-every N, the step's compute saves the state (save_checkpoint, every rank takes
 // part, rank 0 writes) to DIR/ckpt/step-<S>.safetensors at each step S that N divides: inside the
@@ -168,9 +168,10 @@ int train(tandem::Elastic<Comm>& elastic, const Settings& settings) {
   if (settings.save_every > 0) ballast.add("ballast", {std::size_t{4} << 20});
   ballast.finalize();
   std::optional<Ddp> ddp;
-  tandem::TrainingState state;  // --zero: without the parameters and the optimizer
+  tandem::TrainingState state;  // --zero: without the optimizer
+  state.model(params);
   if constexpr (Stage == 0) {
-    state.model(params).optimizer(*sgd);
+    state.optimizer(*sgd);
   } else {
     state.counter("ema_step", ema_step);
   }
