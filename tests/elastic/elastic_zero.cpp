@@ -5,8 +5,10 @@
 // for bit: the parameters and the full optimizer state at the end are those of an undisturbed run
 // that took the steps before the loss at the full size, saved its state, and took the rest at the
 // smaller size from that state (the learning rate set each step on the rank's optimizer, which
-// the replica follows). And two ring neighbours lost together (a shard and its only
-// replica): an Error naming the cause.
+// the replica follows). A replacement joins and receives its shard through attach, bit for bit
+// the runs at the group's sizes. And two ring neighbours lost together (a shard and its only
+// replica): an Error naming the cause, also on replacements joining in that heal (no hang,
+// nothing applied in part).
 #include <doctest/doctest.h>
 
 #include <algorithm>
