@@ -3,12 +3,13 @@
 // no_sync accumulation and a GradScaler overflow on one rank; state memory 1/N of DDP's; misuse
 // errors; consolidated checkpoints loaded at other world sizes, with and without sharding; the
 // apex O2 compute copy (amp::ComputeWeights) refreshed after ddp.step, the same as DDP's.
-// Built with Gloo (TANDEM_TEST_GLOO) and started by tandemrun (ctest zero_gloo_np3, WORLD_SIZE
-// set), the same comparison runs on GlooComm processes, on groups of 1 .. WORLD_SIZE ranks split
-// off the job, and nothing else; built with ShmComm (TANDEM_TEST_SHM, ctest zero_shm_np3) the
-// same on the intra-node shared-memory path; built with MPI (TANDEM_TEST_MPI, ctest
-// zero_mpi_np4: always under mpirun), the same on MpiComm processes. Each also runs the stages
-// against DDP through a tandem::Join on uneven data (rank r runs 4 + 2r steps).
+// As one rank of a job of processes (TANDEM_TEST_ZERO_JOB names the backend), the same
+// comparison runs on groups of 1 .. the job's size ranks split off the job, and nothing else:
+// gloo (ctest zero_gloo_np3, under tandemrun; built with TANDEM_TEST_GLOO), shm (zero_shm_np3,
+// the intra-node shared-memory path; TANDEM_TEST_SHM), mpi (zero_mpi_np4, under mpirun;
+// TANDEM_TEST_MPI). One executable holds every backend it was built with, so that the LocalComm
+// cases compile once. Each also runs the stages against DDP through a tandem::Join on uneven
+// data (rank r runs 4 + 2r steps).
 //
 // Bit for bit: LocalComm's reduce_scatter and all_reduce add the ranks' inputs in rank order, so
 // a shard<2> gradient equals the DDP one; the optimizers update each element on its own, so
@@ -47,11 +48,13 @@
 #include "tandem/optim/adamw.hpp"
 #include "tandem/optim/sgd.hpp"
 #include "tandem/tensor/precision.hpp"
+#if defined(TANDEM_TEST_GLOO) || defined(TANDEM_TEST_SHM)
+#include "tandem/comm/init.hpp"
+#endif
 #if defined(TANDEM_TEST_GLOO)
 #include "tandem/comm/gloo/gloo.hpp"
-#include "tandem/comm/init.hpp"
-#elif defined(TANDEM_TEST_SHM)
-#include "tandem/comm/init.hpp"
+#endif
+#if defined(TANDEM_TEST_SHM)
 #include "tandem/comm/shm/shm.hpp"
 #endif
 #if defined(TANDEM_TEST_MPI)
@@ -370,51 +373,54 @@ void check_job(JobComm& job) {
   failures.report();
 }
 
-#if defined(TANDEM_TEST_GLOO) || defined(TANDEM_TEST_SHM)
-#if defined(TANDEM_TEST_GLOO)
-using LaunchedComm = tandem::GlooComm;
-#else
-using LaunchedComm = tandem::ShmComm;
-#endif
-/// This process's rank of the tandemrun job, or nullptr when it runs alone.
-LaunchedComm* launched_job() {
-  static std::optional<LaunchedComm> comm = []() -> std::optional<LaunchedComm> {
-    if (!std::getenv("WORLD_SIZE")) return std::nullopt;
-    return tandem::init_process_group<LaunchedComm>();
-  }();
-  return comm ? &*comm : nullptr;
+/// The backend of the job of processes this process is one rank of (TANDEM_TEST_ZERO_JOB: gloo,
+/// shm or mpi, set by the test that starts it), or "" when it runs alone.
+std::string job_backend() {
+  const char* backend = std::getenv("TANDEM_TEST_ZERO_JOB");
+  return backend ? backend : "";
 }
-#endif
 
 /// Whether this process is one rank of a job of processes (which runs the job's case only).
 bool in_job() {
-#if defined(TANDEM_TEST_MPI)
-  return true;  // the MPI build runs only under mpirun
-#elif defined(TANDEM_TEST_GLOO) || defined(TANDEM_TEST_SHM)
-  return launched_job() != nullptr;
-#else
-  return false;
-#endif
+  return !job_backend().empty();
 }
+
+#if defined(TANDEM_TEST_GLOO) || defined(TANDEM_TEST_SHM)
+/// This process's rank of the tandemrun job over Comm.
+template <class Comm>
+void check_launched_job() {
+  auto comm = tandem::init_process_group<Comm>();
+  check_job(comm);
+}
+#endif
 
 }  // namespace
 
+TEST_CASE("shard<1> and shard<2> equal DDP on the processes of a job (tandemrun, mpirun)") {
+  const std::string backend = job_backend();
+  if (backend.empty()) return;  // alone: the LocalComm cases below
+  bool built = false;
 #if defined(TANDEM_TEST_GLOO)
-TEST_CASE("shard<1> and shard<2> equal DDP on GlooComm processes (tandemrun)") {
-  if (auto* comm = launched_job()) check_job(*comm);  // alone: the LocalComm cases below
-}
-#elif defined(TANDEM_TEST_SHM)
-TEST_CASE("shard<1> and shard<2> equal DDP on ShmComm processes (tandemrun)") {
-  if (auto* comm = launched_job()) check_job(*comm);  // alone: the LocalComm cases below
-}
+  if (backend == "gloo") {
+    built = true;
+    check_launched_job<tandem::GlooComm>();
+  }
 #endif
-
+#if defined(TANDEM_TEST_SHM)
+  if (backend == "shm") {
+    built = true;
+    check_launched_job<tandem::ShmComm>();
+  }
+#endif
 #if defined(TANDEM_TEST_MPI)
-TEST_CASE("shard<1> and shard<2> equal DDP on MpiComm processes (mpirun)") {
-  auto world = tandem::MpiComm::world();
-  check_job(world);
-}
+  if (backend == "mpi") {
+    built = true;
+    auto world = tandem::MpiComm::world();
+    check_job(world);
+  }
 #endif
+  REQUIRE_MESSAGE(built, "TANDEM_TEST_ZERO_JOB=", backend, ": this build has no such backend");
+}
 
 TEST_CASE("shard<1> and shard<2> equal DDP bit for bit: SGD, two groups, no_sync, lr change") {
   if (in_job()) return;  // a rank of a job of processes: the job's case only
