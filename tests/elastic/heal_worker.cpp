@@ -24,6 +24,11 @@
 // join (its ticket in the store), so that it joins before they finish (else it would find the
 // run over, which Elastic allows: finished()).
 //
+// With --grow-at S --grow N (a group that grows: tandemrun --nnodes MIN:MAX, a node started
+// later, whose workers join with ranks beyond the first world), the members of the first world
+// wait at step S until N join requests are in the store and the driver wrote DIR/grow.go, so
+// that the new members join before the run ends.
+//
 // With --save-every N, the step's compute saves the state (save_checkpoint, every rank takes
 // part, rank 0 writes) to DIR/ckpt/step-<S>.safetensors at each step S that N divides: inside the
 // step, so a save that a loss interrupts is taken again by the healed group.
@@ -96,6 +101,8 @@ struct Settings {
   int save_every = 0;
   int kill_permille = 0;
   int join_at = -1;  // members wait at this step, after a heal, until the replacement asked
+  int grow_at = -1;  // the first members wait here until `grow` new ones asked (and grow.go)
+  int grow = 0;
   // The victim is lost before its first step instead (--fault-step is then unused):
   // "before-join" (before it joins the job's store, once the others have) or "before-start"
   // (in the group, before Elastic::start builds DDP).
@@ -176,6 +183,18 @@ int train(tandem::Elastic<Comm>& elastic, const Settings& settings) {
             tandem::FileStore store(settings.dir + "/store");
             const std::vector<std::string> asked{"tandem/elastic//join/1"};
             while (!store.check(asked)) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+          }
+          // A new member admitted before step S waits for the others in the step's collective.
+          if (step == settings.grow_at && !elastic.replacement()) {
+            tandem::FileStore store(settings.dir + "/store");  // white-box, as above
+            std::vector<std::string> asked;
+            for (int t = 1; t <= settings.grow; ++t) {
+              asked.push_back("tandem/elastic//join/" + std::to_string(t));
+            }
+            const auto go = std::filesystem::path(settings.dir) / "grow.go";
+            while (!store.check(asked) || !std::filesystem::exists(go)) {
+              std::this_thread::sleep_for(std::chrono::milliseconds(2));
+            }
           }
           if (settings.save_every > 0 && step % settings.save_every == 0) {
             // The kill lands at a drawn fraction of the time this rank's last save took: late
@@ -321,7 +340,7 @@ int usage() {
                "usage: heal_worker --backend shm|gloo|hierarchical --dir DIR [--ranks N]\n"
                "  [--steps S] [--timeout-ms T] [--window-ms W] [--await-ms A]\n"
                "  [--fault-step S --victim V] [--startup before-join|before-start --victim V]\n"
-               "  [--save-every N --kill-permille P] [--join-at S]\n");
+               "  [--save-every N --kill-permille P] [--join-at S] [--grow-at S --grow N]\n");
   return 2;
 }
 
@@ -340,7 +359,9 @@ int main(int argc, char** argv) {
                                                  {"--victim", &settings.victim},
                                                  {"--save-every", &settings.save_every},
                                                  {"--kill-permille", &settings.kill_permille},
-                                                 {"--join-at", &settings.join_at}};
+                                                 {"--join-at", &settings.join_at},
+                                                 {"--grow-at", &settings.grow_at},
+                                                 {"--grow", &settings.grow}};
   const bool read = tandem::test::elastic::read_settings(argc, argv, words, numbers);
   if (!read) return usage();
 #if TANDEM_ELASTIC_WITH_GLOO
