@@ -27,6 +27,7 @@ Exit status: 0 when it passed, 1 when it failed.
 import argparse
 import importlib.util
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -155,6 +156,11 @@ def run(args, directory):
             failures.append(f"rank {r}: of {len(counts)} samples, {len(unused)} never used "
                             f"(first {unused[:5]}), {extra} used more than once (at most "
                             f"{world - 1} may be, the last split's padding)")
+    text = "".join(err_of(node) for node in (0, 1, 2))
+    sanitizer = re.search(r"(ERROR: \w+Sanitizer[^\n]*|WARNING: ThreadSanitizer[^\n]*|"
+                          r"runtime error:[^\n]*)", text)
+    if sanitizer:
+        failures.append(f"a sanitizer reported: {sanitizer.group(1)}")
     if failures:
         for node in (0, 1):
             failures.append(f"node {node}'s stderr ends: " + err_of(node)[-2000:])

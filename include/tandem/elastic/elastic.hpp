@@ -316,10 +316,10 @@ class Elastic {
   /// A replacement's side: asks to join (a ticket in the store), waits to be admitted, and forms
   /// the new group's communicator with the members; on_join then receives the state.
   void join(const elastic::MemberRecord& self) {
-    // No record of the member it replaces (a new member: of the first): the store is not the
-    // running group's (a FileStore starts empty when no process holds it: all have ended).
-    const int known = member_ < world_size_ ? member_ : 0;
-    if (!store_.check(std::vector<std::string>{"member/" + std::to_string(known)})) {
+    // No record of the member it replaces: the store is not the running group's (a FileStore
+    // starts empty when no process holds it). A new member may come before the group formed.
+    if (member_ < world_size_ &&
+        !store_.check(std::vector<std::string>{"member/" + std::to_string(member_)})) {
       finished_ = true;
       return;
     }

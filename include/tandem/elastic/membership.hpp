@@ -271,7 +271,8 @@ inline std::string beyond_largest(int member, int max_members) {
 }
 
 /// What the group agreed as its largest size (agree_max_members), as a process that joins it as
-/// `member` reads it (waiting at most `timeout`); raises when `member` is beyond it.
+/// `member` reads it (waiting at most `timeout`: a new member may come while generation 0 still
+/// forms); raises when `member` is beyond it.
 template <Store S>
 int max_members(S& store, int member, Timeout timeout) {
   const auto text = store.get("max_members", timeout);
