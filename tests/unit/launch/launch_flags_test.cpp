@@ -528,13 +528,23 @@ TEST_CASE("a token given on the command line is blanked in the launcher's argv")
   CHECK(std::string(argv[8]) == "kept");  // the program's own argument
 }
 
-TEST_CASE("--nnodes MIN:MAX --elastic --rdzv-endpoint: a job that grows") {
+namespace {
+
+/// --nnodes 1:3 --elastic --nproc-per-node 2 --rdzv-endpoint `endpoint` --rdzv-token job-token.
+launch::LaunchOptions growing_job(std::string endpoint) {
   auto options = with_command({});
   options.nnodes = "1:3";
   options.elastic = true;
   options.nproc_per_node = "2";
-  options.rdzv_endpoint = "10.0.0.1:29400";
+  options.rdzv_endpoint = std::move(endpoint);
   options.rdzv_token = "job-token";
+  return options;
+}
+
+}  // namespace
+
+TEST_CASE("--nnodes MIN:MAX --elastic --rdzv-endpoint: a job that grows") {
+  auto options = growing_job("10.0.0.1:29400");
   const auto plan = launch::resolve(options, host());
   CHECK(plan.node_slots);
   CHECK(plan.rdzv_host == "10.0.0.1");
@@ -579,13 +589,7 @@ TEST_CASE("--nnodes MIN:MAX --elastic --rdzv-endpoint: a job that grows") {
 }
 
 TEST_CASE("node slots: node 0 opens them, later nodes take them up to MAX, then are refused") {
-  auto options = with_command({});
-  options.nnodes = "1:3";
-  options.elastic = true;
-  options.nproc_per_node = "2";
-  options.rdzv_endpoint = "127.0.0.1:29400";
-  options.rdzv_token = "t";
-  const auto plan = launch::resolve(options, host());
+  const auto plan = launch::resolve(growing_job("127.0.0.1:29400"), host());
   tandem::HashStore store;
   launch::open_node_slots(store, plan);
 
