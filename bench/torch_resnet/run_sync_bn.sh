@@ -26,9 +26,16 @@ for ((round = 1; round <= rounds; ++round)); do
     prog=$program flags=()
     [[ $config == base ]] && prog=$base
     [[ $config == nosync ]] && flags=(--no-sync-bn)
-    seconds=$("$tandemrun" --standalone --nproc-per-node 2 "$prog" --epochs 1 --max-steps "$steps" \
-      "${flags[@]}" 2>&1 | sed -n 's/.*after \([0-9.]*\) s of training.*/\1/p')
+    output=$("$tandemrun" --standalone --nproc-per-node 2 "$prog" --epochs 1 --max-steps "$steps" \
+      "${flags[@]}" 2>&1)
+    seconds=$(sed -n 's/.*after \([0-9.]*\) s of training.*/\1/p' <<<"$output")
     [[ -n $seconds ]] || { echo "FAILED: $config printed no training time" >&2; exit 1; }
+    # The timed work happened: the run's last line counts the steps it took.
+    took=$(sed -n 's/.*test accuracy .* after \([0-9]*\) steps on 2 ranks.*/\1/p' <<<"$output")
+    [[ $took == "$steps" ]] || {
+      echo "FAILED: $config took ${took:-no} steps, not $steps" >&2
+      exit 1
+    }
     echo "$config $round $seconds" | tee -a "$results"
   done
 done

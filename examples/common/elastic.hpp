@@ -4,11 +4,12 @@
 // either tandem::Elastic<Comm> or FixedGroup<Comm> (the plain run: every step taken at once,
 // no heal), both offering comm(), generation(), first_rank(), on_heal(release, rebuild),
 // on_join(save, load) (a replacement that tandemrun --elastic --max-restarts started joins the
-// running group and receives the state), replacement() and step(compute, apply)
+// running group and receives the state), replacement(), step(compute, apply) and settle(work)
 // (docs/elastic.md).
 // Here: FixedGroup, what the loop needs across heals (HealingBatches, HealingProgress,
 // HealLog, crash_if_asked), what a replacement receives (EpochEnds, joined_state,
-// send_on_join) and the checks of the flags; elastic_run.hpp starts the group.
+// send_on_join), the last check that every rank holds the same parameters
+// (check_same_parameters) and the checks of the flags; elastic_run.hpp starts the group.
 //   examples::FixedGroup group(comm);  train(group, s);                 // the plain run
 // Needs: common/run.hpp (no tandem::Elastic itself: the CUDA programs include this too).
 #pragma once
@@ -27,6 +28,7 @@
 
 #include "common/run.hpp"  // the backends' headers, RunSettings
 #include "tandem/core/env.hpp"
+#include "tandem/core/hash.hpp"
 #include "tandem/io/log.hpp"
 #include "tandem/io/progress.hpp"
 #include "tandem/io/training_state.hpp"
@@ -34,8 +36,8 @@
 namespace examples {
 
 /// A group that never changes: tandem::Elastic's interface over a plain communicator, so that one
-/// training loop serves both runs. step() runs compute then apply, with no commit point; the
-/// heal callbacks are never called.
+/// training loop serves both runs. step() runs compute then apply, with no commit point, settle()
+/// runs its work once; the heal callbacks are never called.
 template <class Comm>
 class FixedGroup {
  public:
@@ -56,6 +58,10 @@ class FixedGroup {
   void step(Compute&& compute, Apply&& apply) {
     compute(*comm_);
     apply();
+  }
+  template <class Work>
+  void settle(Work&& work) {
+    work(*comm_);
   }
 
  private:
@@ -175,6 +181,22 @@ int first_world_size(Group& group) {
   return group.comm().size();
 }
 
+/// --elastic's last check, between steps (group.settle): every member, the healed survivors and
+/// the replacements included, holds the same parameters bit for bit (tandem::agree of their
+/// FNV-1a hash: an Error naming the ranks that differ), which rank 0 says. `before(comm)` runs
+/// first (under ZeRO the last all_gather of the parameters).
+template <class Group, class Params, class Before>
+void check_same_parameters(Group& group, Params& params, Before&& before) {
+  group.settle([&](auto& comm) {
+    before(comm);
+    const auto values = params.values();
+    const std::uint64_t hash =
+        tandem::fnv1a(std::as_bytes(std::span(values.data(), values.size())));
+    tandem::agree(comm, {{"the parameters' FNV-1a hash", hash}});
+    tandem::log0(comm) << "the " << comm.size() << " ranks hold the same parameters";
+  });
+}
+
 /// Where a group stands at an epoch's end besides the training state, sent to a replacement with
 /// it so that it takes up the loop at the members' point: the epochs evaluated (and the last
 /// evaluation's results, bit for bit) and the epochs checkpointed.
@@ -214,24 +236,8 @@ void send_on_join(Group& group, tandem::TrainingState& joined) {
                 });
 }
 
-/// Whether the launcher may start replacements (tandemrun --max-restarts N, N > 0).
-inline bool replacements_allowed() {
-  const char* text = std::getenv("TORCHELASTIC_MAX_RESTARTS");
-  const auto restarts = tandem::parse_int(text ? text : "");
-  return restarts && *restarts > 0;
-}
-
-/// Why `backend` (with `zero`, a ZeRO stage, 0 for none) cannot run --elastic, or "".
-inline std::string elastic_problem(const std::string& backend, int zero) {
-  if (zero != 0 && replacements_allowed()) {
-    // tandem::ElasticZero admits replacements (docs/elastic.md, ZeRO); this example's on_join
-    // still sends its optimizer in the TrainingState, which a sharded optimizer cannot do.
-    return "--elastic --zero under tandemrun --max-restarts N (N > 0): this example's "
-           "replacements do not join a ZeRO group yet (their state would have to leave the "
-           "optimizer to tandem::ElasticZero::attach; docs/elastic.md, ZeRO), so under --zero "
-           "the group only shrinks: launch with --max-restarts 0, or train with plain DDP (no "
-           "--zero)";
-  }
+/// Why `backend` cannot run --elastic, or "".
+inline std::string elastic_problem(const std::string& backend) {
   if (backend == "local") {
     return "--elastic with --backend local: threads of one process are lost together with it; "
            "start the ranks as processes under `tandemrun --elastic` (backend shm, gloo or "

@@ -22,10 +22,11 @@ namespace examples {
 /// register on_join before anything collective. One that came after the run ended has nothing to
 /// do: 0.
 template <class Comm, class Train>
-double run_elastic_rank(const std::string& store_url, std::chrono::seconds timeout, Train& train) {
+double run_elastic_rank(const std::string& store_url, std::chrono::seconds timeout, Train& train,
+                        const tandem::ElasticOptions& elastic_options) {
   typename Comm::options_type options;
   options.timeout = timeout;
-  tandem::Elastic<Comm> elastic(store_url, options);
+  tandem::Elastic<Comm> elastic(store_url, options, elastic_options);
   if (elastic.finished()) {
     tandem::log_rank(elastic.first_rank()) << "replacement: the run had already finished";
     return 0;
@@ -34,26 +35,32 @@ double run_elastic_rank(const std::string& store_url, std::chrono::seconds timeo
 }
 
 /// Runs train(group) with a tandem::Elastic group over the backend `backend` names (shm, gloo or
-/// hierarchical: those that heal); nullopt where it is not built in or cannot heal (check
-/// elastic_problem first for the reason).
+/// hierarchical: those that heal), healing as `elastic_options` say; nullopt where it is not built
+/// in or cannot heal (check elastic_problem first for the reason).
 template <class Train>
 std::optional<double> run_elastic_backend(const std::string& backend, const std::string& store_url,
-                                          std::chrono::seconds timeout, Train&& train) {
+                                          std::chrono::seconds timeout, Train&& train,
+                                          const tandem::ElasticOptions& elastic_options = {}) {
 #if TANDEM_EXAMPLE_WITH_GLOO
-  if (backend == "gloo") return run_elastic_rank<tandem::GlooComm>(store_url, timeout, train);
+  if (backend == "gloo") {
+    return run_elastic_rank<tandem::GlooComm>(store_url, timeout, train, elastic_options);
+  }
 #endif
 #if TANDEM_EXAMPLE_WITH_SHM
-  if (backend == "shm") return run_elastic_rank<tandem::ShmComm>(store_url, timeout, train);
+  if (backend == "shm") {
+    return run_elastic_rank<tandem::ShmComm>(store_url, timeout, train, elastic_options);
+  }
 #endif
 #if TANDEM_EXAMPLE_WITH_SHM && TANDEM_EXAMPLE_WITH_GLOO
   if (backend == "hierarchical") {
     return run_elastic_rank<tandem::HierarchicalComm<tandem::ShmComm, tandem::GlooComm>>(
-        store_url, timeout, train);
+        store_url, timeout, train, elastic_options);
   }
 #endif
   (void)store_url;
   (void)timeout;
   (void)train;
+  (void)elastic_options;
   return std::nullopt;
 }
 

@@ -14,14 +14,16 @@ check_accuracy() {
   awk -v a="$accuracy" -v m="$2" 'BEGIN { exit !(a >= m) }' ||
     fail "test accuracy $accuracy % is below $2 %"
 }
-# check_healed RANKS FINAL MIN: the run in $log lost rank 1 (the launcher said so), its RANKS - 1
-# survivors healed once and ended at step FINAL (a lost or repeated batch of samples, or a
-# restarted epoch, ends elsewhere), reaching MIN percent; sets line (the last line) and accuracy.
+# check_healed RANKS FINAL MIN [AFTER]: the run in $log lost rank 1 (the launcher said so), it
+# healed once to AFTER ranks (default RANKS - 1: the survivors) and ended at step FINAL (a lost or
+# repeated batch of samples, or a restarted epoch, ends elsewhere), reaching MIN percent; sets line
+# (the last line) and accuracy.
 check_healed() {
+  local after=${4:-$(($1 - 1))}
   grep -q "rank 1 was lost (signal SIGKILL" "$log" || fail "the launcher did not report rank 1 lost"
-  grep -q "healed 1 time(s): $(($1 - 1)) ranks went on" "$log" || fail "no heal to $(($1 - 1))"
-  line=$(grep "test accuracy .* after $2 steps on $(($1 - 1)) ranks" "$log") ||
-    fail "the run did not end at step $2 on $(($1 - 1)) ranks"
+  grep -q "healed 1 time(s): $after ranks went on" "$log" || fail "no heal to $after"
+  line=$(grep "test accuracy .* after $2 steps on $after ranks" "$log") ||
+    fail "the run did not end at step $2 on $after ranks"
   echo "$line"
   check_accuracy "$line" "$3"
 }

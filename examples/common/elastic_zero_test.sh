@@ -7,32 +7,53 @@
 # (parameters, the optimizer state gathered from the shards, the EMA, the schedule, the sampler)
 # must equal the reference's byte for byte: the survivors put the lost rank's optimizer shard
 # together from its replica (tandem::ElasticZero) exactly, and the EMA averages each step once.
-# Then --zero under `--max-restarts 1` must be refused, naming why (the example's replacements do
-# not join a ZeRO group yet).
-#   elastic_zero_test.sh TANDEMRUN PROGRAM CRASH FINAL MIN_ACCURACY [PROGRAM'S FLAGS...]
+# Then replacements (`tandemrun --max-restarts 1`, the survivors waiting for it in the heal:
+# --await-replacement): rank 1 killed at step CRASH is replaced under plain DDP, --zero 1 and
+# --zero 2 (under ZeRO the replacement receives the parameters and its optimizer shard through
+# tandem::ElasticZero::attach, its on_join state leaving them out); each must heal once, admit the
+# replacement, end at step JOINED on 3 ranks that hold the same parameters, and the ZeRO runs'
+# last checkpoints must equal plain DDP's byte for byte.
+#   elastic_zero_test.sh TANDEMRUN PROGRAM CRASH FINAL JOINED MIN_ACCURACY [PROGRAM'S FLAGS...]
 set -euo pipefail
-tandemrun=$1 program=$2 crash=$3 final_step=$4 min_accuracy=$5
-shift 5
+tandemrun=$1 program=$2 crash=$3 final_step=$4 joined_step=$5 min_accuracy=$6
+shift 6
 flags=("$@")
 # shellcheck source=elastic_test_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/elastic_test_lib.sh" elastic-zero
 
 # run NAME [FLAGS...]: one launch on 3 ranks, its log in $work/NAME.log (then $log), its
-# checkpoints in $work/NAME unless FLAGS name another directory.
+# checkpoints in $work/NAME unless FLAGS name another directory. With restarts=1 set, under
+# --max-restarts 1.
 run() {
   local name=$1
   shift
   log="$work/$name.log"
-  "$tandemrun" --standalone --elastic --nproc-per-node 3 "$program" "${flags[@]}" \
-    --checkpoint-dir "$work/$name" "$@" --elastic --elastic-store "file://$work/$name.store" \
-    >"$log" 2>&1
+  "$tandemrun" --standalone --elastic --max-restarts "${restarts:-0}" --nproc-per-node 3 \
+    "$program" "${flags[@]}" --checkpoint-dir "$work/$name" "$@" --elastic \
+    --elastic-store "file://$work/$name.store" >"$log" 2>&1
+}
+# same_as REFERENCE NAME STEP: NAME's checkpoint of STEP is REFERENCE's, byte for byte.
+same_as() {
+  local last
+  last=$(printf 'checkpoint-%012d.safetensors' "$3")
+  cmp "$work/$1/$last" "$work/$2/$last" || fail "$2's last checkpoint differs from $1's"
 }
 # healed NAME: the run lost rank 1 and healed to FINAL; its last checkpoint is the reference's.
 healed() {
   check_healed 3 "$final_step" "$min_accuracy"
-  local last
-  last=$(printf 'checkpoint-%012d.safetensors' "$final_step")
-  cmp "$work/plain/$last" "$work/$1/$last" || fail "$1's last checkpoint differs from plain DDP's"
+  same_as plain "$1" "$final_step"
+}
+# replaced NAME [FLAGS...]: rank 1 killed at CRASH and replaced in the heal; the run ends at
+# JOINED on 3 ranks holding the same parameters.
+replaced() {
+  local name=$1
+  shift
+  restarts=1 run "$name" "$@" --crash-at-step "$crash" --await-replacement 300 ||
+    fail "$name did not finish after losing rank 1 and replacing it"
+  grep -q "a replacement joins them" "$log" || fail "the launcher started no replacement"
+  grep -q "1 replacement(s) joined: 3 ranks at the end" "$log" || fail "$name: no replacement"
+  grep -q "the 3 ranks hold the same parameters" "$log" || fail "$name: the ranks' parameters"
+  check_healed 3 "$joined_step" "$min_accuracy" 3
 }
 
 run plain --crash-at-step "$crash" || fail "plain DDP did not finish after losing rank 1"
@@ -45,13 +66,12 @@ run zero2 --zero 2 --resume --crash-at-step "$crash" ||
 grep -q "resumed from .* at step $crash" "$log" || fail "--zero 2 did not resume at step $crash"
 healed zero2
 
-log="$work/refused.log"
-if "$tandemrun" --standalone --elastic --max-restarts 1 --nproc-per-node 2 "$program" --zero 2 \
-  --elastic --elastic-store "file://$work/refused.store" >"$log" 2>&1; then
-  fail "--elastic --zero ran under --max-restarts 1"
-fi
-grep -q "replacements do not join a ZeRO group yet" "$log" ||
-  fail "--elastic --zero under --max-restarts 1 was not refused with its reason"
+replaced plain_joined
+replaced zero1_joined --zero 1
+same_as plain_joined zero1_joined "$joined_step"
+replaced zero2_joined --zero 2
+same_as plain_joined zero2_joined "$joined_step"
 echo "PASSED: rank 1 killed at step $crash; under --zero 1 and --zero 2 (resumed) the 2" \
-  "survivors healed to step $final_step with the checkpoint of plain DDP's run, test accuracy" \
-  "$accuracy %; --zero with replacements refused"
+  "survivors healed to step $final_step with the checkpoint of plain DDP's run; replaced, the 3" \
+  "ranks ended at step $joined_step with the same parameters and plain DDP's checkpoint, test" \
+  "accuracy $accuracy %"

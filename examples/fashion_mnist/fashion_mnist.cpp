@@ -26,7 +26,9 @@
 //        not end the run; the survivors heal through tandem::Elastic and go on with the epoch's
 //        rest re-split over them; under `tandemrun --elastic --max-restarts N` a restarted
 //        worker joins the running group, its state sent by a member; shm, gloo, hierarchical;
-//        with --zero through tandem::ElasticZero, survivors only; README.md here)
+//        with --zero through tandem::ElasticZero; README.md here)
+//        --await-replacement SECONDS (with --elastic: the survivors wait in the heal up to
+//        SECONDS for the lost ranks' replacements, so the world size does not change)
 #include <cblas.h>
 
 #include <algorithm>
@@ -288,15 +290,9 @@ double train(Group& group, const Settings& settings) {
   std::optional<Sgd> own_optimizer;              // the run's, except under --elastic --zero
   std::optional<tandem::ElasticZero<Sgd>> zero;  // --elastic --zero: the shard and a replica
   if constexpr (elastic_zero) {
-    if (group.replacement()) {  // elastic_problem refuses --max-restarts: started by hand
-      throw tandem::Error(group.first_rank(), "fashion_mnist --elastic --zero",
-                          "this example's replacements do not join a ZeRO group yet (its "
-                          "on_join sends the optimizer, which under ZeRO is "
-                          "tandem::ElasticZero::attach's to send): under --zero the group "
-                          "only shrinks");
-    }
     zero.emplace(model.params(), make_optimizer);
-    zero->attach(*ddp, group.members());
+    // A replacement's attach comes after on_join: it receives its shard there, with the members'.
+    if (ddp) zero->attach(*ddp, group.members());
   } else {
     own_optimizer.emplace(make_optimizer());
     // --zero: momentum for this rank's parts only (before a resume)
@@ -319,6 +315,14 @@ double train(Group& group, const Settings& settings) {
   std::int64_t step = 0;
   std::size_t batches_done = 0;
   std::mt19937 generator(static_cast<unsigned>(settings.seed + 1000 * first.rank()));
+  // What a checkpoint holds besides the model and the optimizer (loaded after them).
+  const auto add_progress = [&](tandem::TrainingState& to) {
+    to.ema(ema, model.params())
+        .scheduler(schedule)
+        .sampler(sampler, batches_done, settings.batch_size)
+        .counter("step", step)
+        .rng("generator", generator);
+  };
   tandem::TrainingState state;
   state.model(model.params());
   if constexpr (elastic_zero) {
@@ -326,11 +330,7 @@ double train(Group& group, const Settings& settings) {
   } else {
     state.optimizer(optimizer);
   }
-  state.ema(ema, model.params())
-      .scheduler(schedule)
-      .sampler(sampler, batches_done, settings.batch_size)
-      .counter("step", step)
-      .rng("generator", generator);
+  add_progress(state);
   if (!group.replacement()) {
     examples::resume_from_latest(first, settings.resume, settings.checkpoint_dir, state, loader,
                                  batches_done, step);
@@ -380,15 +380,26 @@ double train(Group& group, const Settings& settings) {
   // A replacement (tandemrun --elastic --max-restarts): a member sends it the training state at
   // the step boundary where it is admitted, with where in the epoch's end the group is (the
   // epoch's evaluation, its checkpoint, the last save's wait done), so that it takes up the loop
-  // at the members' point. Then DDP over the grown group (the members rebuild theirs). Not under
-  // --zero: ElasticZero cannot hand a shard to a new member (elastic_problem refuses
-  // --max-restarts there), and without on_join none is admitted.
+  // at the members' point. Then DDP over the grown group (the members rebuild theirs). Under
+  // --elastic --zero the state leaves out the optimizer: the members' rebuild attaches
+  // ElasticZero, whose collectives send the replacement the parameters and its shard of the
+  // optimizer state, and the replacement attaches in the same order, after its DDP. The model
+  // goes for its buffers (BatchNorm's running statistics, which DDP broadcasts from rank 0: the
+  // replacement may be rank 0; attach overwrites the parameters), and where the EMA stands
+  // (ema_step), which the next gather() goes on from.
   examples::EpochEnds ends;
   std::int64_t waited = 0;  // 1 once the last async save was waited for
-  tandem::TrainingState joined = examples::joined_state(state, ends);
+  tandem::TrainingState without_optimizer;
+  if constexpr (elastic_zero)
+    add_progress(without_optimizer.model(model.params()).counter("ema_step", ema_step));
+  tandem::TrainingState joined =
+      examples::joined_state(elastic_zero ? without_optimizer : state, ends);
   joined.counter("waited", waited);
-  if constexpr (!elastic_zero) examples::send_on_join(group, joined);
-  if (!ddp) ddp.emplace(first, model.params());
+  examples::send_on_join(group, joined);
+  if (!ddp) {  // a replacement
+    ddp.emplace(first, model.params());
+    if constexpr (elastic_zero) zero->attach(*ddp, group.members());
+  }
 
   double accuracy = ends.accuracy();
   double ema_accuracy = ends.ema_accuracy();
@@ -477,6 +488,8 @@ double train(Group& group, const Settings& settings) {
   if (async_saves && waited == 0)  // the last file on disk
     heal_log.step(
         group, step, "checkpoint", [&](Comm&) { async_saves->wait(); }, [&] { waited = 1; });
+  if (settings.elastic)
+    examples::check_same_parameters(group, model.params(), [&](Comm&) { gather(); });
   examples::log_final_accuracy(group.comm(), accuracy, step);
   if (group.heals() > 0) {
     tandem::log0(group.comm()) << "healed " << group.heals() << " time(s): " << group.comm().size()
@@ -498,8 +511,7 @@ int main(int argc, char** argv) {
   const auto timeout = std::chrono::seconds(settings->timeout_seconds);
   std::optional<std::string> store;
   if (settings->elastic) {
-    if (const auto problem = examples::elastic_problem(settings->backend, settings->zero);
-        !problem.empty()) {
+    if (const auto problem = examples::elastic_problem(settings->backend); !problem.empty()) {
       std::fprintf(stderr, "fashion_mnist: %s\n", problem.c_str());
       return fashion_mnist::usage(fashion_mnist::program::cpu);
     }
@@ -525,7 +537,9 @@ int main(int argc, char** argv) {
       }
     };
     const auto accuracy =
-        store ? examples::run_elastic_backend(settings->backend, *store, timeout, train_at_stage)
+        store ? examples::run_elastic_backend(
+                    settings->backend, *store, timeout, train_at_stage,
+                    {.await_replacement = std::chrono::seconds(settings->await_replacement)})
               : examples::run_cpu_backend(settings->backend, settings->ranks, timeout,
                                           [&](auto& comm) {
                                             examples::FixedGroup group(comm);

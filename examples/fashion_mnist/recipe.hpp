@@ -35,6 +35,7 @@ struct Settings : examples::RunSettings {
   int zero = 0;  // CPU only: ZeRO stage (DistributedDataParallel's shard<1>, shard<2>), 0: none
   bool elastic = false;       // CPU only: survivors go on after a lost rank (tandem::Elastic)
   std::string elastic_store;  // CPU only: where they meet (file:///PATH); "": from the run id
+  int await_replacement = 0;  // CPU only: seconds the survivors wait in a heal for replacements
   bool async_save = false;    // CPU only: checkpoints written in the background (AsyncCheckpoints)
   // GPU only:
   std::string precision = "fp16";  // compute copies of the weights: fp16 (O2), bf16 (O2), fp32
@@ -105,7 +106,8 @@ inline int usage(program which) {
                  "  [--epochs E] [--batch-size B] [--lr LR] [--seed S] [--data DIR]\n"
                  "  [--checkpoint-dir DIR] [--resume] [--timeout SECONDS] [--workers W]\n"
                  "  [--tensorboard DIR] [--max-steps N] [--wide] [--plain] [--zero 1|2]\n"
-                 "  [--elastic [--elastic-store file:///PATH]] (under tandemrun --elastic)\n"
+                 "  [--elastic [--elastic-store file:///PATH] [--await-replacement SECONDS]]\n"
+                 "  (under tandemrun --elastic)\n"
                  "  [--async-save] (with --checkpoint-dir: saves written in the background)\n"
                  "  default backend: hierarchical under a launcher (WORLD_SIZE set: shared memory\n"
                  "  within a node, Gloo between nodes), else local; plain Gloo: --backend gloo\n");
@@ -174,6 +176,10 @@ inline std::optional<Settings> parse(int argc, char** argv, program which,
       if (!s.elastic_store.starts_with("file:///"))
         return examples::refuse(errors, name, arg, s.elastic_store,
                                 "not file:///PATH (a store that outlives every rank)");
+    } else if (!gpu && arg == "--await-replacement") {
+      const auto seconds = number(0, 3600);
+      if (!seconds) return std::nullopt;
+      s.await_replacement = static_cast<int>(*seconds);
     } else if (!gpu && arg == "--zero") {
       const auto stage = number(0, 2);
       if (!stage) return std::nullopt;
@@ -193,6 +199,10 @@ inline std::optional<Settings> parse(int argc, char** argv, program which,
       return i == at ? examples::refuse(errors, name, arg, argv[i + 1], "unknown flag")
                      : std::nullopt;
     }
+  }
+  if (s.await_replacement > 0 && !s.elastic) {
+    return examples::refuse(errors, name, "--await-replacement",
+                            std::to_string(s.await_replacement), "needs --elastic");
   }
   if (const auto problem = examples::path_problem(s); !problem.empty()) {
     if (errors) std::fprintf(errors, "%s: %s\n", name, problem.c_str());

@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
   const auto timeout = std::chrono::seconds(settings->timeout_seconds);
   std::optional<std::string> store;
   if (settings->elastic) {
-    if (const auto problem = examples::elastic_problem(settings->backend, 0); !problem.empty()) {
+    if (const auto problem = examples::elastic_problem(settings->backend); !problem.empty()) {
       std::fprintf(stderr, "torch_resnet: %s\n", problem.c_str());
       return torch_resnet::usage();
     }

@@ -25,10 +25,18 @@ manifest.cmake calls tandem_doc_snippet() once per block with NAME (a target nam
 WHERE (doc:line), NEEDS (the components its #includes and its fragment comment's need: gloo, mpi,
 shm, data, io, torch, cuda, nccl), LINKS (those a "CMake:" comment in the block names, else
 those its #includes need, and the fragment comment's) and, for a block with a "CMake:" comment,
-LINKED: that block is linked, so that one whose comment names too few components fails; the others
-are compiled only (every template they use instantiated, no code generated: CI's time). Files are
-rewritten only when their text changes (no rebuild otherwise); files of blocks that are gone are
-removed.
+LINKED: that block is linked; the others are compiled only (every template they use instantiated,
+no code generated: CI's time). A "CMake:" comment that names fewer components than the block's
+#includes need stops this script with the block's place (a user copying it would fail to link).
+
+The blocks that need no nvcc share a source per kind, so that the headers are parsed and the
+templates instantiated once for all of them rather than once a block (CI's time): blocks.cpp
+(compiled only), blocks_linked.cpp (linked), blocks_torch.cpp and blocks_torch_linked.cpp (the
+blocks that need libtorch). In it a block is its #includes, then its text inside a namespace of
+its own (its target's name) under `#line` directives, so that an error names the doc's line; and
+an `#if defined(TANDEM_DOC_<target>)` around it, which CMake defines for the blocks that this build
+has the components for. A block that needs nvcc keeps a file of its own (<target>.cu). Files are
+rewritten only when their text changes (no rebuild otherwise); files no longer written are removed.
 """
 import os
 import re
@@ -82,7 +90,8 @@ def blocks(path):
 
 
 def fragment_context(lines, fence, path):
-    """The C++ lines of a `<!-- fragment` comment that ends on the line before the fence."""
+    """(the doc's line of its first C++ line, the C++ lines) of a `<!-- fragment` comment that
+    ends on the line before the fence; None where there is none."""
     end = fence - 1
     if end < 0 or not lines[end].strip().endswith("-->"):
         return None
@@ -96,16 +105,18 @@ def fragment_context(lines, fence, path):
                  "block is the inside of, on the lines after `<!-- fragment`")
     context = [line.strip() if i == 0 else line for i, line in enumerate(lines[begin + 1:end + 1])]
     context[-1] = context[-1].rsplit("-->", 1)[0]
-    return context
+    return begin + 2, context
 
 
 def source_of(context, body):
-    """The translation unit: a whole block as it is, or a fragment wrapped into its function."""
+    """A block's own translation unit: a whole block as it is, or a fragment wrapped into its
+    function."""
     if context is None:
         text = "\n".join(body) + "\n"
         if not re.search(r"\bmain\s*\(", text):
             text += "\nint main() {}  // added by tests/compile/docs_snippets.py\n"
         return text
+    context = context[1]
     includes = [line for line in body if INCLUDE.match(line)]
     rest = [line for line in body if not INCLUDE.match(line)]
     text = ("\n".join(includes) + "\n\n" + "\n".join(context) + "\n" + "\n".join(rest) +
@@ -113,6 +124,24 @@ def source_of(context, body):
     if not re.search(r"\bmain\s*\(", "\n".join(context + rest)):
         text += "\nint main() {}  // added by tests/compile/docs_snippets.py\n"
     return text
+
+
+def section_of(target, doc, line, context, body):
+    """A block's part of a shared source: its #includes, then its text (include lines left
+    blank, so that the line numbers hold) in a namespace of its own, where a main() of its own
+    is an ordinary function; the whole under the macro CMake defines when it builds the block."""
+    includes = [text for text in (context[1] if context else []) + body if INCLUDE.match(text)]
+    parts = [f"#if defined(TANDEM_DOC_{target})  // {doc}:{line}"] + includes
+    parts.append(f"namespace {target} {{")
+    if context:
+        parts.append(f'#line {context[0]} "{doc}"')
+        parts += ["" if INCLUDE.match(text) else text for text in context[1]]
+    parts.append(f'#line {line + 1} "{doc}"')
+    parts += ["" if INCLUDE.match(text) else text for text in body]
+    if context:
+        parts.append("}  // the fragment's function, closed by tests/compile/docs_snippets.py")
+    parts += [f"}}  // namespace {target}", "#endif", ""]
+    return "\n".join(parts)
 
 
 def needed(lines):
@@ -133,15 +162,16 @@ def components(context, body):
     comment names them): the components a "CMake:" comment of the block names (else those its
     #includes need), and those of the fragment's context, which the page says come from
     elsewhere."""
+    around_lines = context[1] if context else []
     named = None
     for line in body:
         comment = CMAKE_COMMENT.search(line)
         if comment:
             named = (named or []) + COMPONENT_NAME.findall(comment.group(1))
     block = needed(body)
-    around = needed(context or [])
+    around = needed(around_lines)
     links = sorted(set(named if named is not None else block) | set(around))
-    return block + [c for c in around if c not in block], links, named is not None
+    return block + [c for c in around if c not in block], links, named
 
 
 def write_if_changed(path, text):
@@ -155,27 +185,55 @@ def write_if_changed(path, text):
         f.write(text)
 
 
+# The shared sources (see above), by (needs libtorch, linked).
+SHARED_SOURCES = {(False, False): "blocks.cpp", (False, True): "blocks_linked.cpp",
+                  (True, False): "blocks_torch.cpp", (True, True): "blocks_torch_linked.cpp"}
+
+
 def main():
     if len(sys.argv) != 3:
         sys.exit(__doc__)
     docs, out = sys.argv[1], sys.argv[2]
     os.makedirs(out, exist_ok=True)
     manifest = []
-    written = set()
+    shared = {source: [] for source in SHARED_SOURCES.values()}
     for name in sorted(os.listdir(docs)):
         if not name.endswith(".md"):
             continue
+        doc = f"docs/{name}"
         for line, context, body in blocks(os.path.join(docs, name)):
             needs, links, named = components(context, body)
-            cuda = any(c in needs for c in ("cuda", "nccl"))
+            cuda = any(c in needs + links for c in ("cuda", "nccl"))
             target = "docs_" + re.sub(r"[^A-Za-z0-9]", "_", name[:-3]) + f"_{line}"
-            source = target + (".cu" if cuda else ".cpp")
-            write_if_changed(os.path.join(out, source), source_of(context, body))
-            written.add(source)
+            if named is not None and not cuda:
+                # Linked with the others, this block would find what its comment leaves out in
+                # their components: so the comment is checked here.
+                missing = [c for c in needed(body) if c not in named]
+                if missing:
+                    sys.exit(f"docs_snippets: {doc}:{line}: the block's \"CMake:\" comment does "
+                             f"not name tandem::{', tandem::'.join(missing)}, which its #includes "
+                             "need")
+            if cuda:
+                source = target + ".cu"
+                shared[source] = source_of(context, body)
+            else:
+                source = SHARED_SOURCES[("torch" in needs + links, named is not None)]
+                shared[source].append(section_of(target, doc, line, context, body))
             manifest.append(
                 f'tandem_doc_snippet(NAME {target} SOURCE "{os.path.join(out, source)}" '
-                f'WHERE "docs/{name}:{line}" NEEDS {" ".join(needs)} LINKS {" ".join(links)}'
-                f'{" LINKED" if named else ""})')
+                f'WHERE "{doc}:{line}" NEEDS {" ".join(needs)} LINKS {" ".join(links)}'
+                f'{" LINKED" if named is not None else ""}{"" if cuda else " SHARED"})')
+    written = set()
+    for source, text in shared.items():
+        if isinstance(text, list):
+            if not text:
+                continue
+            linked = "linked" in source
+            text = ("// The C++ blocks of docs/*.md, written by tests/compile/docs_snippets.py "
+                    "(see there).\n\n" + "\n".join(text) +
+                    ("\nint main() {}\n" if linked else ""))
+        write_if_changed(os.path.join(out, source), text)
+        written.add(source)
     for stale in os.listdir(out):
         if stale.endswith((".cpp", ".cu")) and stale not in written:
             os.remove(os.path.join(out, stale))

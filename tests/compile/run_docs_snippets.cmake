@@ -14,5 +14,5 @@ execute_process(COMMAND ${CMAKE_COMMAND} --build ${BUILD_DIR} --target ${TARGET}
   RESULT_VARIABLE result)
 if(NOT result EQUAL 0)
   message(FATAL_ERROR "a block of the docs above does not compile or link (the build's output "
-    "names its generated source, ${BUILD_DIR}/tests/compile/docs_snippets/docs_<page>_<line>.*)")
+    "names the doc's line, or the generated source in ${BUILD_DIR}/tests/compile/docs_snippets)")
 endif()

@@ -5,8 +5,10 @@
 // for bit: the parameters and the full optimizer state at the end are those of an undisturbed run
 // that took the steps before the loss at the full size, saved its state, and took the rest at the
 // smaller size from that state (the learning rate set each step on the rank's optimizer, which
-// the replica follows). And two ring neighbours lost together (a shard and its only
-// replica): an Error naming the cause.
+// the replica follows). A replacement joins and receives its shard through attach, bit for bit
+// the runs at the group's sizes. And two ring neighbours lost together (a shard and its only
+// replica): an Error naming the cause, also on replacements joining in that heal (no hang,
+// nothing applied in part).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -56,8 +58,10 @@ struct Final {
   std::int64_t steps = 0;
   int generation = 0;
   std::vector<int> members;
-  int caught_up = 0;       // steps applied during a heal
-  std::vector<int> sizes;  // the group's size at each step applied (run_with_join)
+  int caught_up = 0;                  // steps applied during a heal
+  std::vector<int> sizes;             // the group's size at each step applied (run_with_joins)
+  std::int64_t optimizer_steps = -1;  // run_with_joins: its optimizer's steps (also on an Error)
+  bool named = false;                 // run_with_joins: the error was a tandem::Error
 };
 
 std::vector<std::byte> bytes_of(const void* data, std::size_t size) {
@@ -240,20 +244,26 @@ void lose_and_compare(int ranks, const std::vector<Loss>& losses, Point point,
   CHECK(reference[0].state == reference[1].state);
 }
 
-/// `ranks` threads train `steps` steps under Elastic with ElasticZero: `leaver` leaves at the
-/// start of step `leave_at` (before the parameters' all_gather), a replacement thread for it
-/// joins (its ElasticZero attaches for the first time in elastic.start()'s rebuild; on_join
+/// `ranks` threads train `steps` steps under Elastic with ElasticZero: each of `leavers` leaves
+/// at the start of step `leave_at` (before the parameters' all_gather), a replacement thread for
+/// each joins (its ElasticZero attaches for the first time in elastic.start()'s rebuild; on_join
 /// carries nothing: under ZeRO the optimizer state and the parameters come through attach): in
 /// the heal with `await`, else at a step boundary after step `wait_at`, where the survivors wait
-/// until it has asked. Returns the members' Finals and the replacement's (last).
+/// until the first has asked. Returns the members' Finals and the replacements' (after them, in
+/// the order of `leavers`); a rank that raised has its steps and optimizer steps in its Final.
 template <int Stage>
-std::vector<Final> run_with_join(int ranks, std::int64_t steps, int leaver, std::int64_t leave_at,
-                                 std::vector<std::string>& errors, bool await = true,
-                                 std::int64_t wait_at = -1) {
+std::vector<Final> run_with_joins(int ranks, std::int64_t steps, const std::vector<int>& leavers,
+                                  std::int64_t leave_at, std::vector<std::string>& errors,
+                                  bool await = true, std::int64_t wait_at = -1) {
   tandem::AnyStore store(tandem::HashStore{});
-  std::vector<Final> finals(static_cast<std::size_t>(ranks) + 1);
-  errors.assign(static_cast<std::size_t>(ranks) + 1, {});
+  const std::size_t slots = static_cast<std::size_t>(ranks) + leavers.size();
+  std::vector<Final> finals(slots);
+  errors.assign(slots, {});
+  const auto leaves = [&](int r) {
+    return std::find(leavers.begin(), leavers.end(), r) != leavers.end();
+  };
   const auto train = [&](int r, bool replacement, std::size_t slot) {
+    auto& out = finals[slot];
     try {
       tandem::Elastic<tandem::LocalComm> elastic(
           tandem::World::single_node(r, ranks), store,
@@ -271,13 +281,23 @@ std::vector<Final> run_with_join(int ranks, std::int64_t steps, int leaver, std:
                         ddp.emplace(comm, params);
                         zero.attach(*ddp, elastic.members());
                       });
+      // What this rank took when it raises: a failed heal applies nothing half.
+      struct Record {
+        Final& out;
+        tandem::Elastic<tandem::LocalComm>& elastic;
+        tandem::ElasticZero<Opt>& zero;
+        ~Record() {
+          out.steps = elastic.steps_done();
+          out.optimizer_steps = zero.optimizer().group_steps(0);
+        }
+      } record{out, elastic, zero};
       elastic.start();
       std::vector<int> sizes;
       while (elastic.steps_done() < steps) {
         const std::int64_t step = elastic.steps_done();
         elastic.step(
             [&](tandem::LocalComm& comm) {
-              if (!replacement && r == leaver && step == leave_at) throw Leave{};
+              if (!replacement && leaves(r) && step == leave_at) throw Leave{};
               if (step == wait_at) {  // white-box: the replacement's ticket (Elastic's prefix)
                 const std::vector<std::string> asked{"tandem/elastic//join/1"};
                 while (!store.check(asked))
@@ -302,14 +322,15 @@ std::vector<Final> run_with_join(int ranks, std::int64_t steps, int leaver, std:
             });
       }
       elastic.settle([&](tandem::LocalComm&) { zero.gather(*ddp); });
-      auto& out = finals[slot];
       out.state = tandem::test::elastic::state_bytes(zero.state_dict());  // collective
       out.params = bytes_of(params.values().data(), params.numel() * sizeof(float));
-      out.steps = elastic.steps_done();
       out.generation = elastic.generation();
       out.members = elastic.members();
       out.sizes = sizes;
     } catch (const Leave&) {
+    } catch (const tandem::Error& e) {
+      errors[slot] = e.what();
+      out.named = true;
     } catch (const std::exception& e) {
       errors[slot] = e.what();
     }
@@ -318,12 +339,16 @@ std::vector<Final> run_with_join(int ranks, std::int64_t steps, int leaver, std:
   for (int r = 0; r < ranks; ++r) {
     threads.emplace_back([&, r] { train(r, false, static_cast<std::size_t>(r)); });
   }
-  threads[static_cast<std::size_t>(leaver)].join();
-  std::thread replacement([&] { train(leaver, true, static_cast<std::size_t>(ranks)); });
-  for (int r = 0; r < ranks; ++r) {
-    if (r != leaver) threads[static_cast<std::size_t>(r)].join();
+  for (int leaver : leavers) threads[static_cast<std::size_t>(leaver)].join();
+  std::vector<std::thread> replacements;
+  for (std::size_t i = 0; i < leavers.size(); ++i) {
+    replacements.emplace_back(
+        [&, i] { train(leavers[i], true, static_cast<std::size_t>(ranks) + i); });
   }
-  replacement.join();
+  for (int r = 0; r < ranks; ++r) {
+    if (!leaves(r)) threads[static_cast<std::size_t>(r)].join();
+  }
+  for (auto& replacement : replacements) replacement.join();
   return finals;
 }
 
@@ -336,7 +361,8 @@ void replace_and_compare(int ranks, int leaver, std::int64_t leave_at, bool awai
                          std::int64_t wait_at = -1) {
   constexpr std::int64_t steps = 8;
   std::vector<std::string> errors;
-  const auto healed = run_with_join<Stage>(ranks, steps, leaver, leave_at, errors, await, wait_at);
+  const auto healed =
+      run_with_joins<Stage>(ranks, steps, {leaver}, leave_at, errors, await, wait_at);
   for (const auto& e : errors) REQUIRE_MESSAGE(e.empty(), e);
   const auto& sizes = healed[leaver == 0 ? 1 : 0].sizes;
   REQUIRE(sizes.size() == static_cast<std::size_t>(steps));
@@ -425,5 +451,30 @@ TEST_CASE_TEMPLATE("ZeRO-1/2 under Elastic: a replacement joins and receives its
   }
   SUBCASE("rank 2 of 3 leaves at step 2, its replacement joins at a step boundary after step 5") {
     replace_and_compare<Stage::value>(3, 2, 2, /*await=*/false, /*wait_at=*/5);
+  }
+}
+
+TEST_CASE_TEMPLATE(
+    "ZeRO-1/2 under Elastic: two ring neighbours lost while their replacements join is an Error on "
+    "every rank, with nothing applied half",
+    Stage, std::integral_constant<int, 1>, std::integral_constant<int, 2>) {
+  // Ranks 1 and 2 of 4 leave at the start of step 2; the survivors (0 and 3) wait in the heal for
+  // both replacements and admit them. Rank 2's shard and its only replica (rank 1's) are gone:
+  // the survivors' attach raises, and the replacements', which cannot see it, learn it from them.
+  std::vector<std::string> errors;
+  const auto finals = run_with_joins<Stage::value>(4, 5, {1, 2}, 2, errors);
+  for (std::size_t slot : {0u, 3u, 4u, 5u}) {  // the survivors, then the replacements of 1 and 2
+    CAPTURE(slot);
+    const auto& e = errors[slot];
+    const bool survivor = slot < 4;
+    CHECK(finals[slot].named);
+    CHECK_MESSAGE(e.find(survivor ? "were lost together"
+                                  : "the survivors lost an optimizer "
+                                    "shard") != std::string::npos,
+                  e);
+    // No step taken past the loss, and none applied in part: the survivors' shards stepped
+    // exactly the steps before it, the replacements' never.
+    CHECK(finals[slot].steps == 2);
+    CHECK(finals[slot].optimizer_steps == (survivor ? 2 : 0));
   }
 }

@@ -24,13 +24,16 @@ and the state must equal the undisturbed run's; with --no-replacement, tandemrun
 the job must fail, a survivor naming the rank that never joined), before-start (in the group,
 before Elastic::start builds DDP: the survivors heal from step 0, then the replacement joins), or
 first-step (in step 0's compute). --backend hierarchical: HierarchicalComm<ShmComm, GlooComm>
-over fake nodes of two ranks.
+over fake nodes of two ranks. --zero 1|2: ZeRO through tandem::ElasticZero (the replacement
+receives the parameters and its optimizer shard through ElasticZero::attach; the state compared
+holds the optimizer state gathered from the shards).
 
 No step waits on the clock; the bounds only end a hang and are generous for a loaded machine.
 
   heal_driver.py --worker build/x/tests/elastic/heal_worker --tandemrun build/x/tools/tandemrun \\
                  --backend shm|gloo|hierarchical --world 3 --trials 2 --seed 1 [--exact | --save]
                  [--startup before-join|before-start|first-step [--no-replacement]]
+                 [--zero 1|2]
 Exit status: 0 when every trial passed, 1 when one failed.
 """
 
@@ -69,6 +72,8 @@ def run_job(args, directory, trial):
             wargs += ["--await-ms", "60000"]
         else:  # the survivors wait for the replacement's ticket two steps after the loss
             wargs += ["--join-at", str(trial["step"] + 2)]
+    if args.zero:
+        wargs += ["--zero", str(args.zero)]
     if args.save:
         wargs += ["--save-every", str(SAVE_EVERY)]
         if trial is not None:
@@ -220,9 +225,13 @@ def main():
     parser.add_argument("--no-replacement", action="store_true",
                         help="--max-restarts 0: with --startup before-join the job must fail, "
                              "naming the rank that never joined")
+    parser.add_argument("--zero", type=int, choices=[0, 1, 2], default=0,
+                        help="ZeRO stage (tandem::ElasticZero); not with --save or --startup")
     parser.add_argument("--bound-s", type=float, default=200.0)
     parser.add_argument("--keep", action="store_true", help="keep each trial's directory")
     args = parser.parse_args()
+    if args.zero and (args.save or args.startup):
+        parser.error("--zero is not combined with --save or --startup")
 
     reference = None
     if args.exact:

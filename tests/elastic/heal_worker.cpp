@@ -29,6 +29,13 @@
 // wait at step S until N join requests are in the store and the driver wrote DIR/grow.go, so
 // that the new members join before the run ends.
 //
+// With --zero 1|2, ZeRO through tandem::ElasticZero (DDP's shard<1>/shard<2>, each rank keeping a
+// replica of its ring neighbour's optimizer shard): the replacement's on_join state leaves out the
+// optimizer (it receives the parameters and its shard in ElasticZero::attach in Elastic::start's
+// rebuild, the members in theirs; the model still goes, for its buffers), and the EMA averages a
+// step's parameters once they are whole, at the next step's all_gather (where it stands,
+// ema_step, goes to a replacement). Not with --save-every or --startup.
+//
 // With --save-every N, the step's compute saves the state (save_checkpoint, every rank takes
 // part, rank 0 writes) to DIR/ckpt/step-<S>.safetensors at each step S that N divides: inside the
 // step, so a save that a loss interrupts is taken again by the healed group.
@@ -68,6 +75,7 @@
 #include "tandem/core/hash.hpp"
 #include "tandem/data/sampler.hpp"
 #include "tandem/ddp/ddp.hpp"
+#include "tandem/ddp/elastic_zero.hpp"
 #include "tandem/elastic/elastic.hpp"
 #include "tandem/io/checkpoint.hpp"
 #include "tandem/io/training_state.hpp"
@@ -103,6 +111,7 @@ struct Settings {
   int join_at = -1;  // members wait at this step, after a heal, until the replacement asked
   int grow_at = -1;  // the first members wait here until `grow` new ones asked (and grow.go)
   int grow = 0;
+  int zero = 0;  // ZeRO stage (ElasticZero), 0: plain DDP
   // The victim is lost before its first step instead (--fault-step is then unused):
   // "before-join" (before it joins the job's store, once the others have) or "before-start"
   // (in the group, before Elastic::start builds DDP).
@@ -122,9 +131,21 @@ void kill_after(std::chrono::microseconds delay) {
   }).detach();
 }
 
+/// DDP with overlapping small buckets, and with Stage > 0 the shard<Stage> policy.
+template <class Comm, int Stage>
+struct DdpFor {
+  using type = tandem::DistributedDataParallel<Comm, tandem::overlap, tandem::bucket_cap<4096>,
+                                               tandem::shard<Stage>>;
+};
 template <class Comm>
+struct DdpFor<Comm, 0> {
+  using type = tandem::DistributedDataParallel<Comm, tandem::overlap, tandem::bucket_cap<4096>>;
+};
+
+template <class Comm, int Stage>
 int train(tandem::Elastic<Comm>& elastic, const Settings& settings) {
-  using Ddp = tandem::DistributedDataParallel<Comm, tandem::overlap, tandem::bucket_cap<4096>>;
+  using Ddp = typename DdpFor<Comm, Stage>::type;
+  using Sgd = tandem::optim::SGD<float>;
   constexpr std::size_t local_batch = 16;
   const auto samples = static_cast<std::size_t>(settings.ranks * settings.steps) * local_batch;
   const bool victim = elastic.first_rank() == settings.victim && !elastic.replacement();
@@ -133,8 +154,16 @@ int train(tandem::Elastic<Comm>& elastic, const Settings& settings) {
   // sampler and the counters exist before on_join; DDP (collective) after it.
   tandem::test::Mlp<float> model({8, 48, 48, 4}, /*seed=*/7);
   auto& params = model.params();
-  tandem::optim::SGD sgd(params, {.lr = 0.05, .momentum = 0.9});
+  const auto make_sgd = [&] { return Sgd(params, {.lr = 0.05, .momentum = 0.9}); };
+  std::optional<Sgd> sgd;                        // plain DDP's
+  std::optional<tandem::ElasticZero<Sgd>> zero;  // --zero: the shard and the replica
+  if constexpr (Stage == 0) {
+    sgd.emplace(make_sgd());
+  } else {
+    zero.emplace(params, make_sgd);
+  }
   tandem::EMA ema(params, {.decay = 0.9});
+  std::int64_t ema_step = 0;  // --zero: the steps the EMA has averaged
   // Drawn once per applied step; a replacement at a rank above 0 gets a stream derived from the
   // sender's (TrainingState::rng's rule), the others keep theirs.
   std::mt19937_64 noise(1234);
@@ -145,18 +174,42 @@ int train(tandem::Elastic<Comm>& elastic, const Settings& settings) {
   tandem::Parameters<float> ballast;  // a 16 MiB tensor in the checkpoints, to kill a save in
   if (settings.save_every > 0) ballast.add("ballast", {std::size_t{4} << 20});
   ballast.finalize();
-  tandem::TrainingState state;
-  state.model(params).optimizer(sgd).ema(ema, params).sampler(sampler, taken, 1);
+  std::optional<Ddp> ddp;
+  tandem::TrainingState state;  // --zero: without the optimizer
+  state.model(params);
+  if constexpr (Stage == 0) {
+    state.optimizer(*sgd);
+  } else {
+    state.counter("ema_step", ema_step);
+  }
+  state.ema(ema, params).sampler(sampler, taken, 1);
   state.rng("noise", noise);
   tandem::TrainingState saved = state;  // a checkpoint's: the state and the ballast
   saved.model(ballast, "ballast.");
   tandem::TrainingState compared;  // what every rank must hold alike
-  compared.model(params).optimizer(sgd).ema(ema, params);
+  compared.model(params);
+  if constexpr (Stage == 0) {
+    compared.optimizer(*sgd);
+  } else {
+    compared.optimizer(*zero);  // gathered from the shards: collective
+  }
+  compared.ema(ema, params);
+  // --zero: the all_gather of the parameters the last step updated, then the EMA's update for it
+  // (once: a compute taken again after a heal does not count it twice).
+  const auto gather = [&] {
+    if constexpr (Stage != 0) {
+      zero->gather(*ddp);
+      if (ema_step < elastic.steps_done()) ema.update();
+      ema_step = elastic.steps_done();
+    }
+  };
 
-  std::optional<Ddp> ddp;
   elastic.on_heal([&] { ddp.reset(); },
                   [&](Comm& comm) {
                     ddp.emplace(comm, params);
+                    // --zero: the parameters and the optimizer state put together from the
+                    // survivors' shards and replicas (a replacement receives them here)
+                    if constexpr (Stage != 0) zero->attach(*ddp, elastic.members());
                     sampler.resplit(comm, taken);  // the epoch's rest over the new members
                     taken = 0;
                   });
@@ -196,6 +249,7 @@ int train(tandem::Elastic<Comm>& elastic, const Settings& settings) {
               std::this_thread::sleep_for(std::chrono::milliseconds(2));
             }
           }
+          gather();  // --zero: the parameters whole before anything reads them
           if (settings.save_every > 0 && step % settings.save_every == 0) {
             // The kill lands at a drawn fraction of the time this rank's last save took: late
             // fractions fall in the file's write (after the gather and the serialization).
@@ -216,10 +270,15 @@ int train(tandem::Elastic<Comm>& elastic, const Settings& settings) {
                                        [&](auto& param) { ddp->grad_ready(param); });
           if (fault && settings.save_every == 0) ::kill(::getpid(), SIGKILL);  // buckets in flight
           ddp->finish_gradient_sync();
+          if constexpr (Stage != 0) zero->exchange(*ddp);  // shard<2>: the replica's gradients
         },
         [&] {
-          sgd.step();
-          ema.update();
+          if constexpr (Stage == 0) {
+            sgd->step();
+            ema.update();
+          } else {
+            zero->step();  // the EMA at the next gather, once the parameters are whole
+          }
           (void)noise();
           ++applied;
           const int members = static_cast<int>(elastic.members().size());
@@ -233,6 +292,7 @@ int train(tandem::Elastic<Comm>& elastic, const Settings& settings) {
           taken += count;
         });
   }
+  elastic.settle([&](Comm&) { gather(); });  // --zero: the last step's parameters
   // The checkpoints: every file under its final name must be whole (a save a kill interrupted
   // leaves at most its temporary file); the new group's rank 0 says which steps it found.
   if (settings.save_every > 0 && elastic.comm().rank() == 0) {
@@ -328,7 +388,14 @@ int run_process(const Settings& settings) {
       publish(settings, "rank" + std::to_string(me) + ".result", "finished\n");
       return 0;
     }
-    return train(elastic, settings);
+    switch (settings.zero) {
+      case 1:
+        return train<Comm, 1>(elastic, settings);
+      case 2:
+        return train<Comm, 2>(elastic, settings);
+      default:
+        return train<Comm, 0>(elastic, settings);
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "heal_worker: rank %d caught: %s\n", me, e.what());
     return 1;
@@ -340,7 +407,8 @@ int usage() {
                "usage: heal_worker --backend shm|gloo|hierarchical --dir DIR [--ranks N]\n"
                "  [--steps S] [--timeout-ms T] [--window-ms W] [--await-ms A]\n"
                "  [--fault-step S --victim V] [--startup before-join|before-start --victim V]\n"
-               "  [--save-every N --kill-permille P] [--join-at S] [--grow-at S --grow N]\n");
+               "  [--save-every N --kill-permille P] [--join-at S] [--grow-at S --grow N]\n"
+               "  [--zero 1|2 (not with --save-every or --startup)]\n");
   return 2;
 }
 
@@ -361,9 +429,11 @@ int main(int argc, char** argv) {
                                                  {"--kill-permille", &settings.kill_permille},
                                                  {"--join-at", &settings.join_at},
                                                  {"--grow-at", &settings.grow_at},
-                                                 {"--grow", &settings.grow}};
+                                                 {"--grow", &settings.grow},
+                                                 {"--zero", &settings.zero}};
   const bool read = tandem::test::elastic::read_settings(argc, argv, words, numbers);
-  if (!read) return usage();
+  if (!read || settings.zero < 0 || settings.zero > 2) return usage();
+  if (settings.zero != 0 && (settings.save_every > 0 || !settings.startup.empty())) return usage();
 #if TANDEM_ELASTIC_WITH_GLOO
   if (settings.backend == "gloo") return run_process<tandem::GlooComm>(settings);
 #endif

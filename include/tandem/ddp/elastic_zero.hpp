@@ -107,6 +107,7 @@ class ElasticZero {
     replica_.reset();
     primary_.emplace(std::move(*primary));
     if (replica) replica_.emplace(std::move(*replica));
+    attached_ = true;
     members_ = next;
     buckets_ = ddp.buckets();
     gather_due_ = false;
@@ -127,8 +128,14 @@ class ElasticZero {
 
   /// This rank's optimizer (its shard): set its learning rates and options here (an LR
   /// schedule), step() gives them to the replica. The same object across heals (attach re-shards
-  /// it in place), so a reference taken once stays valid.
-  [[nodiscard]] Opt& optimizer() { return primary(); }
+  /// it in place), so a reference taken once stays valid. Before the first attach (a
+  /// replacement, which attaches only after on_join) it is the optimizer make() gives, not yet
+  /// sharded: an LR schedule may be made over it, but it does not step, and attach loads the
+  /// members' options into it.
+  [[nodiscard]] Opt& optimizer() {
+    if (!primary_) primary_.emplace(make_());
+    return *primary_;
+  }
 
   /// Collective at the start of a step's compute: the all_gather of the parameters the last
   /// step updated (each rank updated its own parts), before the forward reads them. Nothing when
@@ -214,11 +221,11 @@ class ElasticZero {
   static constexpr int exchange_tag = 0x2e1a;
 
   Opt& primary() {
-    if (!primary_) throw Error("ElasticZero", "attach(ddp, members) has not been called");
+    if (!attached_) throw Error("ElasticZero", "attach(ddp, members) has not been called");
     return *primary_;
   }
   const Opt& primary() const {
-    if (!primary_) throw Error("ElasticZero", "attach(ddp, members) has not been called");
+    if (!attached_) throw Error("ElasticZero", "attach(ddp, members) has not been called");
     return *primary_;
   }
 
@@ -337,7 +344,7 @@ class ElasticZero {
   /// attach (no rank holds state).
   template <class Ddp>
   std::optional<state_dict_type> reassemble(Ddp& ddp, const std::vector<int>& next) {
-    const bool survivor = primary_.has_value();
+    const bool survivor = attached_;
     std::vector<std::uint8_t> held;
     state_dict_type own;
     state_dict_type kept;
@@ -564,7 +571,8 @@ class ElasticZero {
   std::vector<value_type> kept_values_;  // kept_ranges_'s
   int stage_ = 0;
   int comm_rank_ = 0;
-  bool local_ = false;  // reassemble: the optimizers' state_dict() exports this rank's elements
+  bool attached_ = false;  // attach has sharded primary_ (before it: make()'s, for optimizer())
+  bool local_ = false;     // reassemble: the optimizers' state_dict() exports this rank's elements
   bool gather_due_ = false;
   bool exchanged_ = false;
 };

@@ -37,6 +37,7 @@
 #include <torch/torch.h>
 
 #include "support/collective_suite.hpp"
+#include "support/error_of.hpp"
 #include "support/golden.hpp"
 #include "tandem/comm/local/local.hpp"
 #include "tandem/torch/sync_batch_norm.hpp"
@@ -44,6 +45,7 @@
 
 using namespace std::chrono_literals;
 using tandem::LocalComm;
+using tandem::test::error_of;
 using tandem::test::Failures;
 namespace tt = tandem::torch;
 
@@ -599,17 +601,6 @@ bool same_state(const std::vector<torch::Tensor>& a, const std::vector<torch::Te
     if (!torch::equal(a[i], b[i])) return false;
   }
   return true;
-}
-
-/// What `forward` threw, or "" when it returned.
-template <class Forward>
-std::string error_of(Forward&& forward) {
-  try {
-    forward();
-  } catch (const tandem::Error& e) {
-    return e.what();
-  }
-  return {};
 }
 
 }  // namespace

@@ -46,7 +46,7 @@ void reductions(ncclComm_t comm, cudaStream_t stream, int rank, int n, std::size
       auto got = (in_place ? send : recv).download(stream);
       for (std::size_t i = 0; i < count; ++i) {
         expect(same_bits(got.data() + i * size, expected<T>(op, n, i)),
-               describe("ncclAllReduce", type, op, in_place, i));
+               [&] { return describe("ncclAllReduce", type, op, in_place, i); });
       }
       if (!in_place) {
         const auto kept = send.download(stream);
@@ -62,7 +62,7 @@ void reductions(ncclComm_t comm, cudaStream_t stream, int rank, int n, std::size
       for (std::size_t i = 0; i < count; ++i) {
         if (rank == root) {
           expect(same_bits(got.data() + i * size, expected<T>(op, n, i)),
-                 describe("ncclReduce", type, op, in_place, i));
+                 [&] { return describe("ncclReduce", type, op, in_place, i); });
         } else if (!in_place) {
           expect(got[i * size] == sentinel, "ncclReduce wrote a non-root rank's receive buffer");
         }
@@ -77,7 +77,7 @@ void reductions(ncclComm_t comm, cudaStream_t stream, int rank, int n, std::size
       for (std::size_t i = 0; i < count; ++i) {
         const std::size_t global = static_cast<std::size_t>(rank) * count + i;
         expect(same_bits(got.data() + (at + i) * size, expected<T>(op, n, global)),
-               describe("ncclReduceScatter", type, op, in_place, i));
+               [&] { return describe("ncclReduceScatter", type, op, in_place, i); });
       }
     }
   }
@@ -95,9 +95,10 @@ void movements(ncclComm_t comm, cudaStream_t stream, int rank, int n, std::size_
   auto check_slot = [&](const std::vector<std::byte>& got, std::size_t at, int from,
                         std::size_t first, const char* what) {
     for (std::size_t i = 0; i < count; ++i) {
-      expect(same_bits(got.data() + (at + i) * size, input<T>(from, first + i)),
-             std::string(what) + ": element " + std::to_string(i) + " from rank " +
-                 std::to_string(from) + " is wrong");
+      expect(same_bits(got.data() + (at + i) * size, input<T>(from, first + i)), [&] {
+        return std::string(what) + ": element " + std::to_string(i) + " from rank " +
+               std::to_string(from) + " is wrong";
+      });
     }
   };
   std::vector<T> mine(count * un);

@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace simtest {
@@ -40,6 +41,14 @@ inline std::string nccl_text(ncclResult_t result) {
 /// Throws (from any thread) unless `condition`; run_ranks reports it.
 inline void expect(bool condition, const std::string& what) {
   if (!condition) throw std::runtime_error(what);
+}
+
+/// The same, the message made only on failure: checks of every element of a large buffer would
+/// otherwise spend most of their time (under ThreadSanitizer, most of a test's) building strings.
+template <class Describe>
+requires std::is_invocable_r_v<std::string, Describe>
+void expect(bool condition, Describe&& what) {
+  if (!condition) throw std::runtime_error(what());
 }
 
 /// Generous: the machine may be loaded; nothing here should take more than a few seconds.
