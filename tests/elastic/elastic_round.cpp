@@ -3,7 +3,8 @@
 // applies the committed one), the World of a member of the new group, and the membership round
 // over a HashStore with members as threads: it closes without a member known lost, without one
 // that cannot be told after the window, and leaves a latecomer out with an Error; and the texts a
-// replacement and the group exchange in the store (JoinRequest, Admission).
+// replacement and the group exchange in the store (JoinRequest, Admission); and a group that
+// grows (how_it_comes, the largest size agreed, refusals).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -173,4 +174,47 @@ TEST_CASE("JoinRequest and Admission: text round trips; what is not one is refus
   CHECK_FALSE(el::Admission::parse("3 41 0 2"));      // no members
   CHECK_FALSE(el::Admission::parse("3 41 0 2 2 0"));  // members out of order
   CHECK_FALSE(el::Admission::parse("three"));
+}
+
+TEST_CASE("a group that grows: how a joining process comes, the largest size, refusals") {
+  tandem::HashStore store;
+  const std::string size_key = "tandem/init/world_size";
+  const std::string joined = "tandem/init/rank/";
+  const auto timeout = std::chrono::milliseconds(50);
+  // An empty store: no job (first_size 0), so the join finds it finished.
+  auto coming = el::how_it_comes(store, size_key, joined, 2, timeout);
+  CHECK(coming.first_size == 0);
+  CHECK_FALSE(coming.grows);
+  CHECK_FALSE(coming.fills_in);
+  // A job of 2 that formed: rank 1 replaces a member, rank 2 is a new one.
+  store.set(size_key, "2");
+  store.set(joined + "0", "x");
+  store.set(joined + "1", "x");
+  coming = el::how_it_comes(store, size_key, joined, 1, timeout);
+  CHECK(coming.first_size == 2);
+  CHECK_FALSE(coming.grows);
+  CHECK_FALSE(coming.fills_in);
+  coming = el::how_it_comes(store, size_key, joined, 2, timeout);
+  CHECK(coming.grows);
+  CHECK_FALSE(coming.fills_in);
+
+  // The members agree on the largest size; one that offers another raises, naming both.
+  CHECK(el::agree_max_members(store, 0, 2, 4) == 4);
+  CHECK(el::agree_max_members(store, 1, 2, 4) == 4);
+  CHECK(tandem::test::error_of([&] {
+          (void)el::agree_max_members(store, 1, 2, 6);
+        }).find("allows the group up to 6 members") != std::string::npos);
+  CHECK(tandem::test::error_of([&] {
+          (void)el::agree_max_members(store, 1, 2, 0);
+        }).find("allows the group up to 2 members") != std::string::npos);
+  CHECK(el::max_members(store, 3, timeout) == 4);
+  CHECK(tandem::test::error_of([&] {
+          (void)el::max_members(store, 4, timeout);
+        }).find("rank 4 is beyond the group's largest size, 4 ranks") != std::string::npos);
+
+  const std::vector<int> members{0, 1};
+  CHECK(el::refusal(el::JoinRequest{3, {}}, "", members, 4).empty());
+  CHECK(el::refusal(el::JoinRequest{1, {}}, "", members, 4) == "rank 1 is a live member");
+  CHECK(el::refusal(el::JoinRequest{4, {}}, "", members, 4).starts_with("rank 4 is beyond"));
+  CHECK(el::refusal(std::nullopt, "junk", members, 4) == "its request 'junk' is unreadable");
 }

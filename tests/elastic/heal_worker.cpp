@@ -24,6 +24,11 @@
 // join (its ticket in the store), so that it joins before they finish (else it would find the
 // run over, which Elastic allows: finished()).
 //
+// With --grow-at S --grow N (a group that grows: tandemrun --nnodes MIN:MAX, a node started
+// later, whose workers join with ranks beyond the first world), the members of the first world
+// wait at step S until N join requests are in the store and the driver wrote DIR/grow.go, so
+// that the new members join before the run ends.
+//
 // With --zero 1|2, ZeRO through tandem::ElasticZero (DDP's shard<1>/shard<2>, each rank keeping a
 // replica of its ring neighbour's optimizer shard): the replacement's on_join state leaves out the
 // optimizer (it receives the parameters and its shard in ElasticZero::attach in Elastic::start's
@@ -104,7 +109,9 @@ struct Settings {
   int save_every = 0;
   int kill_permille = 0;
   int join_at = -1;  // members wait at this step, after a heal, until the replacement asked
-  int zero = 0;      // ZeRO stage (ElasticZero), 0: plain DDP
+  int grow_at = -1;  // the first members wait here until `grow` new ones asked (and grow.go)
+  int grow = 0;
+  int zero = 0;  // ZeRO stage (ElasticZero), 0: plain DDP
   // The victim is lost before its first step instead (--fault-step is then unused):
   // "before-join" (before it joins the job's store, once the others have) or "before-start"
   // (in the group, before Elastic::start builds DDP).
@@ -229,6 +236,18 @@ int train(tandem::Elastic<Comm>& elastic, const Settings& settings) {
             tandem::FileStore store(settings.dir + "/store");
             const std::vector<std::string> asked{"tandem/elastic//join/1"};
             while (!store.check(asked)) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+          }
+          // A new member admitted before step S waits for the others in the step's collective.
+          if (step == settings.grow_at && !elastic.replacement()) {
+            tandem::FileStore store(settings.dir + "/store");  // white-box, as above
+            std::vector<std::string> asked;
+            for (int t = 1; t <= settings.grow; ++t) {
+              asked.push_back("tandem/elastic//join/" + std::to_string(t));
+            }
+            const auto go = std::filesystem::path(settings.dir) / "grow.go";
+            while (!store.check(asked) || !std::filesystem::exists(go)) {
+              std::this_thread::sleep_for(std::chrono::milliseconds(2));
+            }
           }
           gather();  // --zero: the parameters whole before anything reads them
           if (settings.save_every > 0 && step % settings.save_every == 0) {
@@ -388,8 +407,8 @@ int usage() {
                "usage: heal_worker --backend shm|gloo|hierarchical --dir DIR [--ranks N]\n"
                "  [--steps S] [--timeout-ms T] [--window-ms W] [--await-ms A]\n"
                "  [--fault-step S --victim V] [--startup before-join|before-start --victim V]\n"
-               "  [--save-every N --kill-permille P] [--join-at S] [--zero 1|2 (not with\n"
-               "  --save-every or --startup)]\n");
+               "  [--save-every N --kill-permille P] [--join-at S] [--grow-at S --grow N]\n"
+               "  [--zero 1|2 (not with --save-every or --startup)]\n");
   return 2;
 }
 
@@ -409,6 +428,8 @@ int main(int argc, char** argv) {
                                                  {"--save-every", &settings.save_every},
                                                  {"--kill-permille", &settings.kill_permille},
                                                  {"--join-at", &settings.join_at},
+                                                 {"--grow-at", &settings.grow_at},
+                                                 {"--grow", &settings.grow},
                                                  {"--zero", &settings.zero}};
   const bool read = tandem::test::elastic::read_settings(argc, argv, words, numbers);
   if (!read || settings.zero < 0 || settings.zero > 2) return usage();

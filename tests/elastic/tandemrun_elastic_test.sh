@@ -67,8 +67,9 @@ expect "no replacement once a worker has finished" 0 \
      kill -KILL \$\$
    fi; exit 0" --max-restarts 1
 
-# torchrun's elastic --nnodes MIN:MAX: with --elastic tandemrun runs MIN nodes (here one: every
-# worker sees WORLD_SIZE=3) and says so; without --elastic it stays refused.
+# torchrun's elastic --nnodes MIN:MAX: with --elastic (and no --rdzv-endpoint) tandemrun runs MIN
+# nodes (here one: every worker sees WORLD_SIZE=3) and says so; without --elastic it stays
+# refused.
 expect "--nnodes 1:2 with --elastic runs one node" 0 \
   "tandemrun: --nnodes 1:2: running 1 node(s)" \
   '[ "$WORLD_SIZE" = 3 ] && [ "$GROUP_WORLD_SIZE" = 1 ] || exit 4; exit 0' --nnodes 1:2
@@ -78,6 +79,17 @@ if [[ $? -ne 2 ]] || ! grep -qF "'1:2' is an elastic size" <<<"$err"; then
   failed=1
 else
   echo "passed: --nnodes 1:2 without --elastic is refused"
+fi
+
+# --rdzv-endpoint (where the launchers of a job that grows meet; tested end to end by
+# elastic_grow_nodes) needs --elastic and MIN < MAX.
+err=$(timeout 120 "$tandemrun" --standalone --nnodes 1 --rdzv-endpoint 127.0.0.1:1 /bin/true 2>&1)
+if [[ $? -ne 2 ]] || ! grep -qF "it needs --elastic and --nnodes MIN:MAX with MIN < MAX" <<<"$err"
+then
+  echo "FAILED: --rdzv-endpoint without an elastic size is refused: $err"
+  failed=1
+else
+  echo "passed: --rdzv-endpoint without an elastic size is refused"
 fi
 
 if [[ $failed -ne 0 ]]; then exit 1; fi

@@ -14,9 +14,9 @@
 //   while (elastic.steps_done() < steps)
 //     elastic.step([&](tandem::ShmComm&) { /* forward, backward, ddp->finish_gradient_sync() */ },
 //                  [&] { optimizer.step(); });  // local only
-// A process that tandemrun --elastic --max-restarts starts for a lost rank
-// (TANDEM_ELASTIC_JOIN=1) joins the running group at a step boundary and receives the state on_join
-// names from a live member over the communicator.
+// A process that tandemrun --elastic --max-restarts starts for a lost rank, or with a rank beyond
+// the first world on a node that came later (--nnodes MIN:MAX; TANDEM_ELASTIC_JOIN=1), joins the
+// running group at a step boundary and receives the state on_join names from a live member.
 // Needs: a ProcessGroupBackend (ShmComm, GlooComm, HierarchicalComm, LocalComm) and a store that
 // outlives any one rank (file://, or torchrun's agent store; env:// keeps the store in rank 0,
 // whose loss then cannot be healed). docs/elastic.md: what is exact, which backends, how long.
@@ -250,13 +250,15 @@ class Elastic {
   struct Opened {
     World world;
     AnyStore store;
-    bool fills_in = false;  // a replacement that forms generation 0 as the member it replaces
+    elastic::Coming coming{};  // a replacement's, or a new member's
   };
 
   static ElasticOptions replaces(ElasticOptions elastic, const EnvLookup& env) {
     if (const auto join = env("TANDEM_ELASTIC_JOIN"); join && *join == "1") {
       elastic.replacement = true;
     }
+    const auto most = env_int_in(env, "TANDEM_ELASTIC_MAX_WORLD_SIZE", 1, INT32_MAX);
+    if (most) elastic.max_world_size = static_cast<int>(*most);
     return elastic;
   }
 
@@ -267,14 +269,17 @@ class Elastic {
     AnyStore store = open_store(method, resolved, options.timeout, env);
     // A replacement's rank is held in the store by the member it replaces: it joins later,
     // unless that member was lost before joining (start-up): then it forms generation 0 as it.
-    const bool fills_in =
-        elastic.replacement &&
-        elastic::never_joined(store, std::string(detail::join_prefix), resolved.rank,
-                              resolved.world_size, options.timeout);
-    if (!elastic.replacement || fills_in) {
+    // A rank beyond the job's first size is a new member of a group that grows.
+    elastic::Coming coming;
+    if (elastic.replacement) {  // join_store's key of the first size
+      coming =
+          elastic::how_it_comes(store, "tandem/init/world_size", std::string(detail::join_prefix),
+                                resolved.rank, options.timeout);
+    }
+    if (!elastic.replacement || coming.fills_in) {
       join_store(store, resolved, options.timeout, method.url, detail::wait_notice_interval(env));
     }
-    return {resolved, std::move(store), fills_in};
+    return {resolved, std::move(store), coming};
   }
 
   Elastic(Opened opened, const options_type& options, ElasticOptions elastic)
@@ -282,11 +287,12 @@ class Elastic {
         options_(options),
         elastic_(elastic),
         member_(opened.world.rank),
-        world_size_(opened.world.world_size),
+        world_size_(opened.coming.first_size > 0 ? opened.coming.first_size
+                                                 : opened.world.world_size),
         round_(store_, opened.world.rank, elastic::MemberRecord::mine(opened.world),
                elastic::RoundOptions{.window = elastic.window}) {
     opened.world.validate();
-    if (opened.fills_in) elastic_.replacement = false;  // it is the member, lost at start-up
+    if (opened.coming.fills_in) elastic_.replacement = false;  // the member, lost at start-up
     if (elastic_.join_check_every < 1) {
       throw Error(member_, "Elastic", "ElasticOptions::join_check_every must be at least 1");
     }
@@ -295,6 +301,8 @@ class Elastic {
       return;
     }
     round_.announce();
+    max_members_ =
+        elastic::agree_max_members(store_, member_, world_size_, elastic_.max_world_size);
     for (int r = 0; r < opened.world.world_size; ++r) members_.push_back(r);
     AnyStore scoped = generation_store();
     try {
@@ -309,11 +317,13 @@ class Elastic {
   /// the new group's communicator with the members; on_join then receives the state.
   void join(const elastic::MemberRecord& self) {
     // No record of the member it replaces: the store is not the running group's (a FileStore
-    // starts empty when no process holds it: every member has already ended).
-    if (!store_.check(std::vector<std::string>{"member/" + std::to_string(member_)})) {
+    // starts empty when no process holds it). A new member may come before the group formed.
+    if (member_ < world_size_ &&
+        !store_.check(std::vector<std::string>{"member/" + std::to_string(member_)})) {
       finished_ = true;
       return;
     }
+    max_members_ = elastic::max_members(store_, member_, elastic_.join_timeout);
     const std::int64_t ticket = store_.add("joins", 1);
     const std::string key = "join/" + std::to_string(ticket);
     store_.set(key, elastic::JoinRequest{member_, self}.text());
@@ -391,15 +401,7 @@ class Elastic {
     for (std::int64_t t = tickets_ + 1; t <= requests; ++t) {
       const auto text = store_.get("join/" + std::to_string(t), elastic_.window);
       const auto request = elastic::JoinRequest::parse(text);
-      std::string why;
-      if (!request) {
-        why = "its request '" + text + "' is unreadable";
-      } else if (request->member >= world_size_) {
-        why = "rank " + std::to_string(request->member) + " is outside the job's " +
-              std::to_string(world_size_) + " ranks";
-      } else if (std::find(members.begin(), members.end(), request->member) != members.end()) {
-        why = "rank " + std::to_string(request->member) + " is a live member";
-      }
+      const std::string why = elastic::refusal(request, text, members, max_members_);
       if (!why.empty()) {
         refused.emplace_back(t, why);
         continue;
@@ -570,7 +572,8 @@ class Elastic {
   options_type options_;
   ElasticOptions elastic_;
   int member_;
-  int world_size_;  // the job's ranks when it first formed: a replacement takes one of them
+  int world_size_;       // the job's ranks when it first formed: a replacement takes one of them
+  int max_members_ = 0;  // the group's largest size (agree_max_members): new members below it
   elastic::MembershipRound<AnyStore> round_;
   std::vector<int> members_;
   int generation_ = 0;

@@ -2,7 +2,9 @@
 // a membership round in the job's store, one per generation, closed within a bounded time; and
 // the decision every survivor takes from it (who is in, the new dense ranks, which step the
 // group redoes and which survivors first apply the step that was committed before the loss);
-// and what a replacement and the group tell each other in the store (JoinRequest, Admission).
+// and what a process that joins a running group (a replacement, or a new member of a group that
+// grows) and the group tell each other in the store (how_it_comes, JoinRequest, Admission,
+// refusal).
 //   tandem::elastic::MembershipRound round(store, self_record, {.window = 10s});
 //   auto agreed = round.run(/*generation=*/1, previous_members, {steps_done, reduced});
 //   auto plan = tandem::elastic::plan_heal(agreed.records);   // pure: unit-tested alone
@@ -208,6 +210,82 @@ bool never_joined(S& store, const std::string& joined_prefix, int rank, int size
   }
 }
 
+/// How a process started to join a running job (ElasticOptions::replacement) comes to it.
+struct Coming {
+  int first_size = 0;     ///< the ranks the job formed with (0: no job in the store)
+  bool fills_in = false;  ///< it forms generation 0 as the member it replaces (lost at start-up)
+  bool grows = false;     ///< a new member (a rank at or beyond first_size): the group grows
+};
+
+/// What a process with rank `rank`, started to join the job whose store is `store`, is: the
+/// replacement of a member (rank below the job's first size, read from `size_key`, which the
+/// first rank to join sets); one that fills in for a member lost before it joined
+/// (never_joined); or a new member of a group that grows (tandemrun --nnodes MIN:MAX, a node
+/// started later). Waits up to `timeout` for the store to be in use; a store that stays empty is
+/// a job that has ended (first_size 0: the join then finds it finished).
+template <Store S>
+Coming how_it_comes(S& store, const std::string& size_key, const std::string& joined_prefix,
+                    int rank, Timeout timeout) {
+  Coming coming;
+  const Deadline deadline(timeout);
+  while (!store.check(std::vector<std::string>{size_key})) {
+    if (deadline.expired()) return coming;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const auto text = store.get(size_key);
+  try {
+    coming.first_size = std::stoi(text);
+  } catch (...) {
+    throw Error(rank, "elastic join", "the job's world size '" + text + "' is unreadable");
+  }
+  coming.grows = rank >= coming.first_size;
+  coming.fills_in =
+      !coming.grows && never_joined(store, joined_prefix, rank, coming.first_size, timeout);
+  return coming;
+}
+
+/// The most members the group may have, agreed in `store` (key "max_members") by the members
+/// that form generation 0: each offers max(`first_size`, `offered`) and all must offer the same
+/// (ElasticOptions::max_world_size, which tandemrun sets alike on every node). Raises, naming both,
+/// when they differ.
+template <Store S>
+int agree_max_members(S& store, int member, int first_size, int offered) {
+  const std::string mine = std::to_string(std::max(first_size, offered));
+  const std::string agreed = store.compare_set("max_members", "", mine);
+  if (agreed != mine) {
+    throw Error(member, "Elastic",
+                "this rank allows the group up to " + mine +
+                    " members (ElasticOptions::max_world_size, TANDEM_ELASTIC_MAX_WORLD_SIZE) and "
+                    "ranks that formed it earlier " +
+                    agreed + ": give every rank the same");
+  }
+  return std::max(first_size, offered);
+}
+
+/// Why a rank is not admitted as a new member of a group of at most `max_members`.
+inline std::string beyond_largest(int member, int max_members) {
+  return "rank " + std::to_string(member) + " is beyond the group's largest size, " +
+         std::to_string(max_members) +
+         " ranks (tandemrun --nnodes MIN:MAX sets it to MAX x --nproc-per-node; "
+         "ElasticOptions::max_world_size)";
+}
+
+/// What the group agreed as its largest size (agree_max_members), as a process that joins it as
+/// `member` reads it (waiting at most `timeout`: a new member may come while generation 0 still
+/// forms); raises when `member` is beyond it.
+template <Store S>
+int max_members(S& store, int member, Timeout timeout) {
+  const auto text = store.get("max_members", timeout);
+  int most = 0;
+  try {
+    most = std::stoi(text);
+  } catch (...) {
+    throw Error(member, "elastic join", "the group's largest size '" + text + "' is unreadable");
+  }
+  if (member >= most) throw Error(member, "elastic join", beyond_largest(member, most));
+  return most;
+}
+
 /// What a replacement (a process started for a lost member) writes when it asks to join: the
 /// first rank it takes over and where it runs.
 struct JoinRequest {
@@ -272,6 +350,21 @@ struct Admission {
     return admission;
   }
 };
+
+/// Why the group refuses the join request stored as `text` (`request`: its parse), the group
+/// being `members` (first ranks) of at most `max_members`; empty when it is admitted: a rank
+/// below max_members (the job's first ranks, and with a group that grows the new ones) that is
+/// not a live member.
+inline std::string refusal(const std::optional<JoinRequest>& request, const std::string& text,
+                           const std::vector<int>& members, int max_members) {
+  if (!request) return "its request '" + text + "' is unreadable";
+  const std::string rank = "rank " + std::to_string(request->member);
+  if (request->member >= max_members) return beyond_largest(request->member, max_members);
+  if (std::find(members.begin(), members.end(), request->member) != members.end()) {
+    return rank + " is a live member";
+  }
+  return {};
+}
 
 /// How a round waits.
 struct RoundOptions {

@@ -1,7 +1,7 @@
 // tandem/elastic/options.hpp - tandem::ElasticOptions: how tandem::Elastic heals (the window a
-// membership round waits, heals allowed, the smallest group, replacements and how long they are
-// waited for). Its own header so that a program or a launcher can carry the options without the
-// whole of elastic.hpp.
+// membership round waits, heals allowed, the smallest group and the largest, replacements and
+// how long they are waited for). Its own header so that a program or a launcher can carry the
+// options without the whole of elastic.hpp.
 //   tandem::ElasticOptions options{.window = std::chrono::seconds(20), .min_world_size = 2};
 //   tandem::Elastic<tandem::ShmComm> elastic("file:///tmp/job.store", options);
 #pragma once
@@ -36,6 +36,13 @@ struct ElasticOptions {
   /// boundary). Waiting keeps the world size, and with it the run bit for bit the undisturbed
   /// one (docs/elastic.md).
   Timeout await_replacement = Timeout::zero();
+  /// The most members the group may grow to: processes started to join it (replacement) with
+  /// ranks from the job's first size up to this one are admitted as new members (tandemrun
+  /// --nnodes MIN:MAX --elastic --rdzv-endpoint: the workers of a node started later). 0, or
+  /// less than the first size: the first size (the group never grows). The constructors that
+  /// read the environment take TANDEM_ELASTIC_MAX_WORLD_SIZE, which tandemrun sets to MAX x
+  /// --nproc-per-node. Every member must have the same.
+  int max_world_size = 0;
   /// Rank 0 looks for waiting replacements (one store lookup) at the commit point of every
   /// this many steps; the group learns it through the commit point's all-reduce.
   int join_check_every = 1;

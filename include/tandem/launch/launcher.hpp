@@ -36,6 +36,7 @@
 #include "tandem/launch/detail/supervise.hpp"
 #include "tandem/launch/elastic.hpp"
 #include "tandem/launch/failures.hpp"
+#include "tandem/launch/nodes.hpp"
 #include "tandem/launch/plan.hpp"
 
 namespace tandem::launch {
@@ -44,7 +45,7 @@ namespace tandem::launch {
 
 /// The variables the launcher sets for one worker, exactly torchrun's (plus CUDA_VISIBLE_DEVICES
 /// with --devices, OMP_NUM_THREADS when the plan says so, TANDEM_STORE_TOKEN when the plan has a
-/// job token). Everything else is inherited.
+/// job token, TANDEM_ELASTIC_MAX_WORLD_SIZE for a job that grows). Everything else is inherited.
 inline std::map<std::string, std::string> worker_variables(const LaunchPlan& plan, int local_rank,
                                                            int restart_count) {
   const auto text = [](auto value) { return std::to_string(value); };
@@ -67,6 +68,8 @@ inline std::map<std::string, std::string> worker_variables(const LaunchPlan& pla
   };
   if (plan.set_omp_num_threads) vars["OMP_NUM_THREADS"] = "1";
   if (!plan.store_token.empty()) vars["TANDEM_STORE_TOKEN"] = plan.store_token;
+  // A job that grows: every member admits new ranks up to the largest world (tandem::Elastic).
+  if (plan.node_slots) vars["TANDEM_ELASTIC_MAX_WORLD_SIZE"] = text(plan.max_world_size());
   if (!plan.devices.empty()) {
     vars["CUDA_VISIBLE_DEVICES"] = text(plan.devices.at(static_cast<std::size_t>(local_rank)));
   }
@@ -158,7 +161,8 @@ inline GroupOutcome run_attempt(const LaunchPlan& plan, int restart_count,
   workers.reserve(static_cast<std::size_t>(plan.nproc_per_node));
   // Starts `worker`'s process: the first of its local rank (replacement 0), or a replacement for
   // one that was lost (--elastic): its logs go into replacement_K beside the first's, and it
-  // learns that it joins a running group (TANDEM_ELASTIC_JOIN=1).
+  // learns that it joins a running group (TANDEM_ELASTIC_JOIN=1), as every worker of a node that
+  // came to a running job does.
   const auto start = [&](detail::Worker& worker, int replacement) {
     const int local_rank = worker.local_rank;
     const std::string prefix = "[rank " + std::to_string(worker.rank) + "] ";
@@ -186,7 +190,9 @@ inline GroupOutcome run_attempt(const LaunchPlan& plan, int restart_count,
     const detail::ChildSetup setup{pipes[0].write.get(), pipes[1].write.get(),
                                    signals != nullptr ? &signals->original_mask() : nullptr};
     auto environment = worker_environment(plan, local_rank, restart_count);
-    if (replacement > 0) environment.emplace_back("TANDEM_ELASTIC_JOIN=1");
+    if (replacement > 0 || plan.joins_running_job) {
+      environment.emplace_back("TANDEM_ELASTIC_JOIN=1");
+    }
     if (const auto error_file = error_file_path(error_dir, plan.run_id, restart_count, local_rank);
         !error_file.empty()) {
       detail::make_directories(std::filesystem::path(error_file).parent_path().string());
@@ -306,11 +312,20 @@ inline int run(const LaunchPlan& plan, const RunOptions& options = {}) {
     detail::write_all(options.console_err, "tandemrun: " + text + "\n");
   };
   if (plan.set_omp_num_threads) detail::write_all(options.console_err, omp_note);
-  if (plan.max_nnodes > plan.nnodes) {
-    say("--nnodes " + std::to_string(plan.nnodes) + ":" + std::to_string(plan.max_nnodes) +
-        ": running " + std::to_string(plan.nnodes) +
-        " node(s); nodes beyond them cannot join a running tandemrun job (--elastic replaces "
-        "lost workers, not nodes)");
+  if (plan.joins_running_job) {
+    say("joined the job at " + plan.rdzv_host + ":" + std::to_string(plan.rdzv_port) + " as node " +
+        std::to_string(plan.node_rank) + ": ranks " + std::to_string(plan.global_rank(0)) + "-" +
+        std::to_string(plan.global_rank(plan.nproc_per_node - 1)) +
+        " join its running group (--elastic)");
+  } else if (plan.node_slots) {
+    say(nnodes_text(plan.nnodes, plan.max_nnodes) + ": running " + std::to_string(plan.nnodes) +
+        " node(s); nodes started later join the running job through " + plan.rdzv_host + ":" +
+        std::to_string(plan.rdzv_port) + " (--rdzv-endpoint), up to " +
+        std::to_string(plan.max_nnodes));
+  } else if (plan.max_nnodes > plan.nnodes) {
+    say(nnodes_text(plan.nnodes, plan.max_nnodes) + ": running " + std::to_string(plan.nnodes) +
+        " node(s); nodes started later can join the running job only with --rdzv-endpoint "
+        "HOST:PORT, where the launchers meet");
   }
   std::string log_dir = plan.log_dir;
   if (plan.writes_logs() && log_dir.empty()) {

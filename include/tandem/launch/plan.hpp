@@ -61,8 +61,12 @@ struct StdStreams {
 /// The flags as typed (every value a string, so that a bad one is reported by resolve() with the
 /// flag's name). Defaults are torchrun's.
 struct LaunchOptions {
-  std::string nproc_per_node = "1";       ///< N, "cpu", "gpu" or "auto"
-  std::string nnodes = "1";               ///< N, or MIN:MAX (MIN < MAX only with --elastic)
+  std::string nproc_per_node = "1";  ///< N, "cpu", "gpu" or "auto"
+  std::string nnodes = "1";          ///< N, or MIN:MAX (MIN < MAX only with --elastic)
+  /// HOST:PORT where the launchers of an elastic --nnodes MIN:MAX job meet (node 0's hosts a
+  /// store there): a node started later takes a free node slot there and joins the running job.
+  /// Empty: the job runs MIN nodes and no node joins it later.
+  std::string rdzv_endpoint{};
   std::string node_rank = "0";            ///< 0 .. nnodes-1
   std::string master_addr = "127.0.0.1";  ///< the address of node 0, where rank 0's store listens
   std::string master_port = "29500";      ///< the port of that store
@@ -90,7 +94,18 @@ struct LaunchPlan {
   int nnodes = 1;          ///< nodes in the job
   /// --nnodes MIN:MAX with --elastic: MAX (nnodes is MIN, the nodes tandemrun runs); else nnodes.
   int max_nnodes = 1;
-  int node_rank = 0;                      ///< this node's index
+  int node_rank = 0;  ///< this node's index
+  /// The launchers meet at rdzv_host:rdzv_port for node slots (--rdzv-endpoint with --elastic
+  /// and --nnodes MIN:MAX): node 0's launcher hosts a store there, and a node started later
+  /// takes a free slot in it (launch/nodes.hpp); every worker learns the largest world
+  /// (TANDEM_ELASTIC_MAX_WORLD_SIZE).
+  bool node_slots = false;
+  std::string rdzv_host{};  ///< where the launchers meet (node_slots)
+  int rdzv_port = 0;        ///< the port of that store
+  /// This node came to a running job (it took a slot beyond the first nnodes): its workers join
+  /// the running group at a step boundary (TANDEM_ELASTIC_JOIN=1), with ranks beyond the first
+  /// world.
+  bool joins_running_job = false;
   std::string master_addr = "127.0.0.1";  ///< the address of node 0, where the store listens
   int master_port = 29500;                ///< the port of that store
   int max_restarts = 0;                   ///< group restarts allowed after a failure
@@ -120,6 +135,8 @@ struct LaunchPlan {
   std::string store_token{};
   std::vector<std::string> command{};  ///< the program and its arguments
 
+  /// The most ranks the job may grow to: max_nnodes * nproc_per_node.
+  [[nodiscard]] int max_world_size() const noexcept { return max_nnodes * nproc_per_node; }
   /// Ranks in the job: nnodes * nproc_per_node.
   [[nodiscard]] int world_size() const noexcept { return nnodes * nproc_per_node; }
   /// The global rank of local rank `local_rank` on this node.
@@ -201,8 +218,8 @@ inline int parse_nproc(std::string_view text, const HostFacts& host) {
 }
 
 /// --nnodes N or MIN:MAX as (MIN, MAX). MIN < MAX is torchrun's elastic size: accepted with
-/// --elastic (tandemrun then runs MIN nodes, which the rank count is made of; the nodes torchrun
-/// would admit up to MAX cannot join a running tandemrun job), refused without it.
+/// --elastic (tandemrun then starts the job with MIN nodes, which the first rank count is made
+/// of; with --rdzv-endpoint, nodes started later join it up to MAX), refused without it.
 inline std::pair<int, int> parse_nnodes(std::string_view text, bool elastic) {
   constexpr std::string_view flag = "--nnodes";
   const auto colon = text.find(':');
@@ -247,6 +264,19 @@ inline std::vector<int> parse_devices(std::string_view text) {
   return devices;
 }
 
+/// --rdzv-endpoint HOST:PORT as (HOST, PORT); "[::1]:PORT" for an IPv6 address.
+inline std::pair<std::string, int> parse_endpoint(std::string_view text) {
+  constexpr std::string_view flag = "--rdzv-endpoint";
+  const auto colon = text.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) {
+    bad_flag(flag, "'" + std::string(text) + "' is not HOST:PORT");
+  }
+  std::string host(text.substr(0, colon));
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  return {host, parse_flag_int(flag, text.substr(colon + 1), 1, 65535)};
+}
+
 /// The job token: --rdzv-token, --rdzv-token-file, TANDEM_STORE_TOKEN, or for a single node a
 /// fresh random one (every worker is this launcher's, so no one else needs it); several nodes
 /// share only a token they are given.
@@ -265,7 +295,7 @@ inline std::string job_token(const LaunchOptions& options, const LaunchPlan& pla
   } else if (auto inherited = host.env("TANDEM_STORE_TOKEN"); inherited && !inherited->empty()) {
     token = *inherited;
     source = "TANDEM_STORE_TOKEN";
-  } else if (plan.nnodes == 1) {
+  } else if (plan.nnodes == 1 && !plan.node_slots) {  // no other launcher needs it
     token = host.random_token();
   }
   if (token.size() > max_token_bytes) {
@@ -341,6 +371,21 @@ inline LaunchPlan resolve(const LaunchOptions& options, const HostFacts& host = 
       detail::bad_flag("--master-port", "0 (a free port) works on a single node only");
     }
     plan.master_port = host.free_port();
+  }
+  if (!options.rdzv_endpoint.empty()) {
+    if (!plan.elastic || plan.max_nnodes == plan.nnodes) {
+      detail::bad_flag("--rdzv-endpoint",
+                       "is where nodes started later join a running job: it needs --elastic and "
+                       "--nnodes MIN:MAX with MIN < MAX");
+    }
+    std::tie(plan.rdzv_host, plan.rdzv_port) = detail::parse_endpoint(options.rdzv_endpoint);
+    if (plan.rdzv_host == plan.master_addr && plan.rdzv_port == plan.master_port) {
+      detail::bad_flag("--rdzv-endpoint",
+                       options.rdzv_endpoint +
+                           " is MASTER_ADDR:MASTER_PORT, where rank 0's store listens: give the "
+                           "launchers another port");
+    }
+    plan.node_slots = true;
   }
   plan.run_id = options.run_id.empty() ? host.unique_id() : options.run_id;
   plan.store_token = detail::job_token(options, plan, host);

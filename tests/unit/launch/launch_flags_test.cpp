@@ -14,6 +14,8 @@
 #include "tandem/core/world.hpp"
 #include "tandem/launch/detail/command_line.hpp"
 #include "tandem/launch/launcher.hpp"
+#include "tandem/launch/nodes.hpp"
+#include "tandem/rendezvous/store.hpp"
 #include "two_node_job.hpp"
 
 namespace launch = tandem::launch;
@@ -67,6 +69,7 @@ TEST_CASE("every flag is read in its dashed and its underscored spelling") {
       {"--monitor-interval", "--monitor_interval"},
       {"--log-dir", "--log_dir"},
       {"--rdzv-id", "--rdzv_id"},
+      {"--rdzv-endpoint", "--rdzv_endpoint"},
       {"--run-id", "--run_id"}};
   for (const auto& [dashed, underscored] : spellings) {
     for (const auto& flag : {dashed, underscored}) {
@@ -82,6 +85,7 @@ TEST_CASE("every flag is read in its dashed and its underscored spelling") {
                                                     {"--monitor-interval", o.monitor_interval},
                                                     {"--log-dir", o.log_dir},
                                                     {"--rdzv-id", o.run_id},
+                                                    {"--rdzv-endpoint", o.rdzv_endpoint},
                                                     {"--run-id", o.run_id}};
       CHECK(read.at(dashed) == "7");
       CHECK(o.command == std::vector<std::string>{"prog"});
@@ -522,4 +526,110 @@ TEST_CASE("a token given on the command line is blanked in the launcher's argv")
   CHECK(std::string(argv[3]) == "--rdzv_token=***");
   CHECK(std::string(argv[5]) == "1");
   CHECK(std::string(argv[8]) == "kept");  // the program's own argument
+}
+
+namespace {
+
+/// --nnodes 1:3 --elastic --nproc-per-node 2 --rdzv-endpoint `endpoint` --rdzv-token job-token.
+launch::LaunchOptions growing_job(std::string endpoint) {
+  auto options = with_command({});
+  options.nnodes = "1:3";
+  options.elastic = true;
+  options.nproc_per_node = "2";
+  options.rdzv_endpoint = std::move(endpoint);
+  options.rdzv_token = "job-token";
+  return options;
+}
+
+}  // namespace
+
+TEST_CASE("--nnodes MIN:MAX --elastic --rdzv-endpoint: a job that grows") {
+  auto options = growing_job("10.0.0.1:29400");
+  const auto plan = launch::resolve(options, host());
+  CHECK(plan.node_slots);
+  CHECK(plan.rdzv_host == "10.0.0.1");
+  CHECK(plan.rdzv_port == 29400);
+  CHECK(plan.nnodes == 1);
+  CHECK(plan.max_world_size() == 6);
+  CHECK_FALSE(plan.joins_running_job);
+  auto vars = launch::worker_variables(plan, 1, 0);
+  CHECK(vars.at("TANDEM_ELASTIC_MAX_WORLD_SIZE") == "6");
+  CHECK(vars.at("WORLD_SIZE") == "2");
+
+  // A launcher of such a job needs a token the others can have: no random one on a single node.
+  options.rdzv_token.clear();
+  CHECK(launch::resolve(options, host()).store_token.empty());
+  options.rdzv_endpoint = "[::1]:29400";
+  CHECK(launch::resolve(options, host()).rdzv_host == "::1");
+
+  const auto error = [](void (*set)(launch::LaunchOptions&)) {
+    auto o = with_command({});
+    o.nnodes = "1:2";
+    o.elastic = true;
+    o.rdzv_endpoint = "10.0.0.1:29400";
+    set(o);
+    return resolve_error(o, host());
+  };
+  const std::string needs =
+      "--rdzv-endpoint: is where nodes started later join a running job: it needs --elastic and "
+      "--nnodes MIN:MAX with MIN < MAX";
+  CHECK(error([](auto& o) { o.nnodes = "2"; }) == needs);
+  CHECK(error([](auto& o) { o.elastic = false; }) ==
+        "--nnodes: '1:2' is an elastic size; tandemrun supports fixed sizes only (N or N:N)");
+  CHECK(error([](auto& o) { o.rdzv_endpoint = "10.0.0.1"; }) ==
+        "--rdzv-endpoint: '10.0.0.1' is not HOST:PORT");
+  CHECK(error([](auto& o) { o.rdzv_endpoint = "h:0"; }) ==
+        "--rdzv-endpoint: 0 is out of range [1, 65535]");
+  CHECK(error([](auto& o) {
+          o.master_addr = "10.0.0.1";
+          o.master_port = "29400";
+        }) ==
+        "--rdzv-endpoint: 10.0.0.1:29400 is MASTER_ADDR:MASTER_PORT, where rank 0's store "
+        "listens: give the launchers another port");
+}
+
+TEST_CASE("node slots: node 0 opens them, later nodes take them up to MAX, then are refused") {
+  const auto plan = launch::resolve(growing_job("127.0.0.1:29400"), host());
+  tandem::HashStore store;
+  launch::open_node_slots(store, plan);
+
+  const auto second = launch::take_node_slot(store, plan, std::chrono::seconds(1));
+  CHECK(second.joins_running_job);
+  CHECK(second.node_rank == 1);
+  CHECK(second.nnodes == 2);
+  auto vars = launch::worker_variables(second, 1, 0);
+  CHECK(vars.at("RANK") == "3");
+  CHECK(vars.at("WORLD_SIZE") == "4");
+  CHECK(vars.at("GROUP_RANK") == "1");
+  CHECK(vars.at("TANDEM_ELASTIC_MAX_WORLD_SIZE") == "6");
+  CHECK(launch::take_node_slot(store, plan, std::chrono::seconds(1)).node_rank == 2);
+
+  const auto refused = [&](const launch::LaunchPlan& p) {
+    try {
+      (void)launch::take_node_slot(store, p, std::chrono::seconds(1));
+    } catch (const tandem::Error& e) {
+      return e.operation() + ": " + e.cause();
+    }
+    return std::string("admitted");
+  };
+  CHECK(refused(plan) ==
+        "--nnodes: the job at 127.0.0.1:29400 already has its 3 nodes, the most --nnodes 1:3 "
+        "allows: this node cannot join it (a node's slot is not given back when its workers "
+        "end)");
+  tandem::HashStore fresh;
+  launch::open_node_slots(fresh, plan);
+  auto other = plan;
+  other.nproc_per_node = 4;
+  try {
+    (void)launch::take_node_slot(fresh, other, std::chrono::seconds(1));
+    FAIL("a launcher with another --nproc-per-node joined");
+  } catch (const tandem::Error& e) {
+    CHECK(std::string(e.cause()) ==
+          "the job at 127.0.0.1:29400 runs --nnodes 1:3 with 2 process(es) per node; this "
+          "launcher has --nnodes 1:3 and 4: give every node the same --nnodes and "
+          "--nproc-per-node");
+  }
+  tandem::HashStore empty;  // no job there: the wait for its description ends in an Error
+  CHECK_THROWS_AS((void)launch::take_node_slot(empty, plan, std::chrono::milliseconds(20)),
+                  tandem::Error);
 }

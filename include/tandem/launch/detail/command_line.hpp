@@ -80,8 +80,8 @@ inline void add_topology_options(CLI::App& app, LaunchOptions& o) {
       ->type_name("N|cpu|gpu|auto")
       ->capture_default_str();
   app.add_option("--nnodes", o.nnodes,
-                 "Number of nodes: N, or N:N; MIN:MAX with --elastic runs MIN nodes (more "
-                 "cannot join a running job)")
+                 "Number of nodes: N, or N:N; MIN:MAX with --elastic starts the job with MIN "
+                 "nodes, and with --rdzv-endpoint nodes started later join it, up to MAX")
       ->type_name("N")
       ->capture_default_str();
   app.add_option("--node-rank,--node_rank", o.node_rank, "This node's index, 0 .. nnodes-1")
@@ -94,6 +94,11 @@ inline void add_topology_options(CLI::App& app, LaunchOptions& o) {
   app.add_option("--master-port,--master_port", o.master_port, "Port on node 0 for rank 0")
       ->type_name("PORT")
       ->capture_default_str();
+  app.add_option("--rdzv-endpoint,--rdzv_endpoint", o.rdzv_endpoint,
+                 "With --elastic and --nnodes MIN:MAX: where the launchers meet (node 0's hosts a "
+                 "store there; give every node the same); a node started later joins the running "
+                 "job through it")
+      ->type_name("HOST:PORT");
   app.add_flag("--standalone", o.standalone,
                "Single node: 127.0.0.1 and a free port, a unique run id");
 }
