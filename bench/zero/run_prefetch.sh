@@ -11,8 +11,9 @@
 #   RANKS="2 4" for the world sizes, default 2; ENGINES, default "local shm gloo mpi";
 #   BASELINE=BUILD_DIR to run another build's bench_zero (e.g. the commit before a change) beside
 #   it, part by part, its rows named ENGINE-baseline; REPEATS=N to run every part N times, each
-#   row then the median run's; RESULTS=FILE to write the report of an earlier run's RESULT lines
-#   without running)
+#   row then the median run's; STEP=fastest to compare each part's fastest timed step (bench_zero's
+#   fastest_step_ms) instead of the median one, where other work shares the machine; RESULTS=FILE
+#   to write the report of an earlier run's RESULT lines without running)
 # Needs: bench_zero and tools/tandemrun built (Release), OpenMPI's mpirun for the MPI engine.
 # Fails (exit 1) when a part fails; bench_zero itself fails unless its work happened.
 set -euo pipefail
@@ -82,9 +83,11 @@ fi
 baseline_text=""
 [[ -n ${BASELINE:-} ]] && baseline_text="BASELINE=${BASELINE_NAME:-$BASELINE}"
 [[ ${REPEATS:-1} != 1 ]] && baseline_text="$baseline_text REPEATS=$REPEATS"
-python3 - "$tmp/results.txt" "$out" "$commit" "$load_before" "$load_after" "$(nproc)" "${extra[*]}" "$baseline_text" <<'PY'
+[[ ${STEP:-median} == fastest ]] && baseline_text="$baseline_text STEP=fastest"
+python3 - "$tmp/results.txt" "$out" "$commit" "$load_before" "$load_after" "$(nproc)" "${extra[*]}" "$baseline_text" "${STEP:-median}" <<'PY'
 import sys, datetime
-results, out, commit, before, after, cpus, extra, how = sys.argv[1:9]
+results, out, commit, before, after, cpus, extra, how, step = sys.argv[1:10]
+field = "fastest_step_ms" if step == "fastest" else "step_ms"
 rows = []
 for line in open(results):
     fields = dict(f.split("=", 1) for f in line.split()[1:] if "=" in f)
@@ -95,7 +98,7 @@ key = lambda r: (r["backend"], int(r["ranks"]), int(r["stage"]), int(r.get("pref
 runs = {}
 for r in rows:
     runs.setdefault(key(r), []).append(r)
-slowest = lambda r: float("inf") if r["failed"] else float(r["step_ms"])
+slowest = lambda r: float("inf") if r["failed"] else float(r[field])
 by = {k: sorted(v, key=slowest)[len(v) // 2] for k, v in runs.items()}
 now = datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M UTC")
 # The 1-minute load before the run, against the CPUs: above them, other work had the machine.
@@ -110,7 +113,9 @@ lines = ["", f"## Prefetch: the parameter all_gather overlapped with the next fo
          f"{cpus} CPUs, load average (1, 5, 15 min) {before} before, {after} after ({busy}).",
          "- Every part with `--forward 1`: a forward pass reads each tensor in registration order "
          "(under `prefetch_parameters` after `ddp.wait_parameters(p)`), then the synthetic "
-         "backward; step = barrier to barrier, so a gather left in flight is counted.", "",
+         "backward; step = barrier to barrier, so a gather left in flight is counted" +
+         ("; each part's fastest timed step (of its slowest rank's)." if field != "step_ms"
+          else "."), "",
          "| engine | ranks | DDP ms | shard<1> ms | shard<1> + prefetch ms | shard<2> ms | "
          "shard<2> + prefetch ms | shard<1> / DDP | prefetch<1> / DDP | shard<2> / DDP | "
          "prefetch<2> / DDP |", "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -119,7 +124,7 @@ for backend, ranks in sorted({(k[0], k[1]) for k in by}, key=lambda k: (k[1], k[
     ms = {}
     for cfg in ((0, 0), (1, 0), (1, 1), (2, 0), (2, 1)):
         r = by.get((backend, ranks) + cfg)
-        ms[cfg] = float(r["step_ms"]) if r and not r["failed"] else None
+        ms[cfg] = float(r[field]) if r and not r["failed"] else None
     base = ms[(0, 0)]
     cell = lambda v: "failed" if v is None else f"{v:.1f}"
     ratio = lambda v: "-" if v is None or not base else f"{v / base:.2f}"
