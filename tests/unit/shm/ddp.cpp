@@ -100,34 +100,51 @@ int shared_mappings() {
   return found;
 }
 
+/// The arena the trainings below use: two parameters (77100 and 40001 floats: with a 200000-byte
+/// bucket cap, two buckets of odd sizes), values that differ element by element.
+struct TwoParameters {
+  tandem::Parameters<float> params;
+  tandem::Parameters<float>::Parameter& weight = params.add("weight", {300, 257});
+  tandem::Parameters<float>::Parameter& bias = params.add("bias", {40001});
+
+  TwoParameters() {
+    params.finalize();
+    auto values = params.values();
+    for (std::size_t i = 0; i < values.size(); ++i) values[i] = initial(i);
+  }
+  static float initial(std::size_t i) { return static_cast<float>(i % 101) * 0.013f - 0.6f; }
+
+  /// A backward pass: gradients that depend on the rank, the step and the values (as a real
+  /// one's do), each parameter marked ready as it is written, the last one first.
+  template <class Ddp>
+  void backward(Ddp& ddp, int rank, int step) {
+    for (auto* p : {&bias, &weight}) {
+      auto g = p->grad();
+      auto v = p->value();
+      for (std::size_t i = 0; i < g.size(); ++i) {
+        g[i] = v[i] * (0.5f + 0.25f * static_cast<float>(rank)) +
+               static_cast<float>((i * 7 + static_cast<std::size_t>(step)) % 13) * 0.031f;
+      }
+      ddp.grad_ready(*p);
+    }
+  }
+};
+
 /// Trains a two-parameter arena for a few steps under DDP on `comm` with gradients that depend
 /// on the rank, the step and the values (as a backward pass's do); `view_first` takes a view of
 /// the gradients before DDP wraps the arena, which keeps them out of shared memory. Returns the
 /// final values and whether the gradients were in a shared block.
 std::pair<std::vector<float>, bool> train(tandem::ShmComm& comm, bool view_first) {
-  tandem::Parameters<float> params;
-  auto& weight = params.add("weight", {300, 257});  // 77100 floats: its own bucket
-  auto& bias = params.add("bias", {40001});
-  params.finalize();
+  TwoParameters model;
+  auto& params = model.params;
   auto values = params.values();
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    values[i] = static_cast<float>(i % 101) * 0.013f - 0.6f;
-  }
   if (view_first) (void)params.grads();
   tandem::DistributedDataParallel<tandem::ShmComm> ddp(comm, params);
   const bool shared = in_shared_block(params.grads().data());
   for (int step = 0; step < 4; ++step) {
     ddp.before_forward();
     params.zero_grad();
-    for (auto* p : {&bias, &weight}) {  // backward: the last parameter first
-      auto g = p->grad();
-      auto v = p->value();
-      for (std::size_t i = 0; i < g.size(); ++i) {
-        g[i] = v[i] * (0.5f + 0.25f * static_cast<float>(comm.rank())) +
-               static_cast<float>((i * 7 + static_cast<std::size_t>(step)) % 13) * 0.031f;
-      }
-      ddp.grad_ready(*p);
-    }
+    model.backward(ddp, comm.rank(), step);
     ddp.finish_gradient_sync();
     auto grads = params.grads();
     for (std::size_t i = 0; i < values.size(); ++i) values[i] -= 0.1f * grads[i];
@@ -177,8 +194,8 @@ TEST_CASE("DDP on ShmComm: a rank whose gradients were viewed keeps every rank's
 
 namespace {
 
-/// Two buckets of odd sizes (77100 and 40001 floats: parts that are no multiple of the block's
-/// 64 KiB chunks, tails at 2 and 3 ranks), each above the size where a block is used.
+/// Two buckets of TwoParameters' odd sizes (parts that are no multiple of the block's 64 KiB
+/// chunks, tails at 2 and 3 ranks), each above the size where a block is used.
 template <class Comm, int Stage, class... More>
 using ZeroOn = tandem::DistributedDataParallel<Comm, tandem::shard<Stage>,
                                                tandem::bucket_cap<std::size_t{200000}>, More...>;
@@ -188,14 +205,9 @@ using ZeroOn = tandem::DistributedDataParallel<Comm, tandem::shard<Stage>,
 /// `blocks` counts the shared mappings the DDP made (its gradients' block and its staging's).
 template <class Ddp, class Comm>
 std::vector<float> train_zero(Comm& comm, int* blocks = nullptr) {
-  tandem::Parameters<float> params;
-  auto& weight = params.add("weight", {300, 257});
-  auto& bias = params.add("bias", {40001});
-  params.finalize();
+  TwoParameters model;
+  auto& params = model.params;
   auto values = params.values();
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    values[i] = static_cast<float>(i % 101) * 0.013f - 0.6f;
-  }
   const int before = shared_mappings();
   Ddp ddp(comm, params);
   if (blocks) *blocks = shared_mappings() - before;
@@ -204,15 +216,7 @@ std::vector<float> train_zero(Comm& comm, int* blocks = nullptr) {
   for (int step = 0; step < 4; ++step) {
     ddp.before_forward();
     if constexpr (Ddp::config::prefetches) ddp.wait_parameters();
-    for (auto* p : {&bias, &weight}) {  // backward: the last parameter first
-      auto g = p->grad();
-      auto v = p->value();
-      for (std::size_t i = 0; i < g.size(); ++i) {
-        g[i] = v[i] * (0.5f + 0.25f * static_cast<float>(comm.rank())) +
-               static_cast<float>((i * 7 + static_cast<std::size_t>(step)) % 13) * 0.031f;
-      }
-      ddp.grad_ready(*p);
-    }
+    model.backward(ddp, comm.rank(), step);
     ddp.finish_gradient_sync();
     ddp.step(opt);
     opt.zero_grad();
@@ -260,7 +264,7 @@ void check_zero(tandem::ShmComm& comm) {
   // The training happened: the values moved from where they started.
   bool moved = false;
   for (std::size_t i = 0; i < through_blocks.size(); ++i) {
-    moved = moved || through_blocks[i] != static_cast<float>(i % 101) * 0.013f - 0.6f;
+    moved = moved || through_blocks[i] != TwoParameters::initial(i);
   }
   CHECK(moved);
 }
