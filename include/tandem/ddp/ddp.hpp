@@ -152,7 +152,7 @@ class DistributedDataParallel {
     reset_step();
 
     arena_ = std::make_unique<detail::ddp::ArenaAccessFor<Comm, config, T, Space, Exec>>(
-        params, exec, layout_);
+        comm, params, exec, layout_);
     arena_->broadcast(*comm_, /*values_too=*/true, /*root=*/0);
   }
 

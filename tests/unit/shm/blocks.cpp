@@ -2,6 +2,8 @@
 // ranks under tandemrun, and groups of 1 to n split off them): an all_reduce of a tensor in a
 // block gives the bits of the slots' path on every rank, at sizes around the chunk and share
 // boundaries, at offsets that break the alignment, in every type and operation, sync and async;
+// so do a reduce_scatter in place in a block (and LocalComm's arithmetic) and an all_gather from
+// one, at odd slice sizes;
 // ranks that pass tensors in different places, or ask for blocks of different sizes, all raise
 // the same Error and the group goes on; nothing is left in /dev/shm; a block outlives its group;
 // the sum kernel's variants (SSE2, AVX2) give reduce_range's bits.
@@ -103,6 +105,99 @@ void check_block_bits(tandem::ShmComm& group) {
   failures.report();
 }
 
+/// Every rank's values for a reduce_scatter of `count` elements a rank, reduced in rank order:
+/// LocalComm's arithmetic (reduce_range), computed here from the values every rank gives.
+template <class T>
+std::vector<T> reduced_slice(int ranks, int rank, std::size_t count, tandem::ReduceOp op) {
+  std::vector<std::vector<T>> inputs;
+  std::vector<const T*> sources;
+  const std::size_t first = static_cast<std::size_t>(rank) * count;
+  for (int r = 0; r < ranks; ++r)
+    inputs.push_back(values<T>(r, static_cast<std::size_t>(ranks) * count));
+  for (const auto& input : inputs) sources.push_back(input.data() + first);
+  std::vector<T> out(count);
+  tandem::detail::reduce_range(out.data(), sources, 0, count, op);
+  return out;
+}
+
+/// For every slice size and offset: a reduce_scatter in place of a tensor in the block gives the
+/// bits of the slots' path (a copy outside the block) and of LocalComm's arithmetic, and leaves
+/// the other slices as they were; an all_gather from the block gives what the slots' path gives.
+/// Slices of odd sizes, below and above a chunk, at offsets that break the alignment.
+template <class T>
+void check_scatter_gather(tandem::ShmComm& group, const tandem::SharedBlock& block,
+                          const std::vector<tandem::ReduceOp>& ops,
+                          tandem::test::Failures& failures) {
+  const std::size_t room = block.bytes / sizeof(T);
+  const int me = group.rank();
+  const auto n = static_cast<std::size_t>(group.size());
+  for (const std::size_t count :
+       {std::size_t{1001}, std::size_t{16385}, std::size_t{100003}, (std::size_t{1} << 18) + 7}) {
+    for (const std::size_t offset : {std::size_t{0}, std::size_t{13}}) {
+      if (offset + n * count > room) continue;
+      T* in_block = reinterpret_cast<T*>(block.data) + offset;
+      const std::string where = std::string(tandem::name(tandem::dtype_of<T>)) + " slice " +
+                                std::to_string(count) + " offset " + std::to_string(offset);
+      for (const auto op : ops) {
+        const auto mine = values<T>(me, n * count);
+        std::memcpy(in_block, mine.data(), n * count * sizeof(T));
+        auto elsewhere = mine;
+        T* slice = in_block + static_cast<std::size_t>(me) * count;
+        group.reduce_scatter(std::span<T>(in_block, n * count), std::span<T>(slice, count), op);
+        group.reduce_scatter(
+            std::span<T>(elsewhere),
+            std::span<T>(elsewhere.data() + static_cast<std::size_t>(me) * count, count), op);
+        failures.expect(std::memcmp(in_block, elsewhere.data(), n * count * sizeof(T)) == 0, where,
+                        " ", tandem::name(op),
+                        ": the block's reduce_scatter differs from the slots' path");
+        const auto want = reduced_slice<T>(group.size(), me, count, op);
+        failures.expect(std::memcmp(slice, want.data(), count * sizeof(T)) == 0, where, " ",
+                        tandem::name(op), ": the block's reduce_scatter is not LocalComm's sum");
+      }
+      const auto mine = values<T>(me, count);
+      std::memcpy(in_block, mine.data(), count * sizeof(T));
+      std::vector<T> gathered(n * count);
+      std::vector<T> want(n * count);
+      group.all_gather(std::span<const T>(in_block, count), std::span<T>(gathered));
+      group.all_gather(std::span<const T>(mine), std::span<T>(want));
+      failures.expect(std::memcmp(gathered.data(), want.data(), n * count * sizeof(T)) == 0, where,
+                      ": the all_gather from the block differs from the slots' path");
+      const auto last = values<T>(group.size() - 1, count);
+      failures.expect(
+          std::memcmp(gathered.data() + (n - 1) * count, last.data(), count * sizeof(T)) == 0,
+          where, ": the all_gather from the block lost the last rank's slice");
+    }
+  }
+}
+
+void check_block_scatter_gather(tandem::ShmComm& group) {
+  tandem::test::Failures failures;
+  const auto n = static_cast<std::size_t>(group.size());
+  const auto block = group.allocate_shared(((std::size_t{1} << 18) + 32) * n * sizeof(double));
+  REQUIRE(block);
+  using tandem::ReduceOp;
+  check_scatter_gather<float>(group, block, {ReduceOp::sum, ReduceOp::avg, ReduceOp::max},
+                              failures);
+  check_scatter_gather<double>(group, block, {ReduceOp::sum}, failures);
+  check_scatter_gather<std::int32_t>(group, block, {ReduceOp::sum}, failures);
+  // Async, queued behind another: the same bits.
+  const std::size_t count = 50001;
+  auto* data = reinterpret_cast<float*>(block.data);
+  const auto mine = values<float>(group.rank(), n * count);
+  std::memcpy(data, mine.data(), n * count * sizeof(float));
+  auto elsewhere = mine;
+  const std::size_t at = static_cast<std::size_t>(group.rank()) * count;
+  auto first = group.reduce_scatter_async(std::span<float>(data, n * count),
+                                          std::span<float>(data + at, count));
+  auto second = group.reduce_scatter_async(std::span<float>(elsewhere),
+                                           std::span<float>(elsewhere.data() + at, count));
+  first.wait();
+  second.wait();
+  failures.expect(std::memcmp(data, elsewhere.data(), n * count * sizeof(float)) == 0,
+                  "async: the block's reduce_scatter differs from the slots' path");
+  failures.report();
+}
+
 /// Each instruction set's variant of the block's sum kernel (and the dispatch between them)
 /// against reduce_range, bit for bit, on N parts: counts around a cache line, starts off it.
 /// The tests build without optimisation, so the multi-rank bits above run the kernel's loops
@@ -122,29 +217,36 @@ void check_sum_kernels(tandem::test::Failures& failures) {
         std::vector<T> want(end);
         tandem::detail::reduce_range(want.data(), sources, begin, end,
                                      average ? tandem::ReduceOp::avg : tandem::ReduceOp::sum);
-        for (int variant = 0; variant < 3; ++variant) {
-          auto parts = inputs;
-          std::vector<T*> pointers;
-          std::array<T*, N> to{};
-          for (std::size_t k = 0; k < N; ++k) to[k] = parts[k].data();
-          for (auto& part : parts) pointers.push_back(part.data());
-          if (variant == 0) sum_into_parts<N>(pointers, begin, end, average);
-          if (variant == 1) sum_into_parts_baseline<N>(to, begin, end, average);
+        // Into every part (the all_reduce), then into part `owner` only (the reduce_scatter).
+        for (const bool every : {true, false}) {
+          const std::size_t owner = N - 1;
+          for (int variant = 0; variant < 3; ++variant) {
+            auto parts = inputs;
+            std::vector<T*> pointers;
+            std::array<T*, N> from{};
+            for (std::size_t k = 0; k < N; ++k) from[k] = parts[k].data();
+            for (auto& part : parts) pointers.push_back(part.data());
+            const std::array<T*, 1> one{from[owner]};
+            if (variant == 0) sum_parts<N>(pointers, owner, every, begin, end, average);
+            if (variant == 1 && every) sum_lines_baseline(from, from, begin, end, average);
+            if (variant == 1 && !every) sum_lines_baseline(from, one, begin, end, average);
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-          if (variant == 2 && __builtin_cpu_supports("avx2")) {
-            sum_into_parts_avx2<N>(to, begin, end, average);
-          } else if (variant == 2) {
-            continue;
-          }
+            if (variant == 2 && !__builtin_cpu_supports("avx2")) continue;
+            if (variant == 2 && every) sum_lines_avx2(from, from, begin, end, average);
+            if (variant == 2 && !every) sum_lines_avx2(from, one, begin, end, average);
 #else
-          if (variant == 2) continue;
+            if (variant == 2) continue;
 #endif
-          for (std::size_t k = 0; k < N; ++k) {
-            failures.expect(
-                std::memcmp(parts[k].data() + begin, want.data() + begin, count * sizeof(T)) == 0,
-                "sum kernel variant ", variant, " on ", N, " parts of ",
-                tandem::name(tandem::dtype_of<T>), " begin ", begin, " count ", count,
-                average ? " avg" : " sum", ": part ", k, " differs from reduce_range");
+            for (std::size_t k = 0; k < N; ++k) {
+              const bool written = every || k == owner;
+              const T* expected = written ? want.data() : inputs[k].data();
+              failures.expect(
+                  std::memcmp(parts[k].data() + begin, expected + begin, count * sizeof(T)) == 0,
+                  "sum kernel variant ", variant, " on ", N, " parts of ",
+                  tandem::name(tandem::dtype_of<T>), " begin ", begin, " count ", count,
+                  average ? " avg" : " sum", every ? " into every part" : " into one", ": part ", k,
+                  written ? " differs from reduce_range" : " was written");
+            }
           }
         }
       }
@@ -183,6 +285,18 @@ TEST_CASE("ShmComm: an all_reduce in a shared block gives the slots' bits, on gr
   }
 }
 
+TEST_CASE(
+    "ShmComm: a reduce_scatter in place and an all_gather from a shared block give the "
+    "slots' bits, on groups of 1 to n") {
+  check_block_scatter_gather(comm());
+  for (int members = 1; members < comm().size(); ++members) {
+    CAPTURE(members);
+    auto part = comm().split(comm().rank() < members ? 0 : tandem::no_color, comm().rank());
+    if (part) check_block_scatter_gather(*part);
+    comm().barrier();
+  }
+}
+
 TEST_CASE("ShmComm: tensors in different places, or blocks of different sizes, are an Error") {
   auto group = regroup(comm(), {.timeout = 60s});
   const int n = group.size();
@@ -204,6 +318,35 @@ TEST_CASE("ShmComm: tensors in different places, or blocks of different sizes, a
       CHECK_MESSAGE(tandem::test::mentions(e.what(), "rank " + std::to_string(group.rank()) + ":",
                                            "all_reduce", "ranks disagree on where the tensor lies",
                                            last_offset ? "at byte 256" : "outside the shared"),
+                    e.what());
+    }
+  }
+  // reduce_scatter and all_gather: the last rank's input outside the block; then counts that
+  // differ (rank 0 one element more a slice).
+  const std::size_t slice = count / static_cast<std::size_t>(n);
+  const auto me = static_cast<std::size_t>(group.rank());
+  const bool last = group.rank() == n - 1;
+  for (const bool other_count : {false, true}) {
+    const std::size_t mine = slice + (other_count && group.rank() == 0 ? 1 : 0);
+    float* in = last && !other_count ? elsewhere.data() : in_block;
+    try {
+      group.reduce_scatter(std::span<float>(in, mine * static_cast<std::size_t>(n)),
+                           std::span<float>(in + me * mine, mine));
+      FAIL_CHECK("ranks whose reduce_scatters disagree reduced them");
+    } catch (const tandem::Error& e) {
+      CHECK_MESSAGE(
+          tandem::test::mentions(e.what(), "rank " + std::to_string(group.rank()) + ":",
+                                 "reduce_scatter", other_count ? "" : "outside the shared"),
+          e.what());
+    }
+    std::vector<float> gathered(mine * static_cast<std::size_t>(n));
+    try {
+      group.all_gather(std::span<const float>(in, mine), std::span<float>(gathered));
+      FAIL_CHECK("ranks whose all_gathers disagree gathered");
+    } catch (const tandem::Error& e) {
+      CHECK_MESSAGE(tandem::test::mentions(e.what(), "rank " + std::to_string(group.rank()) + ":",
+                                           "all_gather",
+                                           other_count ? "" : "ranks disagree on where the tensor"),
                     e.what());
     }
   }

@@ -2,7 +2,8 @@
 // the per-element kernels of a step (division, 16-bit compression and back, control values), the
 // small control arrays of the registration check, and ArenaAccess, behind which the arena's
 // element type, memory space and executor are the constructor's choice, not the class's.
-//   detail::ddp::ArenaAccessFor<Comm, Config, float, host, host_exec> access(params, exec, layout);
+//   detail::ddp::ArenaAccessFor<Comm, Config, float, host, host_exec> access(comm, params, exec,
+//   layout);
 // Needs: what ddp/ddp.hpp needs; included by it, not by users.
 #pragma once
 
@@ -25,6 +26,7 @@
 #include "tandem/core/config.hpp"
 #include "tandem/core/error.hpp"
 #include "tandem/ddp/buckets.hpp"
+#include "tandem/ddp/detail/shared_grads.hpp"
 #include "tandem/ddp/policies.hpp"
 #include "tandem/ddp/shards.hpp"
 #include "tandem/tensor/dtype.hpp"
@@ -140,7 +142,8 @@ class ArenaAccess {
   /// Hands every Work back to the executor (hand_back; after a `failure` of their launch, waits
   /// for them on the host). Returns the first failure: `failure`, then the Works' in order.
   virtual std::exception_ptr hand_back(std::vector<Work>& works, std::exception_ptr failure) = 0;
-  /// shard<2>: copies each bucket's reduce-scattered part into the rank's own gradients.
+  /// shard<2>: copies each bucket's reduce-scattered part into the rank's own gradients (where
+  /// it did not land there: lends_memory).
   virtual void settle_shards() = 0;
   /// ZeRO: all-gathers the parameter values from every rank's own parts. Collective. `ahead`
   /// (prefetch_parameters): leaves the buckets' gathers in flight, forward order, until
@@ -162,10 +165,13 @@ class ArenaAccess {
 template <class Comm, class Config, class T, class Space, class Exec>
 class ArenaAccessFor final : public ArenaAccess<Comm> {
  public:
-  ArenaAccessFor(Parameters<T, Space>& params, const Exec& exec, const ShardLayout& layout)
+  /// Collective where Comm lends memory under ZeRO (the staging: ShardStaging).
+  ArenaAccessFor(Comm& comm, Parameters<T, Space>& params, const Exec& exec,
+                 const ShardLayout& layout)
       : params_(&params), exec_(exec), layout_(&layout) {
     if constexpr (Config::compressed) wire_ = Buffer<wire_type, Space>(params.numel());
-    if constexpr (Config::shard_stage > 0) staging_ = Buffer<T, Space>(layout.staging());
+    if constexpr (Config::shard_stage > 0)
+      staging_ = ShardStaging<T, Space>(comm, layout.staging());
   }
 
   void zero_grads(std::size_t offset, std::size_t count) override {
@@ -188,14 +194,17 @@ class ArenaAccessFor final : public ArenaAccess<Comm> {
       }
       order_bucket(comm);
       if constexpr (Config::shard_stage == 2) {
-        // The equal parts straight from the arena into this rank's staging; the tail (fewer
-        // elements than ranks) all-reduced in place, which also leaves its owner its element.
+        // The equal parts straight from the arena into this rank's staging - or, where the
+        // communicator lends memory, in place into this rank's own part of the gradients; the
+        // tail (fewer elements than ranks) all-reduced in place, which also leaves its owner its
+        // element.
         const ShardedBucket& b = layout_->buckets()[k];
         const auto parts = static_cast<std::size_t>(comm.size()) * b.part;
         if (b.part > 0) {
-          works.push_back(comm.reduce_scatter_async(
-              View<T, Space>(g, parts), View<T, Space>(staging_.data() + b.staging_offset, b.part),
-              ReduceOp::sum));
+          T* part = lends_memory<Comm, Space> ? g + layout_->rank() * b.part
+                                              : staging_.data() + b.staging_offset;
+          works.push_back(comm.reduce_scatter_async(View<T, Space>(g, parts),
+                                                    View<T, Space>(part, b.part), ReduceOp::sum));
         }
         if (b.tail > 0) {
           works.push_back(comm.all_reduce_async(View<T, Space>(g + parts, b.tail), ReduceOp::sum));
@@ -213,7 +222,7 @@ class ArenaAccessFor final : public ArenaAccess<Comm> {
   }
 
   void settle_shards() override {
-    if constexpr (Config::shard_stage == 2) {
+    if constexpr (Config::shard_stage == 2 && !lends_memory<Comm, Space>) {
       const std::size_t r = layout_->rank();
       for (const auto& b : layout_->buckets()) {
         if (b.part == 0) continue;
@@ -320,7 +329,7 @@ class ArenaAccessFor final : public ArenaAccess<Comm> {
   std::vector<GatherInFlight> in_flight_;  // prefetch_parameters: the gathers still on the wire
   std::vector<unsigned char> pending_;     // per bucket: its gather is in in_flight_, not ended
   wire_storage wire_;
-  Buffer<T, Space> staging_;  // ZeRO: the own parts on the wire (empty without sharding)
+  ShardStaging<T, Space> staging_;  // ZeRO: the own parts on the wire (empty without sharding)
 };
 
 }  // namespace tandem::detail::ddp

@@ -169,12 +169,20 @@ class Engine : public IssueOrder, public Peers {
   void all_gather(const T* in, T* out, std::size_t count) {
     start("all_gather");
     const auto n = static_cast<std::size_t>(size_);
+    if (n * count * sizeof(T) > in_block_most_slot_bytes && size_ > 1 &&
+        !overlap(in, count, static_cast<const T*>(out), n * count)) {
+      if (auto where = blocks_.find(in, count * sizeof(T), rank_)) {
+        return all_gather_from_block<T>(out, count, *where);
+      }
+    }
     std::vector<T> copy;
     in = stable(in, count, out, n * count, out + static_cast<std::size_t>(rank_) * count, copy);
     rounds(make_fingerprint<T>(Op::all_gather, 0, count), count, slot_elements<T>(1),
            [&](std::size_t first, std::size_t length, const Call* call) {
              copy_elements(in + first, length, slot<T>(rank_));
+             if (call) ranks_[rank_].places[half_] = Place{};
              arrive(call);
+             if (call) check_places(Place{});
              for (std::size_t r = 0; r < n; ++r) {
                copy_elements(slot<T>(static_cast<int>(r)), length, out + r * count + first);
              }
@@ -221,6 +229,11 @@ class Engine : public IssueOrder, public Peers {
     start("reduce_scatter");
     const auto n = static_cast<std::size_t>(size_);
     const auto me = static_cast<std::size_t>(rank_);
+    if (in + me * count == out && n * count * sizeof(T) > in_block_most_slot_bytes && size_ > 1) {
+      if (auto where = blocks_.find(in, n * count * sizeof(T), rank_)) {
+        return reduce_scatter_in_block<T>(count, op, *where);
+      }
+    }
     std::vector<T> copy;
     in = stable(in, n * count, out, count, out - me * count, copy);
     rounds(make_fingerprint<T>(Op::reduce_scatter, 0, count, 0, op), count, slot_elements<T>(n),
@@ -228,7 +241,9 @@ class Engine : public IssueOrder, public Peers {
              for (std::size_t r = 0; r < n; ++r) {
                copy_elements(in + r * count + first, length, slot<T>(rank_) + r * length);
              }
+             if (call) ranks_[rank_].places[half_] = Place{};
              arrive(call);
+             if (call) check_places(Place{});
              reduce_range(out + first, slots<T>(me * length), 0, length, op);
            });
   }
@@ -527,11 +542,22 @@ class Engine : public IssueOrder, public Peers {
 
   // --- tensors in a shared block (detail/in_block.hpp) ----------------------------------------
 
+  /// The frame of every collective in a shared block: two barriers, the calls and places
+  /// compared after the first, `run` over the chunks of `total` elements' shares between them.
+  template <class T, class Run>
+  void in_block(const Call& call, const Place& mine, std::size_t total, bool claims, Run&& run);
   /// all_reduce in place of `count` elements that lie in a shared block on every rank.
   template <class T>
   void all_reduce_in_block(std::size_t count, ReduceOp op, const InBlock& where);
-  /// After an all_reduce's first barrier: every rank's tensor lies in the same place (the same
-  /// block and offset, or no block), else every rank raises the same tandem::Error.
+  /// reduce_scatter in place (out is this rank's slice of in), in a shared block on every rank.
+  template <class T>
+  void reduce_scatter_in_block(std::size_t count, ReduceOp op, const InBlock& where);
+  /// all_gather of an `in` that lies in a shared block on every rank into an `out` apart from it.
+  template <class T>
+  void all_gather_from_block(T* out, std::size_t count, const InBlock& where);
+  /// After the first barrier of an all_reduce, reduce_scatter or all_gather: every rank's tensor
+  /// lies in the same place (the same block and offset, or no block), else every rank raises the
+  /// same tandem::Error.
   void check_places(const Place& mine) const;
 
   AnyStore store_;

@@ -1,12 +1,14 @@
 // tandem/comm/shm/detail/in_block.hpp - the Engine's shared blocks: allocate_shared (one POSIX
 // object per allocation, a part per rank, made like the group's segment: a random name, sized
 // to what /dev/shm has free, locked by every rank that maps it, unlinked once all have) and the
-// all_reduce of a tensor that lies in one on every rank: each rank reduces its share straight
-// from the peers' parts and writes it into every part - no copy in, no copy out.
+// collectives of tensors that lie in one on every rank, straight from the peers' parts - no copy
+// in: the all_reduce in place (each rank reduces its share and writes it into every part), the
+// reduce_scatter in place (each slice reduced into its owner's part) and the all_gather whose
+// input lies in the block (each rank copies every part's into its output).
 //   SharedBlock block = engine.allocate_shared(bytes);   engine.all_reduce(p, p, n, op);
 // Needs: Linux (through segment.hpp). Not a public header: detail/engine.hpp declares these
 // members and shm.hpp includes this header. The design: docs/backends.md, "Buckets in the
-// segment".
+// segment", and docs/shm.md.
 #pragma once
 
 #include <algorithm>
@@ -114,61 +116,105 @@ inline void Engine::check_places(const Place& mine) const {
   throw Error(rank_, operation_,
               "ranks disagree on where the tensor lies (" +
                   disagreement(places, [](const std::string& s) { return s; }) +
-                  "): an all_reduce on a tensor in a shared block (allocate_shared) needs every "
-                  "rank's tensor at the same place of one");
+                  "): " + operation_ +
+                  " on a tensor in a shared block (allocate_shared) needs every rank's tensor at "
+                  "the same place of one");
 }
 
 /// Two barriers, and no wait between them: after the first, every rank's tensor is ready (and
-/// the calls and places agree); each rank reduces its share (1/n of the elements) chunk by chunk
-/// from every rank's part, in rank order, and writes the result into every rank's part - a chunk
-/// of any part is read and written by the rank that claimed it only - then claims what is left
-/// of the peers' shares, so that a rank the scheduler has not run yet (ranks that share CPUs
-/// with other work) finds its share done instead of holding up the others; the second barrier
-/// ends it once every part holds every chunk (and no rank writes its part again - the next
-/// backward pass - while a peer still reads it). Per byte reduced a rank reads each part's once
-/// and writes each part's once, where a reduction into its own part and a copy of the peers'
-/// shares out of theirs read the peers' shares a second time (bench/results/
-/// shm-allreduce-2.md). Who reduces a chunk changes nothing in it: the arithmetic is
-/// LocalComm's, in rank order, element by element (reduce_into_parts), the bits of the slots'
-/// path on every rank. Before each chunk a rank looks for a failure another rank recorded (or
-/// an abort), so that one stopped past the others' timeout and then resumed raises instead of
-/// going on writing into their parts.
+/// the calls and places agree); the `total` elements are cut into n shares (share(r, total)),
+/// handed out in chunks of block_chunk_bytes, and run(r, begin, end) is called for each chunk
+/// [begin, end) of share r. With `claims` each rank takes the chunks of its own share, then
+/// claims what is left of the peers' shares (a chunk is run by the rank that claimed it only), so
+/// that a rank the scheduler has not run yet (ranks that share CPUs with other work) finds its
+/// share done instead of holding up the others; without, each rank runs every chunk itself (its
+/// own share first). The second barrier ends it once every chunk has run (and no rank writes its
+/// part again - the next backward pass, the next gather's copy - while a peer still reads it).
+/// Before each chunk a rank looks for a failure another rank recorded (or an abort), so that one
+/// stopped past the others' timeout and then resumed raises instead of going on writing into
+/// their parts. The one loop of the collectives in a block (all_reduce, reduce_scatter,
+/// all_gather below).
+template <class T, class Run>
+void Engine::in_block(const Call& call, const Place& mine, std::size_t total, bool claims,
+                      Run&& run) {
+  const std::size_t chunk = std::max<std::size_t>(1, block_chunk_bytes / sizeof(T));
+  rounds(call, total, total, [&](std::size_t, std::size_t, const Call* first) {
+    ranks_[rank_].places[half_] = mine;
+    // No peer claims a chunk of this operation before this arrival, nor one of the last
+    // operation after it: both ends are barriers.
+    ranks_[rank_].claimed.store(0, std::memory_order_relaxed);
+    arrive(first);
+    check_places(mine);
+    for (int k = 0; k < size_; ++k) {  // its own share first, then the peers' in turn
+      const int r = (rank_ + k) % size_;
+      const auto [begin, end] = share(r, total);
+      const std::size_t chunks = (end - begin + chunk - 1) / chunk;
+      std::atomic<std::uint64_t>& claimed = ranks_[r].claimed;
+      std::uint64_t next = 0;
+      // A peer's count is read before it is added to: once its share is all claimed, the line
+      // stays in its owner's cache.
+      while (!claims || k == 0 || claimed.load(std::memory_order_relaxed) < chunks) {
+        const std::uint64_t c = claims ? claimed.fetch_add(1, std::memory_order_relaxed) : next++;
+        if (c >= chunks) break;
+        if (control_->broken.load(std::memory_order_acquire) != 0 ||
+            control_->aborted_by.load(std::memory_order_acquire) != 0) {
+          fail(trouble({}));
+        }
+        const std::size_t at = begin + static_cast<std::size_t>(c) * chunk;
+        run(r, at, std::min(end, at + chunk));
+      }
+    }
+    arrive(nullptr);
+  });
+}
+
+/// Each rank reduces its share (1/n of the elements) chunk by chunk from every rank's part, in
+/// rank order, and writes the result into every rank's part - a chunk of any part is read and
+/// written by the rank that claimed it only. Per byte reduced a rank reads each part's once and
+/// writes each part's once, where a reduction into its own part and a copy of the peers' shares
+/// out of theirs read the peers' shares a second time (bench/results/shm-allreduce-2.md). Who
+/// reduces a chunk changes nothing in it: the arithmetic is LocalComm's, in rank order, element
+/// by element (reduce_chunk), the bits of the slots' path on every rank.
 template <class T>
 void Engine::all_reduce_in_block(std::size_t count, ReduceOp op, const InBlock& where) {
-  const Place mine{where.id, where.at};
-  const std::size_t chunk = std::max<std::size_t>(1, block_chunk_bytes / sizeof(T));
-  rounds(make_fingerprint<T>(Op::all_reduce, 0, count, 0, op), count, count,
-         [&](std::size_t, std::size_t, const Call* call) {
-           ranks_[rank_].places[half_] = mine;
-           // No peer claims a chunk of this operation before this arrival, nor one of the last
-           // operation after it: both ends are barriers.
-           ranks_[rank_].claimed.store(0, std::memory_order_relaxed);
-           arrive(call);
-           check_places(mine);
-           std::vector<T*> parts;
-           parts.reserve(static_cast<std::size_t>(size_));
-           for (int r = 0; r < size_; ++r) parts.push_back(where.part<T>(r));
-           const auto me = static_cast<std::size_t>(rank_);
-           for (int k = 0; k < size_; ++k) {  // its own share first, then the peers' in turn
-             const int r = (rank_ + k) % size_;
-             const auto [first, last] = share(r, count);
-             const std::size_t chunks = (last - first + chunk - 1) / chunk;
-             std::atomic<std::uint64_t>& claimed = ranks_[r].claimed;
-             // A peer's count is read before it is added to: once its share is all claimed, the
-             // line stays in its owner's cache.
-             while (k == 0 || claimed.load(std::memory_order_relaxed) < chunks) {
-               const std::uint64_t c = claimed.fetch_add(1, std::memory_order_relaxed);
-               if (c >= chunks) break;
-               if (control_->broken.load(std::memory_order_acquire) != 0 ||
-                   control_->aborted_by.load(std::memory_order_acquire) != 0) {
-                 fail(trouble({}));
-               }
-               const std::size_t at = first + static_cast<std::size_t>(c) * chunk;
-               reduce_into_parts(parts, me, at, std::min(last, at + chunk), op);
-             }
-           }
-           arrive(nullptr);
-         });
+  const std::vector<T*> parts = where.parts<T>(size_);
+  in_block<T>(make_fingerprint<T>(Op::all_reduce, 0, count, 0, op), Place{where.id, where.at},
+              count, true, [&](int, std::size_t begin, std::size_t end) {
+                reduce_chunk(parts, static_cast<std::size_t>(rank_), true, begin, end, op);
+              });
+}
+
+/// In place (out is this rank's slice of in): rank r's slice is share r of the n * count
+/// elements, reduced from every part in rank order - the bits of the slots' path - and written
+/// into part r only, where its owner reads it (ZeRO-2's gradients: ddp/detail/arena_access.hpp);
+/// the peers' copies of it stay as they were, as on the slots' path. No copy in, none out
+/// (bench/zero/shm_collectives.cpp: 0.22-0.48x of the slots' path on a 41 MB bucket).
+template <class T>
+void Engine::reduce_scatter_in_block(std::size_t count, ReduceOp op, const InBlock& where) {
+  const std::vector<T*> parts = where.parts<T>(size_);
+  const std::size_t total = static_cast<std::size_t>(size_) * count;
+  in_block<T>(make_fingerprint<T>(Op::reduce_scatter, 0, count, 0, op), Place{where.id, where.at},
+              total, true, [&](int r, std::size_t begin, std::size_t end) {
+                reduce_chunk(parts, static_cast<std::size_t>(r), false, begin, end, op);
+              });
+}
+
+/// `in` lies in a block on every rank (ZeRO's staging: ddp/detail/shared_grads.hpp), `out`
+/// elsewhere: each rank copies every rank's `in` straight from its part into `out` - no copy into
+/// a slot, no barrier per slot. No claims: every rank fills its own `out`. It saves only the copy
+/// in (1/n of the bytes): as fast as the slots' path within noise (bench/zero/shm_collectives.cpp)
+/// while the output lies outside the block.
+template <class T>
+void Engine::all_gather_from_block(T* out, std::size_t count, const InBlock& where) {
+  const std::vector<T*> parts = where.parts<T>(size_);
+  const std::size_t total = static_cast<std::size_t>(size_) * count;
+  in_block<T>(make_fingerprint<T>(Op::all_gather, 0, count), Place{where.id, where.at}, total,
+              false, [&](int r, std::size_t begin, std::size_t end) {
+                const std::size_t first = static_cast<std::size_t>(r) * count;
+                copy_elements(
+                    static_cast<const T*>(parts[static_cast<std::size_t>(r)]) + (begin - first),
+                    end - begin, out + begin);
+              });
 }
 
 }  // namespace tandem::detail::shm

@@ -90,7 +90,8 @@ struct Control {
 
 /// Where a rank's tensor of an operation lies: in block `block` (1, 2, ...: the group's shared
 /// blocks, see detail/blocks.hpp) at byte `at` of the rank's part, or elsewhere (block 0). Ranks
-/// compare it after an all_reduce's first barrier, since a block's tensors take another path.
+/// compare it after the first barrier of an all_reduce, reduce_scatter or all_gather, since a
+/// block's tensors take another path.
 struct Place {
   std::uint64_t block = 0;
   std::uint64_t at = 0;
@@ -107,7 +108,7 @@ struct alignas(64) RankState {
   std::atomic<std::uint32_t> locked{0};  ///< it holds its lock (Segment::lock_rank) while alive
   CollectiveFingerprint calls[2];        ///< its call, per staging half (see Engine::arrive)
   Place places[2];                       ///< its tensor's place, per staging half
-  /// Chunks of this rank's share of the current all_reduce in a shared block that are claimed,
+  /// Chunks of this rank's share of the current collective in a shared block that are claimed,
   /// by it or by a peer done with its own (detail/in_block.hpp); it sets 0 before the first
   /// barrier. A cache line of its own: its owner counts every chunk there.
   alignas(64) std::atomic<std::uint64_t> claimed{0};
