@@ -45,8 +45,32 @@ constexpr int ranks = 3;
 constexpr int victim = 1;
 constexpr int steps = 3;
 
-/// A survivor: forms the group (or heals it in the constructor), builds through start() a
-/// "DDP" whose constructor is a collective, and takes a few steps of one all_reduce each.
+/// After the constructor: builds through start() a "DDP" whose constructor is a collective,
+/// takes a few steps of one all_reduce each, and notes what it saw.
+template <class Comm>
+void train(tandem::Elastic<Comm>& elastic, Outcome& out) {
+  elastic.on_heal([] {},
+                  [&](Comm& comm) {
+                    std::int64_t one = 1;
+                    comm.all_reduce(std::span(&one, 1));  // as DDP's constructor broadcasts
+                    out.rebuilt_sizes.push_back(comm.size());
+                  });
+  elastic.start();
+  while (elastic.steps_done() < steps) {
+    std::int64_t sum = 0;
+    elastic.step(
+        [&](Comm& comm) {
+          sum = 1;
+          comm.all_reduce(std::span(&sum, 1));
+        },
+        [&] { out.sum += sum; });
+  }
+  out.generation = elastic.generation();
+  out.heals = elastic.heals();
+  out.members = elastic.members();
+}
+
+/// A survivor: forms the group (or heals it in the constructor), then trains.
 template <class Comm>
 void survive(tandem::AnyStore& store, int r, Outcome& out) {
   try {
@@ -56,25 +80,7 @@ void survive(tandem::AnyStore& store, int r, Outcome& out) {
         tandem::World::single_node(r, ranks), store, options,
         {.window = std::chrono::minutes(10)});  // the victim is known lost: never waited out
     out.constructor_heals = elastic.heals();
-    elastic.on_heal([] {},
-                    [&](Comm& comm) {
-                      std::int64_t one = 1;
-                      comm.all_reduce(std::span(&one, 1));  // as DDP's constructor broadcasts
-                      out.rebuilt_sizes.push_back(comm.size());
-                    });
-    elastic.start();
-    while (elastic.steps_done() < steps) {
-      std::int64_t sum = 0;
-      elastic.step(
-          [&](Comm& comm) {
-            sum = 1;
-            comm.all_reduce(std::span(&sum, 1));
-          },
-          [&] { out.sum += sum; });
-    }
-    out.generation = elastic.generation();
-    out.heals = elastic.heals();
-    out.members = elastic.members();
+    train(elastic, out);
   } catch (const std::exception& e) {
     out.error = e.what();
   }
@@ -160,8 +166,7 @@ class FirstRendezvousFails {
 
 /// A member of a group that awaits replacements in its heals (member 1's replacement: a process
 /// joining the running group, here a thread): registers on_join (the state: its first rank,
-/// which the replacement must receive from the sender, member 0), builds through start(), and
-/// takes a few steps of one all_reduce each.
+/// which the replacement must receive from the sender, member 0), then trains.
 void take_part(tandem::AnyStore store, int r, bool replacement, Outcome& out, int& state_received) {
   try {
     tandem::Elastic<tandem::LocalComm> elastic(
@@ -172,30 +177,12 @@ void take_part(tandem::AnyStore store, int r, bool replacement, Outcome& out, in
          .join_timeout = std::chrono::minutes(1),
          .await_replacement = std::chrono::minutes(1)});
     out.constructor_heals = elastic.heals();
-    elastic.on_heal([] {},
-                    [&](tandem::LocalComm& comm) {
-                      std::int64_t one = 1;
-                      comm.all_reduce(std::span(&one, 1));  // as DDP's constructor broadcasts
-                      out.rebuilt_sizes.push_back(comm.size());
-                    });
     const int mine = r;
     elastic.on_join([&] { return std::vector<std::byte>{static_cast<std::byte>(mine)}; },
                     [&](std::span<const std::byte> bytes) {
                       state_received = bytes.size() == 1 ? static_cast<int>(bytes[0]) : -2;
                     });
-    elastic.start();
-    while (elastic.steps_done() < steps) {
-      std::int64_t sum = 0;
-      elastic.step(
-          [&](tandem::LocalComm& comm) {
-            sum = 1;
-            comm.all_reduce(std::span(&sum, 1));
-          },
-          [&] { out.sum += sum; });
-    }
-    out.generation = elastic.generation();
-    out.heals = elastic.heals();
-    out.members = elastic.members();
+    train(elastic, out);
   } catch (const std::exception& e) {
     out.error = e.what();
   }
