@@ -163,6 +163,7 @@ class Elastic {
                std::function<void(std::span<const std::byte>)> load) {
     save_ = std::move(save);
     load_ = std::move(load);
+    if (std::exchange(state_owed_, false)) return send_state(member_);  // see reform
     if (!awaiting_state_) return;
     std::vector<std::uint8_t> bytes;
     broadcast_vector(comm(), bytes, rank_of(sender_));
@@ -176,6 +177,7 @@ class Elastic {
   /// from step 0. Call it once, after on_heal and on_join, before the first step; on a
   /// replacement too (it meets the rebuild the members run once they sent the state).
   void start() {
+    check_state_sent("Elastic::start");
     if (!rebuild_) return;
     try {
       rebuild_(comm());
@@ -200,6 +202,7 @@ class Elastic {
       throw Error(member_, "Elastic::step",
                   "this replacement has not received its state: call on_join(save, load) first");
     }
+    check_state_sent("Elastic::step");
     const std::int64_t target = steps_done_ + 1;
     std::int64_t requests = 0;
     while (steps_done_ < target) {
@@ -234,6 +237,7 @@ class Elastic {
   /// over the new one: it must be safe to repeat. Every member calls it at the same point.
   template <class Work>
   void settle(Work&& work) {
+    check_state_sent("Elastic::settle");
     const auto nothing_to_apply = [] {};
     for (;;) {
       reduced_ = false;
@@ -309,7 +313,9 @@ class Elastic {
       comm_.emplace(B::rendezvous(opened.world, scoped, options_));
     } catch (const Error& lost) {  // a member lost at start-up: heal from step 0
       auto nothing_to_apply = [] {};
+      constructing_ = true;
       heal(lost, nothing_to_apply);
+      constructing_ = false;
     }
   }
 
@@ -434,35 +440,27 @@ class Elastic {
     AnyStore scoped = generation_store();
     comm_.emplace(B::rendezvous(elastic::world_of(members_, node_of, member_), scoped, options_));
     if (!admitted.empty()) {
-      std::vector<std::uint8_t> bytes;
-      if (answers) {
-        const auto state = save_();
-        bytes.resize(state.size());
-        if (!state.empty()) std::memcpy(bytes.data(), state.data(), state.size());
-      }
-      broadcast_vector(*comm_, bytes, rank_of(sender));
+      // A sender healing in its constructor has no save yet: it sends in on_join (which comes
+      // before anything collective), and the others' broadcast here meets it.
+      answers && !save_ ? void(state_owed_ = true) : send_state(sender);
     }
     if (rebuild_) rebuild_(*comm_);
   }
 
-  /// How many join requests wait beyond those answered, as the lowest survivor of a heal sees
-  /// them within await_replacement (until `lost` are there), published for the others.
-  std::int64_t awaited_requests(std::size_t lost, bool decides) {
-    const std::string key = "gen" + std::to_string(generation_ + 1) + "/requests";
-    if (!decides) {
-      return std::stoll(store_.get(key, elastic_.await_replacement + elastic_.window));
+  /// A replacement's state (on_join's save on the sender) broadcast from the sender.
+  void send_state(int sender) {
+    std::vector<std::uint8_t> bytes;
+    if (member_ == sender) {
+      const auto state = save_();
+      bytes.resize(state.size());
+      if (!state.empty()) std::memcpy(bytes.data(), state.data(), state.size());
     }
-    const Deadline deadline(elastic_.await_replacement);
-    std::int64_t requests = tickets_;
-    for (;;) {
-      while (store_.check(std::vector<std::string>{"join/" + std::to_string(requests + 1)})) {
-        ++requests;
-      }
-      if (static_cast<std::size_t>(requests - tickets_) >= lost || deadline.expired()) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    store_.set(key, std::to_string(requests));
-    return requests;
+    broadcast_vector(*comm_, bytes, rank_of(sender));
+  }
+
+  void check_state_sent(const char* operation) const {
+    if (!state_owed_) return;
+    throw Error(member_, operation, "call on_join first: a replacement awaits its state");
   }
 
   /// `member`'s rank in the current group.
@@ -513,11 +511,13 @@ class Elastic {
         ++steps_done_;
       }
       // Replacements: those waiting now, or (await_replacement) those of the lost members
-      // that come in time; the lowest survivor decides how many and tells the others.
+      // that come in time; the lowest survivor decides how many and tells the others. All take
+      // its count, on_join or not yet (in the constructor): else each formed its own group.
       std::int64_t requests = tickets_;
-      if (save_ && elastic_.await_replacement > Timeout::zero()) {
-        requests = awaited_requests(members_.size() - plan.members.size(),
-                                    member_ == plan.members.front());
+      if (elastic_.await_replacement > Timeout::zero()) {
+        requests = elastic::awaited_requests(
+            store_, generation_ + 1, tickets_, members_.size() - plan.members.size(),
+            member_ == plan.members.front(), save_ || constructing_, elastic_);
       }
       try {
         reform(plan.members, requests, plan.steps_done);
@@ -590,6 +590,8 @@ class Elastic {
   int joins_ = 0;
   int sender_ = 0;  // a replacement's sender (first rank)
   bool awaiting_state_ = false;
+  bool constructing_ = false;  // healing inside the constructor: on_join is still to come
+  bool state_owed_ = false;    // admitted a replacement in that heal, sends in on_join
   bool finished_ = false;
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   std::chrono::steady_clock::duration last_join_time_{};

@@ -33,6 +33,7 @@
 #include "tandem/core/error.hpp"
 #include "tandem/core/timeout.hpp"
 #include "tandem/core/world.hpp"
+#include "tandem/elastic/options.hpp"
 #include "tandem/rendezvous/store.hpp"
 
 namespace tandem::elastic {
@@ -273,6 +274,28 @@ inline std::string beyond_largest(int member, int max_members) {
 /// What the group agreed as its largest size (agree_max_members), as a process that joins it as
 /// `member` reads it (waiting at most `timeout`: a new member may come while generation 0 still
 /// forms); raises when `member` is beyond it.
+/// How many join requests (tickets after `answered`) the heal into `generation` admits. The
+/// deciding survivor (the lowest: it sends the state) counts them within await_replacement until
+/// `lost` are there, or admits none when it cannot send (`can_send`: on_join, or on_join still to
+/// come), and publishes the count; the others read it, so that every survivor forms one group.
+template <Store S>
+std::int64_t awaited_requests(S& store, int generation, std::int64_t answered, std::size_t lost,
+                              bool decides, bool can_send, const ElasticOptions& options) {
+  const std::string key = "gen" + std::to_string(generation) + "/requests";
+  if (!decides) return std::stoll(store.get(key, options.await_replacement + options.window));
+  const Deadline deadline(options.await_replacement);
+  std::int64_t requests = answered;
+  while (can_send) {
+    while (store.check(std::vector<std::string>{"join/" + std::to_string(requests + 1)})) {
+      ++requests;
+    }
+    if (static_cast<std::size_t>(requests - answered) >= lost || deadline.expired()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  store.set(key, std::to_string(requests));
+  return requests;
+}
+
 template <Store S>
 int max_members(S& store, int member, Timeout timeout) {
   const auto text = store.get("max_members", timeout);
