@@ -187,6 +187,20 @@ void crash_in_setup_if_asked(const RunSettings& settings, Group& group) {
     ::raise(SIGKILL);
 }
 
+/// The examples' set-up after DDP's constructor: --crash-in-setup's kill, the resume from the
+/// newest checkpoint (--resume, --checkpoint-dir) and rank 0's TensorBoard writer into `board`.
+/// Collective; under --elastic it runs again after a heal in it (see SetUp).
+template <class Group, class Comm, class Loader>
+void resume_and_open_board(Group& group, Comm& comm, const RunSettings& settings,
+                           tandem::TrainingState& state, Loader& loader, std::size_t& batches_done,
+                           std::int64_t& step, std::optional<tandem::TensorBoardWriter>& board) {
+  crash_in_setup_if_asked(settings, group);
+  resume_from_latest(comm, settings.resume, settings.checkpoint_dir, state, loader, batches_done,
+                     step);
+  const bool writes = rank0_writes_board(comm, settings.tensorboard);
+  board.emplace(settings.tensorboard.empty() ? "." : settings.tensorboard, writes);
+}
+
 /// Takes the group's steps and says on rank 0 when one healed: "healed during step S (what):
 /// N ranks go on; the heal took T ms, the step X ms" (X: from the step's start to its end on
 /// this rank: the work lost in flight, the detection, the heal and the step taken again;

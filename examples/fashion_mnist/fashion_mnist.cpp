@@ -29,6 +29,8 @@
 //        with --zero through tandem::ElasticZero; README.md here)
 //        --await-replacement SECONDS (with --elastic: the survivors wait in the heal up to
 //        SECONDS for the lost ranks' replacements, so the world size does not change)
+//        --crash-in-setup (the tests, with --elastic: rank 1 kills itself in the set-up, which
+//        runs in tandem::Elastic::start(); the survivors heal there)
 #include <cblas.h>
 
 #include <algorithm>
@@ -372,12 +374,9 @@ double train(Group& group, const Settings& settings) {
                               {"--elastic", settings.elastic},
                               {"--async-save", settings.async_save}});
     make_ddp(comm, true);
-    examples::crash_in_setup_if_asked(settings, group);
-    examples::resume_from_latest(comm, settings.resume, settings.checkpoint_dir, state, loader,
-                                 batches_done, step);
+    examples::resume_and_open_board(group, comm, settings, state, loader, batches_done, step,
+                                    board);
     ema_step = step;
-    const bool writes = examples::rank0_writes_board(comm, settings.tensorboard);
-    board.emplace(settings.tensorboard.empty() ? "." : settings.tensorboard, writes);
     if (saves_async) async_saves.emplace(comm, settings.checkpoint_dir);
   };
   group.on_heal(
