@@ -9,7 +9,8 @@
 // Here: FixedGroup, what the loop needs across heals (HealingBatches, HealingProgress,
 // HealLog, crash_if_asked), what a replacement receives (EpochEnds, joined_state,
 // send_on_join), the last check that every rank holds the same parameters
-// (check_same_parameters) and the checks of the flags; elastic_run.hpp starts the group.
+// (check_same_parameters), the set-up's collectives under the heal's protection (SetUp, start)
+// and the checks of the flags; elastic_run.hpp starts the group.
 //   examples::FixedGroup group(comm);  train(group, s);                 // the plain run
 // Needs: common/run.hpp (no tandem::Elastic itself: the CUDA programs include this too).
 #pragma once
@@ -27,6 +28,7 @@
 #include <utility>
 
 #include "common/run.hpp"  // the backends' headers, RunSettings
+#include "tandem/comm/metrics.hpp"
 #include "tandem/core/env.hpp"
 #include "tandem/core/hash.hpp"
 #include "tandem/io/log.hpp"
@@ -67,6 +69,48 @@ class FixedGroup {
  private:
   Comm* comm_;
 };
+
+/// True for FixedGroup (the plain run), false for tandem::Elastic.
+template <class Group>
+inline constexpr bool is_fixed_group = false;
+template <class Comm>
+inline constexpr bool is_fixed_group<FixedGroup<Comm>> = true;
+
+/// The set-up's collectives (the flags' agreement, DDP's constructor, ZeRO's first attach, the
+/// resume from a checkpoint, the TensorBoard directory's check) under --elastic: they run in
+/// on_heal's rebuild, which Elastic::start() runs first under the heal's protection, for as long
+/// as due() says some member has not finished them. A member lost during them heals like one
+/// lost in a step, and the new group runs the whole set-up again (the resume included: every
+/// member loads the same checkpoint again, whatever part of it each had loaded); a heal after it
+/// rebuilds only. A replacement counts as set up when its sender was (counter(), sent with the
+/// training state): it runs the set-up with the members when they run it again.
+class SetUp {
+ public:
+  /// Whether the set-up is to run (again) over `comm`: some member has not finished it. An
+  /// all_reduce: every member calls it at the same point (first in the rebuild).
+  template <class Comm>
+  bool due(Comm& comm) const {
+    return tandem::reduce_sum(comm, std::int64_t{1} - done_) != 0;
+  }
+  /// The set-up's last collective returned on this member.
+  void finish() noexcept { done_ = 1; }
+  /// 1 once finished: what a replacement receives (TrainingState::counter).
+  std::int64_t& counter() noexcept { return done_; }
+
+ private:
+  std::int64_t done_ = 0;
+};
+
+/// Runs the set-up once the group's callbacks are registered: in the plain run `set_up(comm)`
+/// now; under --elastic Elastic::start(), whose first rebuild runs it (see SetUp).
+template <class Group, class SetUpNow>
+void start(Group& group, SetUpNow&& set_up) {
+  if constexpr (is_fixed_group<Group>) {
+    set_up(group.comm());
+  } else {
+    group.start();
+  }
+}
 
 /// The Loader's position across heals: the training loop takes each step's batch through it,
 /// and a heal's release stops the Loader (its workers read the sampler, which the rebuild
@@ -133,12 +177,36 @@ void crash_if_asked(const RunSettings& settings, std::int64_t step, Group& group
     ::raise(SIGKILL);
 }
 
+/// --crash-in-setup (the tests): rank 1 of the group as it first formed kills itself in the
+/// set-up (between DDP's constructor and the resume), once: on the launcher's first attempt,
+/// before any heal. The others are then in the set-up's next collective.
+template <class Group>
+void crash_in_setup_if_asked(const RunSettings& settings, Group& group) {
+  if (settings.crash_in_setup && group.first_rank() == 1 && group.generation() == 0 &&
+      first_attempt())
+    ::raise(SIGKILL);
+}
+
+/// The examples' set-up after DDP's constructor: --crash-in-setup's kill, the resume from the
+/// newest checkpoint (--resume, --checkpoint-dir) and rank 0's TensorBoard writer into `board`.
+/// Collective; under --elastic it runs again after a heal in it (see SetUp).
+template <class Group, class Comm, class Loader>
+void resume_and_open_board(Group& group, Comm& comm, const RunSettings& settings,
+                           tandem::TrainingState& state, Loader& loader, std::size_t& batches_done,
+                           std::int64_t& step, std::optional<tandem::TensorBoardWriter>& board) {
+  crash_in_setup_if_asked(settings, group);
+  resume_from_latest(comm, settings.resume, settings.checkpoint_dir, state, loader, batches_done,
+                     step);
+  const bool writes = rank0_writes_board(comm, settings.tensorboard);
+  board.emplace(settings.tensorboard.empty() ? "." : settings.tensorboard, writes);
+}
+
 /// Takes the group's steps and says on rank 0 when one healed: "healed during step S (what):
 /// N ranks go on; the heal took T ms, the step X ms" (X: from the step's start to its end on
 /// this rank: the work lost in flight, the detection, the heal and the step taken again;
 /// bench/elastic/run_elastic.sh reads it), and when replacements joined after it: "K
 /// replacement(s) joined after step S (what): N ranks go on; the join took T ms" (T: from the step
-/// boundary to the rebuilt group with the state sent).
+/// boundary to the rebuilt group with the state sent); started() says the same of the set-up.
 class HealLog {
  public:
   /// group.step(compute, apply), then the lines if the group healed or grew during it.
@@ -146,24 +214,36 @@ class HealLog {
   void step(Group& group, std::int64_t step, const char* what, Compute&& compute, Apply&& apply) {
     const auto start = std::chrono::steady_clock::now();
     group.step(std::forward<Compute>(compute), std::forward<Apply>(apply));
-    using ms = std::chrono::duration<double, std::milli>;
+    const std::string when = "step " + std::to_string(step) + " (" + what + ")";
+    report(group, "during " + when, "after " + when, std::chrono::steady_clock::now() - start);
+  }
+  /// After examples::start: "healed during the set-up: N ranks go on; the heal took T ms" (a rank
+  /// lost in the set-up's collectives), and "K replacement(s) joined during the set-up: ...".
+  template <class Group>
+  void started(Group& group) {
+    report(group, "during the set-up", "during the set-up", std::nullopt);
+  }
+
+ private:
+  using ms = std::chrono::duration<double, std::milli>;
+  template <class Group>
+  void report(Group& group, const std::string& healed, const std::string& joined,
+              std::optional<std::chrono::steady_clock::duration> step_time) {
     if (group.heals() != seen_) {
       seen_ = group.heals();
-      tandem::log0(group.comm()) << "healed during step " << step << " (" << what
-                                 << "): " << group.comm().size() << " ranks go on; the heal took "
-                                 << ms(group.last_heal_time()).count() << " ms, the step "
-                                 << ms(std::chrono::steady_clock::now() - start).count() << " ms";
+      auto line = tandem::log0(group.comm());
+      line << "healed " << healed << ": " << group.comm().size() << " ranks go on; the heal took "
+           << ms(group.last_heal_time()).count() << " ms";
+      if (step_time) line << ", the step " << ms(*step_time).count() << " ms";
     }
     if (group.joins() != joined_) {
-      tandem::log0(group.comm()) << group.joins() - joined_ << " replacement(s) joined after step "
-                                 << step << " (" << what << "): " << group.comm().size()
-                                 << " ranks go on; the join took "
+      tandem::log0(group.comm()) << group.joins() - joined_ << " replacement(s) joined " << joined
+                                 << ": " << group.comm().size() << " ranks go on; the join took "
                                  << ms(group.last_join_time()).count() << " ms";
       joined_ = group.joins();
     }
   }
 
- private:
   int seen_ = 0;
   int joined_ = 0;
 };
@@ -216,10 +296,13 @@ struct EpochEnds {
   [[nodiscard]] double ema_accuracy() const { return std::bit_cast<double>(ema_accuracy_bits); }
 };
 
-/// What a replacement receives: `state` and `ends`' counters (add the program's own to it).
-inline tandem::TrainingState joined_state(const tandem::TrainingState& state, EpochEnds& ends) {
+/// What a replacement receives: `state`, `ends`' counters and whether the set-up is done (add
+/// the program's own to it).
+inline tandem::TrainingState joined_state(const tandem::TrainingState& state, EpochEnds& ends,
+                                          SetUp& set_up) {
   tandem::TrainingState joined = state;
-  joined.counter("evaluated", ends.evaluated)
+  joined.counter("set_up", set_up.counter())
+      .counter("evaluated", ends.evaluated)
       .counter("saved", ends.saved)
       .counter("accuracy_bits", ends.accuracy_bits)
       .counter("ema_accuracy_bits", ends.ema_accuracy_bits);

@@ -12,7 +12,9 @@
 # --zero 2 (under ZeRO the replacement receives the parameters and its optimizer shard through
 # tandem::ElasticZero::attach, its on_join state leaving them out); each must heal once, admit the
 # replacement, end at step JOINED on 3 ranks that hold the same parameters, and the ZeRO runs'
-# last checkpoints must equal plain DDP's byte for byte.
+# last checkpoints must equal plain DDP's byte for byte. And --zero 2 resumed from that checkpoint
+# with rank 1 lost in the set-up (--crash-in-setup, the others in the resume): the survivors heal
+# there, resume over 2 ranks and end as the others, with plain DDP's last tensors.
 #   elastic_zero_test.sh TANDEMRUN PROGRAM CRASH FINAL JOINED MIN_ACCURACY [PROGRAM'S FLAGS...]
 set -euo pipefail
 tandemrun=$1 program=$2 crash=$3 final_step=$4 joined_step=$5 min_accuracy=$6
@@ -38,6 +40,17 @@ same_as() {
   last=$(printf 'checkpoint-%012d.safetensors' "$3")
   cmp "$work/$1/$last" "$work/$2/$last" || fail "$2's last checkpoint differs from $1's"
 }
+# same_tensors_as REFERENCE NAME STEP: NAME's checkpoint of STEP holds REFERENCE's tensors (the
+# parameters, the optimizer state, the EMA), byte for byte: the same CRC-32C of the data in the
+# header (the rest of the header may differ: each rank's RNG stream).
+data_crc() { grep -ao '"tandem.data_crc32c":"[0-9a-f]*"' "$1" | head -1; }
+same_tensors_as() {
+  local last reference
+  last=$(printf 'checkpoint-%012d.safetensors' "$3")
+  reference=$(data_crc "$work/$1/$last")
+  [[ -n $reference && $reference == "$(data_crc "$work/$2/$last")" ]] ||
+    fail "$2's last checkpoint holds other tensors than $1's"
+}
 # healed NAME: the run lost rank 1 and healed to FINAL; its last checkpoint is the reference's.
 healed() {
   check_healed 3 "$final_step" "$min_accuracy"
@@ -61,10 +74,22 @@ check_healed 3 "$final_step" "$min_accuracy"
 run zero1 --zero 1 --crash-at-step "$crash" || fail "--zero 1 did not finish after losing rank 1"
 healed zero1
 run zero2 --zero 2 --max-steps "$crash" || fail "--zero 2 did not take its first $crash steps"
+cp -r "$work/zero2" "$work/zero2_setup"  # the checkpoint of step CRASH, for the set-up's loss
 run zero2 --zero 2 --resume --crash-at-step "$crash" ||
   fail "--zero 2 resumed did not finish after losing rank 1"
 grep -q "resumed from .* at step $crash" "$log" || fail "--zero 2 did not resume at step $crash"
 healed zero2
+# --zero 2 resumed from the same checkpoint, rank 1 lost in the set-up (--crash-in-setup: after
+# DDP's constructor and ElasticZero's first attach, the others in the resume's collectives): the
+# survivors heal there, load the checkpoint again over 2 ranks and end as the others.
+run zero2_setup --zero 2 --resume --crash-in-setup ||
+  fail "--zero 2 resumed did not finish after losing rank 1 in the set-up"
+grep -q "healed during the set-up: 2 ranks go on" "$log" || fail "no heal in the set-up"
+grep -q "resumed from .* at step $crash" "$log" || fail "the survivors did not resume at $crash"
+grep -q "the 2 ranks hold the same parameters" "$log" || fail "the survivors' parameters"
+check_healed 3 "$final_step" "$min_accuracy"
+# Its survivors took the checkpoint's RNG streams of ranks 0 and 1, the healed run's kept 0 and 2.
+same_tensors_as plain zero2_setup "$final_step"
 
 replaced plain_joined
 replaced zero1_joined --zero 1

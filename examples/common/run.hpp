@@ -69,6 +69,7 @@ struct RunSettings {
   std::string tensorboard;
   std::int64_t max_steps = -1;      // stop early (tests)
   std::int64_t crash_at_step = -1;  // rank 1 kills itself here on the first attempt (the test)
+  bool crash_in_setup = false;      // --elastic: rank 1 kills itself in the set-up, first attempt
 };
 
 /// The numeric flags every training example takes, written into the Settings fields of the same
@@ -187,12 +188,12 @@ void resume_from_latest(Comm& comm, bool resume, const std::string& directory,
   }
 }
 
-/// The TensorBoard writer of a run: rank 0 writes under `directory` when one is given; the other
-/// ranks (and a run without --tensorboard) write nothing. A directory rank 0 cannot create or
+/// Whether this rank writes the run's TensorBoard events: rank 0 when `directory` is given; the
+/// other ranks (and a run without --tensorboard) write nothing. A directory rank 0 cannot create or
 /// write in is an Error on every rank now (rank 0's with its cause, the others naming rank 0),
-/// before the first step, not rank 0 alone failing while the others wait for it.
+/// before the first step, not rank 0 alone failing while the others wait for it. Collective.
 template <class Comm>
-tandem::TensorBoardWriter rank0_board(Comm& comm, const std::string& directory) {
+bool rank0_writes_board(Comm& comm, const std::string& directory) {
   std::string failure;
   if (comm.rank() == 0 && !directory.empty()) {
     try {
@@ -209,8 +210,14 @@ tandem::TensorBoardWriter rank0_board(Comm& comm, const std::string& directory) 
   }
   tandem::detail::agree_on_failure(comm, failure, "--tensorboard " + directory,
                                    "open its TensorBoard directory");
-  return tandem::TensorBoardWriter(directory.empty() ? "." : directory,
-                                   comm.rank() == 0 && !directory.empty());
+  return comm.rank() == 0 && !directory.empty();
+}
+
+/// The TensorBoard writer of a run (rank0_writes_board says who writes). Collective.
+template <class Comm>
+tandem::TensorBoardWriter rank0_board(Comm& comm, const std::string& directory) {
+  const bool writes = rank0_writes_board(comm, directory);
+  return tandem::TensorBoardWriter(directory.empty() ? "." : directory, writes);
 }
 
 /// The start of epoch `epoch`: a resumed run is already in it (its sampler's epoch and the
@@ -289,7 +296,8 @@ void agree_on_flags(Comm& comm, const RunSettings& s, const std::vector<tandem::
                                      {"--seed", s.seed},
                                      {"--resume", s.resume},
                                      {"--max-steps", s.max_steps},
-                                     {"--crash-at-step", s.crash_at_step}};
+                                     {"--crash-at-step", s.crash_at_step},
+                                     {"--crash-in-setup", s.crash_in_setup}};
   flags.insert(flags.end(), more.begin(), more.end());
   tandem::agree(comm, flags);
 }

@@ -29,12 +29,13 @@
 //        with --zero through tandem::ElasticZero; README.md here)
 //        --await-replacement SECONDS (with --elastic: the survivors wait in the heal up to
 //        SECONDS for the lost ranks' replacements, so the world size does not change)
+//        --crash-in-setup (the tests, with --elastic: rank 1 kills itself in the set-up, which
+//        runs in tandem::Elastic::start(); the survivors heal there)
 #include <cblas.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -266,37 +267,28 @@ double train(Group& group, const Settings& settings) {
   using Sgd = tandem::optim::SGD<float>;
   // --elastic --zero: ElasticZero steps the shard and the replica in apply and all-gathers the
   // parameters at the start of the next compute (or of the evaluation's), not in the step.
-  constexpr bool elastic_zero = Stage != 0 && !std::same_as<Group, examples::FixedGroup<Comm>>;
+  constexpr bool elastic_zero = Stage != 0 && !examples::is_fixed_group<Group>;
+  // The set-up's collectives (the flags' agreement, DDP, ZeRO's first attach, the resume, the
+  // TensorBoard directory, the async saver) run in set_up below, through examples::start: under
+  // --elastic in the rebuild Elastic::start() runs under the heal's protection, so that a rank
+  // lost there heals (examples::SetUp). Until then nothing here is collective: `first` gives
+  // the sampler and SyncBatchNorm their first split, which the rebuild makes anew after a heal.
   Comm& first = group.comm();
-  // A replacement (--elastic under tandemrun --max-restarts) joins a group that agreed long ago:
-  // nothing collective runs before its on_join below, the state it receives included.
-  if (!group.replacement())
-    examples::agree_on_flags(first, settings,
-                             {{"--wide", settings.wide},
-                              {"--plain", settings.plain},
-                              {"--zero", settings.zero},
-                              {"--elastic", settings.elastic},
-                              {"--async-save", settings.async_save}});
   const tandem::FashionMNIST train_set(tandem::split::train, settings.data);
   const tandem::FashionMNIST test_set(tandem::split::test, settings.data);
   examples::check_data_fits(train_set, pixels, classes, settings.data);  // or labels index past
   examples::check_data_fits(test_set, pixels, classes, settings.data);   // the model's outputs
   Mlp<Comm> model(first, fashion_mnist::hidden_width(settings), settings.seed);
-  std::optional<typename DdpFor<Comm, Stage>::type> ddp;
-  if (!group.replacement()) ddp.emplace(first, model.params());  // a replacement's: after on_join
+  std::optional<typename DdpFor<Comm, Stage>::type> ddp;  // made in the set-up
 
   const auto groups = fashion_mnist::sgd_groups(settings);
   const auto make_optimizer = [&] { return Sgd(model.params(), std::span(groups)); };
   std::optional<Sgd> own_optimizer;              // the run's, except under --elastic --zero
   std::optional<tandem::ElasticZero<Sgd>> zero;  // --elastic --zero: the shard and a replica
   if constexpr (elastic_zero) {
-    zero.emplace(model.params(), make_optimizer);
-    // A replacement's attach comes after on_join: it receives its shard there, with the members'.
-    if (ddp) zero->attach(*ddp, group.members());
+    zero.emplace(model.params(), make_optimizer);  // attached in the set-up, after DDP
   } else {
     own_optimizer.emplace(make_optimizer());
-    // --zero: momentum for this rank's parts only (before a resume)
-    if (ddp) ddp->shard(*own_optimizer);
   }
   Sgd& optimizer = zero ? zero->optimizer() : *own_optimizer;  // the same object across heals
   tandem::DistributedSampler sampler(train_set.size(), first,
@@ -331,10 +323,6 @@ double train(Group& group, const Settings& settings) {
     state.optimizer(optimizer);
   }
   add_progress(state);
-  if (!group.replacement()) {
-    examples::resume_from_latest(first, settings.resume, settings.checkpoint_dir, state, loader,
-                                 batches_done, step);
-  }
   // --elastic --zero: the steps the EMA has taken. It averages the parameters a step updated once
   // they are whole, at the next gather; a compute done again after a heal does not count twice.
   std::int64_t ema_step = step;
@@ -345,20 +333,52 @@ double train(Group& group, const Settings& settings) {
       ema_step = step;
     }
   };
-  // A replacement writes no TensorBoard events (rank0_board is collective; its rank 0 was another).
-  tandem::TensorBoardWriter board = group.replacement()
-                                        ? tandem::TensorBoardWriter(".", false)
-                                        : examples::rank0_board(first, settings.tensorboard);
+  // Opened in the set-up; a replacement admitted after it writes no TensorBoard events (its
+  // rank 0 was another).
+  std::optional<tandem::TensorBoardWriter> board;
   // A heal (--elastic): the Loader stops (its workers read the sampler), DDP and SyncBatchNorm
   // are made over the new group, the epoch's samples not yet trained on are dealt out over it
   // (batches_done full batches of this rank's list were taken; the new list starts at 0), and the
   // step's next compute restarts the Loader on the new list.
   // --async-save: rank 0 writes each checkpoint in the background while training goes on.
   std::optional<tandem::AsyncCheckpoints<Comm>> async_saves;
-  if (settings.async_save && !settings.checkpoint_dir.empty())
-    async_saves.emplace(first, settings.checkpoint_dir);
+  const bool saves_async = settings.async_save && !settings.checkpoint_dir.empty();
   examples::HealingBatches batches_of(loader);
   examples::HealLog heal_log;  // rank 0's line after a step during which the group healed
+  // DDP over `comm` (rank 0's values and buffers everywhere), and what is bound to it: under
+  // --elastic --zero ElasticZero's attach (after a heal: the parameters and the full optimizer
+  // state put together from the survivors' shards and replicas, re-sharded over the new group),
+  // under --zero the momentum for this rank's parts only (before a resume).
+  const auto make_ddp = [&](Comm& comm, bool setting_up) {
+    ddp.emplace(comm, model.params());
+    if constexpr (elastic_zero) {
+      // The set-up's attach makes the optimizers afresh from make_optimizer() (nothing held
+      // to put together yet): the learning rates the LR schedule set go on over them.
+      std::vector<double> lrs;
+      for (std::size_t g = 0; g < optimizer.group_count(); ++g) lrs.push_back(optimizer.lr(g));
+      zero->attach(*ddp, group.members());
+      if (setting_up)
+        for (std::size_t g = 0; g < lrs.size(); ++g) optimizer.set_lr(g, lrs[g]);
+    } else if constexpr (Stage != 0) {
+      ddp->shard(*own_optimizer);
+    }
+  };
+  // Every collective before the first step. Under --elastic it may run again over a healed group
+  // (a rank lost in it): each part then starts afresh (the resume loads the checkpoint again).
+  examples::SetUp set_up_state;
+  const auto set_up = [&](Comm& comm) {
+    examples::agree_on_flags(comm, settings,
+                             {{"--wide", settings.wide},
+                              {"--plain", settings.plain},
+                              {"--zero", settings.zero},
+                              {"--elastic", settings.elastic},
+                              {"--async-save", settings.async_save}});
+    make_ddp(comm, true);
+    examples::resume_and_open_board(group, comm, settings, state, loader, batches_done, step,
+                                    board);
+    ema_step = step;
+    if (saves_async) async_saves.emplace(comm, settings.checkpoint_dir);
+  };
   group.on_heal(
       [&] {
         ddp.reset();
@@ -367,20 +387,23 @@ double train(Group& group, const Settings& settings) {
         if (async_saves) async_saves.reset();
       },
       [&](Comm& comm) {
-        if (settings.async_save && !settings.checkpoint_dir.empty())
-          async_saves.emplace(comm, settings.checkpoint_dir);
+        const bool setting_up = set_up_state.due(comm);  // the first time, or a rank lost in it
         model.rebind(comm);
-        ddp.emplace(comm, model.params());  // rank 0's values and buffers everywhere
-        // The parameters and the full optimizer state put together from the survivors' shards
-        // and replicas (over the arena rank 0's broadcast wrote), re-sharded over the new group.
-        if constexpr (elastic_zero) zero->attach(*ddp, group.members());
         sampler.resplit(comm, std::min(sampler.size(), batches_done * settings.batch_size));
         batches_done = 0;
+        if (setting_up) {
+          set_up(comm);
+          set_up_state.finish();
+          return;
+        }
+        if (saves_async) async_saves.emplace(comm, settings.checkpoint_dir);
+        make_ddp(comm, false);
       });
   // A replacement (tandemrun --elastic --max-restarts): a member sends it the training state at
   // the step boundary where it is admitted, with where in the epoch's end the group is (the
   // epoch's evaluation, its checkpoint, the last save's wait done), so that it takes up the loop
-  // at the members' point. Then DDP over the grown group (the members rebuild theirs). Under
+  // at the members' point. Then DDP over the grown group (start(): the members rebuild theirs;
+  // where they had not finished the set-up, the replacement runs it with them). Under
   // --elastic --zero the state leaves out the optimizer: the members' rebuild attaches
   // ElasticZero, whose collectives send the replacement the parameters and its shard of the
   // optimizer state, and the replacement attaches in the same order, after its DDP. The model
@@ -393,13 +416,12 @@ double train(Group& group, const Settings& settings) {
   if constexpr (elastic_zero)
     add_progress(without_optimizer.model(model.params()).counter("ema_step", ema_step));
   tandem::TrainingState joined =
-      examples::joined_state(elastic_zero ? without_optimizer : state, ends);
+      examples::joined_state(elastic_zero ? without_optimizer : state, ends, set_up_state);
   joined.counter("waited", waited);
   examples::send_on_join(group, joined);
-  if (!ddp) {  // a replacement
-    ddp.emplace(first, model.params());
-    if constexpr (elastic_zero) zero->attach(*ddp, group.members());
-  }
+  examples::start(group, set_up);
+  if (!board) board.emplace(".", false);  // a replacement admitted after the set-up
+  heal_log.started(group);                // a rank lost in the set-up: rank 0 says so
 
   double accuracy = ends.accuracy();
   double ema_accuracy = ends.ema_accuracy();
@@ -447,7 +469,7 @@ double train(Group& group, const Settings& settings) {
             batches_of.next(group.generation());
           });
       if (step % 50 == 0 || batches_done == batches.size())
-        board.add_scalar("train/loss", mean_loss, step);
+        board->add_scalar("train/loss", mean_loss, step);
       // The step just taken counts in a bar made after a heal.
       progress.of(group, epoch, batches.size() - batches_done + 1)
           .update({{"loss", mean_loss}, {"lr", optimizer.lr(0)}});
@@ -469,8 +491,9 @@ double train(Group& group, const Settings& settings) {
           },
           [&] { ends.evaluated_epoch(epoch, accuracy, ema_accuracy); });
     }
-    examples::end_epoch(group.comm(), board, {epoch, step, accuracy, ema_accuracy, trained_seconds},
-                        sampler, batches_done, batches.size());
+    examples::end_epoch(group.comm(), *board,
+                        {epoch, step, accuracy, ema_accuracy, trained_seconds}, sampler,
+                        batches_done, batches.size());
     if (!settings.checkpoint_dir.empty() && ends.saved <= epoch) {
       heal_log.step(
           group, step, "checkpoint",

@@ -107,7 +107,8 @@ inline int usage(program which) {
                  "  [--checkpoint-dir DIR] [--resume] [--timeout SECONDS] [--workers W]\n"
                  "  [--tensorboard DIR] [--max-steps N] [--wide] [--plain] [--zero 1|2]\n"
                  "  [--elastic [--elastic-store file:///PATH] [--await-replacement SECONDS]]\n"
-                 "  (under tandemrun --elastic)\n"
+                 "  (under tandemrun --elastic) [--crash-in-setup] (the tests: rank 1 dies in\n"
+                 "  the set-up)\n"
                  "  [--async-save] (with --checkpoint-dir: saves written in the background)\n"
                  "  default backend: hierarchical under a launcher (WORLD_SIZE set: shared memory\n"
                  "  within a node, Gloo between nodes), else local; plain Gloo: --backend gloo\n");
@@ -161,6 +162,8 @@ inline std::optional<Settings> parse(int argc, char** argv, program which,
       s.elastic = true;
     else if (!gpu && arg == "--async-save")
       s.async_save = true;
+    else if (!gpu && arg == "--crash-in-setup")
+      s.crash_in_setup = true;
     else if (!has_value)
       return examples::refuse(errors, name, arg, "", "unknown, or its value is missing");
     else if (arg == "--backend")

@@ -23,7 +23,9 @@
 //        not end the run; the survivors heal through tandem::Elastic, the bridge's DDP and the
 //        SyncBatchNorms move onto the new group, and the epoch's rest is re-split over them;
 //        under --max-restarts a lost worker's replacement joins the group and receives the
-//        state; README.md, docs/libtorch.md "Elastic training")
+//        state; the set-up's collectives run in tandem::Elastic::start(), so a rank lost there
+//        heals too; README.md, docs/libtorch.md "Elastic training")
+//        --crash-in-setup (the tests, with --elastic: rank 1 kills itself in the set-up)
 // One epoch (60 k images, batch 64 per rank) takes about a minute on 2 ranks of a 2-core machine:
 // each rank runs libtorch on one thread (torch::set_num_threads(1)): the ranks are the
 // parallelism. bench/torch_resnet runs it beside PyTorch DDP (bench/results/torch-resnet.md).

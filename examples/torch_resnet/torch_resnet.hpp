@@ -72,6 +72,7 @@ int usage() {
                "  [--checkpoint-every N] [--resume] [--timeout SECONDS] [--workers W]\n"
                "  [--tensorboard DIR] [--max-steps N] [--min-accuracy PERCENT] [--no-sync-bn]\n"
                "  [--elastic [--elastic-store file:///PATH]] (under tandemrun --elastic)\n"
+               "  [--crash-in-setup] (the tests: rank 1 dies in the set-up)\n"
                "  default backend: hierarchical under a launcher (WORLD_SIZE set: shared memory\n"
                "  within a node, Gloo between nodes), else local; plain Gloo: --backend gloo\n");
   return 2;
@@ -95,6 +96,10 @@ std::optional<Settings> parse(int argc, char** argv) {
     }
     if (arg == "--elastic") {
       s.elastic = true;
+      continue;
+    }
+    if (arg == "--crash-in-setup") {
+      s.crash_in_setup = true;
       continue;
     }
     if (i + 1 >= argc) return examples::refuse(stderr, name, arg, "", "unknown, or no value");
@@ -297,16 +302,15 @@ struct OnCpu {
   static int autocast() { return 0; }
 };
 
-/// On a replacement (a process that joins a running elastic group): a group of its own, one rank,
-/// to wrap the module in DDP with (its constructor is collective, and nothing collective may run
-/// with the members before the state arrives); nullopt elsewhere.
+/// Under --elastic: a group of its own, one rank, to wrap the module in DDP with (its constructor
+/// is collective, and the set-up's collectives run in Elastic::start(), under the heal's
+/// protection; on a replacement nothing collective may run with the members before the state
+/// arrives); nullopt in the plain run.
 template <class Comm, class Group>
-std::optional<Comm> solo_group(Group& group) {
-  if constexpr (tandem::ProcessGroupBackend<Comm>) {
-    if (group.replacement()) {
-      tandem::AnyStore store(tandem::HashStore{});
-      return Comm::rendezvous(tandem::World::single_node(0, 1), store, {});
-    }
+std::optional<Comm> solo_group(Group& /*group*/) {
+  if constexpr (tandem::ProcessGroupBackend<Comm> && !examples::is_fixed_group<Group>) {
+    tandem::AnyStore store(tandem::HashStore{});
+    return Comm::rendezvous(tandem::World::single_node(0, 1), store, {});
   }
   return std::nullopt;
 }
@@ -322,15 +326,20 @@ template <class Placement, class Group>
 double train_in(Group& group, const Settings& settings) {
   using Comm = std::remove_reference_t<decltype(group.comm())>;
   Comm& first = group.comm();
-  // A replacement (--elastic under tandemrun --max-restarts) joins a group that agreed long ago:
-  // nothing collective runs before its on_join below, the state it receives included.
-  if (!group.replacement())
-    examples::agree_on_flags(first, settings,
+  const auto agree_on_flags = [&](Comm& comm) {
+    examples::agree_on_flags(comm, settings,
                              {{"--weight-decay", settings.weight_decay},
                               {"--width", settings.width},
                               {"--checkpoint-every", settings.checkpoint_every},
                               {"--no-sync-bn", !settings.sync_bn},
                               {"--elastic", settings.elastic}});
+  };
+  // The plain run agrees here. Under --elastic nothing here is collective until
+  // examples::start() below: the set-up's collectives (the flags' agreement, DDP's broadcast,
+  // the resume, the TensorBoard directory) run in the rebuild Elastic::start() runs under the
+  // heal's protection, so that a rank lost there heals (examples::SetUp); `first` gives the
+  // sampler and the SyncBatchNorms their first split, which the rebuild makes anew.
+  if constexpr (examples::is_fixed_group<Group>) agree_on_flags(first);
   const tandem::FashionMNIST train_set(tandem::split::train, settings.data);
   const tandem::FashionMNIST test_set(tandem::split::test, settings.data);
 
@@ -343,9 +352,9 @@ double train_in(Group& group, const Settings& settings) {
     tandem::log0(first) << "SyncBatchNorm in place of " << replaced.converted.size()
                         << " BatchNorm2d modules";
   }
-  // A replacement wraps the module over a group of its own and leaves it once the state is
-  // registered: the arena (what the optimizer, EMA and state are made over) exists, the state it
-  // receives goes there, and rebuild's rebind() moves DDP onto the running group.
+  // Under --elastic DDP wraps the module over a group of its own and leaves it once the state is
+  // registered: the arena (what the optimizer, EMA and state are made over) exists, the state a
+  // replacement receives goes there, and rebuild's rebind() moves DDP onto the running group.
   std::optional<Comm> solo = solo_group<Comm>(group);
   tandem::torch::DistributedDataParallel<Comm, tandem::overlap> ddp(solo ? *solo : first, net);
   auto& params = ddp.parameters();
@@ -386,14 +395,9 @@ double train_in(Group& group, const Settings& settings) {
     ddp.release();
     solo.reset();
   }
-  if (!group.replacement()) {
-    examples::resume_from_latest(first, settings.resume, settings.checkpoint_dir, state, loader,
-                                 batches_done, step);
-  }
-  // A replacement writes no TensorBoard events (rank0_board is collective; its rank 0 was another).
-  tandem::TensorBoardWriter board = group.replacement()
-                                        ? tandem::TensorBoardWriter(".", false)
-                                        : examples::rank0_board(first, settings.tensorboard);
+  // Opened in the set-up; a replacement admitted after it writes no TensorBoard events (its
+  // rank 0 was another).
+  std::optional<tandem::TensorBoardWriter> board;
   // A heal (--elastic): the Loader stops (its workers read the sampler), the bridge's DDP leaves
   // the old group and reduces over the new one (its arena, and so the optimizer, EMA and
   // checkpoint state, stay), the SyncBatchNorms move onto it, the epoch's samples not yet trained
@@ -404,7 +408,15 @@ double train_in(Group& group, const Settings& settings) {
   // takes up the loop at the members' point: the epochs evaluated (and the last evaluation's
   // results, bit for bit), the epochs checkpointed and the step of the last checkpoint in an epoch.
   examples::EpochEnds ends;
-  std::int64_t saved_step = step;  // a resumed run has its checkpoint
+  std::int64_t saved_step = step;  // a resumed run has its checkpoint (set in the set-up)
+  // The set-up's collectives after DDP's (under --elastic they may run again over a healed group,
+  // a rank lost in them: the resume then loads the checkpoint again).
+  const auto set_up = [&](Comm& comm) {
+    examples::resume_and_open_board(group, comm, settings, state, loader, batches_done, step,
+                                    board);
+    saved_step = step;
+  };
+  examples::SetUp set_up_state;
   auto checkpoint = [&](std::int64_t* epochs_saved, std::int64_t epoch) {
     if (settings.checkpoint_dir.empty()) return;
     heal_log.step(
@@ -415,24 +427,32 @@ double train_in(Group& group, const Settings& settings) {
           if (epochs_saved) *epochs_saved = epoch + 1;
         });
   };
-  auto rebuild = [&](Comm& comm) {
-    if (settings.sync_bn) tandem::torch::rebind_sync_batchnorm(*net, comm);
-    ddp.rebind(comm);  // rank 0's values and buffers everywhere
-    sampler.resplit(comm, std::min(sampler.size(), batches_done * settings.batch_size));
-    batches_done = 0;
-  };
   group.on_heal(
       [&] {
         ddp.release();
         batches_of.stop();
       },
-      rebuild);
-  tandem::TrainingState joined = examples::joined_state(state, ends);
+      [&](Comm& comm) {
+        const bool setting_up = set_up_state.due(comm);  // the first time, or a rank lost in it
+        if (setting_up) agree_on_flags(comm);
+        if (settings.sync_bn) tandem::torch::rebind_sync_batchnorm(*net, comm);
+        ddp.rebind(comm);  // rank 0's values and buffers everywhere
+        sampler.resplit(comm, std::min(sampler.size(), batches_done * settings.batch_size));
+        batches_done = 0;
+        if (setting_up) {
+          set_up(comm);
+          set_up_state.finish();
+        }
+      });
+  tandem::TrainingState joined = examples::joined_state(state, ends, set_up_state);
   joined.counter("saved_step", saved_step);
   examples::send_on_join(group, joined);
-  // The members rebuild over the grown group once the state is sent: so does the replacement
-  // (its sampler already continues the sender's split: the re-split from nothing taken keeps it).
-  if (group.replacement()) rebuild(group.comm());
+  // The members rebuild over the grown group once the state is sent: so does the replacement,
+  // in start() (its sampler already continues the sender's split: the re-split from nothing
+  // taken keeps it), running the set-up with them where they had not finished it.
+  examples::start(group, set_up);
+  if (!board) board.emplace(".", false);  // a replacement admitted after the set-up
+  heal_log.started(group);                // a rank lost in the set-up: rank 0 says so
 
   double accuracy = ends.accuracy();
   double mean_loss = 0;
@@ -489,7 +509,7 @@ double train_in(Group& group, const Settings& settings) {
             batches_of.next(group.generation());
           });
       if (step % 50 == 0 || batches_done == batches.size())
-        board.add_scalar("train/loss", mean_loss, step);
+        board->add_scalar("train/loss", mean_loss, step);
       // The step just taken counts in a bar made after a heal.
       progress.of(group, epoch, batches.size() - batches_done + 1)
           .update({{"loss", mean_loss}, {"lr", optimizer.lr(0)}});
@@ -508,8 +528,9 @@ double train_in(Group& group, const Settings& settings) {
           },
           [&] { ends.evaluated_epoch(epoch, accuracy, ema_accuracy); });
     }
-    examples::end_epoch(group.comm(), board, {epoch, step, accuracy, ema_accuracy, trained_seconds},
-                        sampler, batches_done, batches.size());
+    examples::end_epoch(group.comm(), *board,
+                        {epoch, step, accuracy, ema_accuracy, trained_seconds}, sampler,
+                        batches_done, batches.size());
     if (ends.saved <= epoch) checkpoint(&ends.saved, epoch);
     if (limited && step >= settings.max_steps) break;
   }

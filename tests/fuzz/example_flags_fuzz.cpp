@@ -3,7 +3,9 @@
 // parse either refuses (nullopt; the example prints the usage and exits 2) or returns settings
 // every value of which is in range: a finite learning rate above 0, a batch of 1 to 60000, 1 to
 // 1000 epochs, 1 to 64 ranks, 0 to 64 workers, a timeout of 1 to 86400 s, a ZeRO stage of 0 to 2,
-// a data directory that is a directory. Never a crash, an exception, or an exit.
+// --await-replacement of 0 to 3600 s and above 0 only with --elastic, the CPU-only flags
+// (--elastic, --await-replacement, --crash-in-setup, --zero, --async-save) unset for the GPU
+// program, a data directory that is a directory. Never a crash, an exception, or an exit.
 //
 // fuzz-needs: tandem::data tandem::io
 // fuzz-max-len: 1024
@@ -20,7 +22,7 @@
 
 namespace {
 
-void check(const fashion_mnist::Settings& s) {
+void check(const fashion_mnist::Settings& s, fashion_mnist::program which) {
   FUZZ_CHECK(std::isfinite(s.lr) && s.lr > 0);
   FUZZ_CHECK(s.batch_size >= 1 && s.batch_size <= 60000);
   FUZZ_CHECK(s.epochs >= 1 && s.epochs <= 1000);
@@ -28,6 +30,13 @@ void check(const fashion_mnist::Settings& s) {
   FUZZ_CHECK(s.workers >= 0 && s.workers <= 64);
   FUZZ_CHECK(s.timeout_seconds >= 1 && s.timeout_seconds <= 86400);
   FUZZ_CHECK(s.zero >= 0 && s.zero <= 2);
+  FUZZ_CHECK(s.await_replacement >= 0 && s.await_replacement <= 3600);
+  FUZZ_CHECK(s.await_replacement == 0 || s.elastic);
+  if (which == fashion_mnist::program::gpu) {
+    FUZZ_CHECK(!s.elastic && s.await_replacement == 0 && !s.crash_in_setup && s.zero == 0 &&
+               !s.async_save && s.elastic_store.empty());
+  }
+  FUZZ_CHECK(s.elastic_store.empty() || s.elastic_store.starts_with("file:///"));
   FUZZ_CHECK(s.precision == "fp16" || s.precision == "bf16" || s.precision == "fp32");
   std::error_code error;
   FUZZ_CHECK(std::filesystem::is_directory(s.data, error));
@@ -50,7 +59,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const int argc = static_cast<int>(args.size());
   for (const auto which : {fashion_mnist::program::cpu, fashion_mnist::program::gpu}) {
     if (const auto settings = fashion_mnist::parse(argc, argv.data(), which, nullptr)) {
-      check(*settings);
+      check(*settings, which);
     }
   }
   return 0;

@@ -281,6 +281,12 @@ def example_flags():
     w("data-file", ["--data", "/etc/hostname"])
     w("value-missing", ["--data", "/tmp", "--epochs"])
     w("unknown", ["--data", "/tmp", "--bogus", "1"])
+    w("elastic", ["--data", "/tmp", "--elastic", "--elastic-store", "file:///tmp/job.store",
+                  "--await-replacement", "30", "--crash-in-setup", "--async-save", "--zero", "2"])
+    w("await-without-elastic", ["--data", "/tmp", "--await-replacement", "5"])
+    w("await-too-long", ["--data", "/tmp", "--elastic", "--await-replacement", "3601"])
+    w("await-negative", ["--data", "/tmp", "--elastic", "--await-replacement", "-1"])
+    w("store-not-file", ["--data", "/tmp", "--elastic", "--elastic-store", "tcp://host:29500"])
 
 
 if __name__ == "__main__":
