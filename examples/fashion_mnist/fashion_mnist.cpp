@@ -349,16 +349,10 @@ double train(Group& group, const Settings& settings) {
   // --elastic --zero ElasticZero's attach (after a heal: the parameters and the full optimizer
   // state put together from the survivors' shards and replicas, re-sharded over the new group),
   // under --zero the momentum for this rank's parts only (before a resume).
-  const auto make_ddp = [&](Comm& comm, bool setting_up) {
+  const auto make_ddp = [&](Comm& comm) {
     ddp.emplace(comm, model.params());
     if constexpr (elastic_zero) {
-      // The set-up's attach makes the optimizers afresh from make_optimizer() (nothing held
-      // to put together yet): the learning rates the LR schedule set go on over them.
-      std::vector<double> lrs;
-      for (std::size_t g = 0; g < optimizer.group_count(); ++g) lrs.push_back(optimizer.lr(g));
-      zero->attach(*ddp, group.members());
-      if (setting_up)
-        for (std::size_t g = 0; g < lrs.size(); ++g) optimizer.set_lr(g, lrs[g]);
+      zero->attach(*ddp, group.members());  // keeps the learning rates the LR schedule set
     } else if constexpr (Stage != 0) {
       ddp->shard(*own_optimizer);
     }
@@ -373,7 +367,7 @@ double train(Group& group, const Settings& settings) {
                               {"--zero", settings.zero},
                               {"--elastic", settings.elastic},
                               {"--async-save", settings.async_save}});
-    make_ddp(comm, true);
+    make_ddp(comm);
     examples::resume_and_open_board(group, comm, settings, state, loader, batches_done, step,
                                     board);
     ema_step = step;
@@ -397,7 +391,7 @@ double train(Group& group, const Settings& settings) {
           return;
         }
         if (saves_async) async_saves.emplace(comm, settings.checkpoint_dir);
-        make_ddp(comm, false);
+        make_ddp(comm);
       });
   // A replacement (tandemrun --elastic --max-restarts): a member sends it the training state at
   // the step boundary where it is admitted, with where in the epoch's end the group is (the

@@ -429,6 +429,33 @@ TEST_CASE_TEMPLATE(
   }
 }
 
+TEST_CASE_TEMPLATE(
+    "ZeRO-1/2 under Elastic: options set on optimizer() before the first attach stay", Stage,
+    std::integral_constant<int, 1>, std::integral_constant<int, 2>) {
+  // An LR schedule is made over optimizer() before DDP exists (the examples' set-up): the first
+  // attach makes the sharded optimizers afresh, with make()'s options, unless it keeps these.
+  constexpr int ranks = 2;
+  std::vector<double> lrs(ranks, 0.0);
+  std::vector<double> decays(ranks, 0.0);
+  tandem::run_local(ranks, [&](tandem::LocalComm& comm) {
+    tandem::test::Mlp<float> model({8, 24, 4}, /*seed=*/7);
+    auto& params = model.params();
+    tandem::ElasticZero<Opt> zero(params, [&] { return Opt(params, {.lr = 0.01}); });
+    zero.optimizer().set_lr(0, 0.25);
+    zero.optimizer().options(0).weight_decay = 0.5;
+    Ddp<Stage::value> ddp(comm, params);
+    const std::vector<int> members{0, 1};
+    zero.attach(ddp, members);
+    lrs[static_cast<std::size_t>(comm.rank())] = zero.optimizer().lr(0);
+    decays[static_cast<std::size_t>(comm.rank())] = zero.optimizer().options(0).weight_decay;
+  });
+  for (int r = 0; r < ranks; ++r) {
+    CAPTURE(r);
+    CHECK(lrs[static_cast<std::size_t>(r)] == 0.25);
+    CHECK(decays[static_cast<std::size_t>(r)] == 0.5);
+  }
+}
+
 TEST_CASE("ZeRO under Elastic: two ring neighbours lost together is an Error naming the cause") {
   std::vector<std::string> errors;
   // Both leave before the step's first collective: neither can see the other's loss first.

@@ -92,6 +92,14 @@ class ElasticZero {
     const ShardLayout& layout = ddp.shard_layout();
     const auto neighbour = plan_shards(ddp.buckets(), n, (r + 1) % n);
     std::optional<state_dict_type> full = reassemble(ddp, next);
+    // Options set on optimizer() before the group's first attach (an LR schedule made over it
+    // sets the learning rates) are the run's: the fresh optimizers keep them. Later attaches
+    // load them with the state.
+    std::vector<std::decay_t<decltype(std::declval<Opt&>().options(0))>> options;
+    if (!full && primary_) {
+      for (std::size_t g = 0; g < primary_->group_count(); ++g)
+        options.push_back(primary_->options(g));
+    }
     std::optional<Opt> primary(make_());
     primary->shard_to(layout.owned(), shard_gather(true));
     std::optional<Opt> replica;
@@ -102,6 +110,10 @@ class ElasticZero {
     if (full) {
       primary->load_state_dict(*full);
       if (replica) replica->load_state_dict(*full);
+    }
+    for (std::size_t g = 0; g < options.size(); ++g) {
+      primary->options(g) = options[g];
+      if (replica) replica->options(g) = options[g];
     }
     primary_.reset();
     replica_.reset();
