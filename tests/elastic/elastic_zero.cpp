@@ -13,9 +13,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -49,6 +52,32 @@ enum class Point { start, after_reduction, after_exchange };
 
 /// Thrown by a rank that leaves.
 struct Leave {};
+
+/// The leavers of each step wait for each other before they leave, so that ranks lost "together"
+/// are: otherwise, on a loaded machine, one leaver could still be inside the previous step's
+/// commit point when the other leaves, fail there, join the heal, and leave only the next
+/// generation (two heals of one loss each, not the loss of two at once).
+class LeaveTogether {
+ public:
+  explicit LeaveTogether(const std::vector<std::int64_t>& steps) {
+    for (const auto step : steps) ++expected_[step];
+  }
+  /// Called by a leaver at step `step`, right before it throws Leave. Bounded: a leaver that
+  /// failed before its step (a test failure of its own) does not hang the others.
+  void arrive(std::int64_t step) {
+    std::unique_lock lock(mutex_);
+    ++arrived_[step];
+    changed_.notify_all();
+    changed_.wait_for(lock, std::chrono::seconds(120),
+                      [&] { return arrived_[step] >= expected_[step]; });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::map<std::int64_t, int> expected_;
+  std::map<std::int64_t, int> arrived_;
+};
 
 /// The full state a rank ends with: its parameters' bytes and the gathered optimizer state's
 /// (every tensor in the dict's order, then every step count).
@@ -106,6 +135,9 @@ std::vector<Final> run(int ranks, const Start& start, std::int64_t last,
   el::others_applied.count = 0;
   el::others_applied.expected = ranks - 1;
   el::others_applied.loser_threw = false;
+  std::vector<std::int64_t> leave_steps;
+  for (const auto& loss : losses) leave_steps.push_back(loss.step);
+  LeaveTogether together(leave_steps);
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks; ++r) {
     threads.emplace_back([&, r] {
@@ -141,7 +173,10 @@ std::vector<Final> run(int ranks, const Start& start, std::int64_t last,
           elastic.step(
               [&](Comm& comm) {
                 if (leaving && catch_up.loser >= 0) el::others_applied.await_loser();
-                if (leaving && point == Point::start) throw Leave{};
+                if (leaving && point == Point::start) {
+                  together.arrive(step);
+                  throw Leave{};
+                }
                 zero.gather(*ddp);
                 ddp->before_forward();
                 params.zero_grad();
@@ -152,9 +187,15 @@ std::vector<Final> run(int ranks, const Start& start, std::int64_t last,
                 (void)model.forward_backward(samples, 1.0 / batch,
                                              [&](auto& p) { ddp->grad_ready(p); });
                 ddp->finish_gradient_sync();
-                if (leaving && point == Point::after_reduction) throw Leave{};
+                if (leaving && point == Point::after_reduction) {
+                  together.arrive(step);
+                  throw Leave{};
+                }
                 zero.exchange(*ddp);
-                if (leaving && point == Point::after_exchange) throw Leave{};
+                if (leaving && point == Point::after_exchange) {
+                  together.arrive(step);
+                  throw Leave{};
+                }
               },
               [&] {
                 opt.set_lr(0, 0.01 / static_cast<double>(1 + step));  // a schedule, on the shard
@@ -163,7 +204,10 @@ std::vector<Final> run(int ranks, const Start& start, std::int64_t last,
                 if (r != catch_up.loser && step == catch_up.step) el::others_applied.note_applied();
               });
         }
-        if (leave_at == last) throw Leave{};  // before the last step's all_gather
+        if (leave_at == last) {  // before the last step's all_gather
+          together.arrive(last);
+          throw Leave{};
+        }
         elastic.settle([&](Comm&) { zero.gather(*ddp); });
         auto& out = finals[static_cast<std::size_t>(r)];
         const auto dict = zero.state_dict();  // collective: the full state
@@ -262,6 +306,7 @@ std::vector<Final> run_with_joins(int ranks, std::int64_t steps, const std::vect
   const auto leaves = [&](int r) {
     return std::find(leavers.begin(), leavers.end(), r) != leavers.end();
   };
+  LeaveTogether together(std::vector<std::int64_t>(leavers.size(), leave_at));
   const auto train = [&](int r, bool replacement, std::size_t slot) {
     auto& out = finals[slot];
     try {
@@ -297,7 +342,10 @@ std::vector<Final> run_with_joins(int ranks, std::int64_t steps, const std::vect
         const std::int64_t step = elastic.steps_done();
         elastic.step(
             [&](tandem::LocalComm& comm) {
-              if (!replacement && leaves(r) && step == leave_at) throw Leave{};
+              if (!replacement && leaves(r) && step == leave_at) {
+                together.arrive(step);
+                throw Leave{};
+              }
               if (step == wait_at) {  // white-box: the replacement's ticket (Elastic's prefix)
                 const std::vector<std::string> asked{"tandem/elastic//join/1"};
                 while (!store.check(asked))
