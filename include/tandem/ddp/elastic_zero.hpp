@@ -142,8 +142,8 @@ class ElasticZero {
   /// schedule), step() gives them to the replica. The same object across heals (attach re-shards
   /// it in place), so a reference taken once stays valid. Before the first attach (a
   /// replacement, which attaches only after on_join) it is the optimizer make() gives, not yet
-  /// sharded: an LR schedule may be made over it, but it does not step, and attach loads the
-  /// members' options into it.
+  /// sharded: an LR schedule may be made over it, but it does not step; the group's first attach
+  /// keeps the options set on it, a replacement's loads the members' options into it.
   [[nodiscard]] Opt& optimizer() {
     if (!primary_) primary_.emplace(make_());
     return *primary_;
