@@ -327,13 +327,15 @@ int run_mpi(const Settings& settings) {
 /// reduced), tandem-shm-segment-spin (the same on a group whose waiters poll 50 us before they
 /// sleep), memcpy-in-run (rank 0 copies the bytes with one thread while the others wait: the
 /// single-thread memcpy reference, interleaved in the same run) and tandem-shm-nospin,
-/// tandem-shm with options.spin = 0 (waiters sleep on the futex at once). bench_allreduce has
+/// tandem-shm with options.spin and options.yield = 0 (waiters sleep on the futex at once, as
+/// before the yield existed). bench_allreduce has
 /// tandem-local (threads) and memcpy in a process of their own.
 int run_shm(const Settings& settings) {
   const tandem::World world = tandem::World::from_env();
   auto comm = tandem::init_process_group<tandem::ShmComm>();
   auto store = comm.store();
-  auto sleeper = tandem::ShmComm::rendezvous(world, store, {.spin = std::chrono::microseconds(0)});
+  auto sleeper = tandem::ShmComm::rendezvous(
+      world, store, {.spin = std::chrono::microseconds(0), .yield = std::chrono::microseconds(0)});
   // One block for every size, allocated (collectively) only where tandem-shm-segment runs.
   const bool segment_wanted = settings.impls.empty() ||
                               std::find(settings.impls.begin(), settings.impls.end(),

@@ -232,13 +232,16 @@ if wanted deepspeed; then
 fi
 
 # tandem-shm's implementations: today's path, and the segment's when this build has it
-# (bench_allreduce_rank names its known implementations when asked for an unknown one).
+# (bench_allreduce_rank names its known implementations when asked for an unknown one), and
+# today's path with waiters that sleep at once (no spin, no yield: the waits before ShmComm's
+# yield), where this build has it.
 shm_impls=tandem-shm
 if [[ " $modes " == *" shm "* && -x $tandemrun ]] && wanted shm; then
   known=$("$tandemrun" --standalone --nproc-per-node 1 "$rank_program" --mode shm --impls '?' \
     --sizes 4096 --runs 1 --iters 1 2>&1 | sed -n 's/.*known://p' | head -1 || true)
   if [[ " $known " == *" tandem-shm-segment "* ]]; then
     shm_impls=tandem-shm-segment,tandem-shm
+    [[ " $known " == *" tandem-shm-nospin "* ]] && shm_impls+=,tandem-shm-nospin
   else
     echo "tandem-shm-segment: not in this build (bench_allreduce_rank --mode shm knows:${known:- nothing})" >>"$notes"
   fi

@@ -14,7 +14,7 @@ env = os.environ.get
 LABEL = {
     "tandem-shm-segment": "tandem-shm-segment (buckets in the shared segment)",
     "tandem-shm": "tandem-shm (ShmComm, today's copy-in/copy-out path)",
-    "tandem-shm-nospin": "tandem-shm, spin = 0",
+    "tandem-shm-nospin": "tandem-shm, spin = 0 and yield = 0 (sleep at once)",
     "oneccl": "oneCCL (ATL/OFI, shm provider, tandemrun)",
     "oneccl-impi": "oneCCL (ATL/MPI over Intel MPI, mpiexec)",
     "raw-mpi": "Open MPI MPI_Allreduce",

@@ -25,6 +25,12 @@ struct ShmCommOptions {
   /// where the machine has four CPUs for every rank of the group, else 0 (sleep at once: ranks
   /// that share a CPU would take turns burning it).
   std::chrono::microseconds spin{-1};
+  /// How long a waiting rank then polls giving its CPU away (sched_yield) before it sleeps on a
+  /// futex. Negative (the default): 50 us. A peer that waits for this CPU runs at once, and the
+  /// waiter sees what it waits for without a futex wake-up, which waits for the scheduler (4 KiB
+  /// all_reduce, 4 ranks on 2 CPUs: 42 us with 0, 14 us with 50; docs/shm.md); where no other
+  /// thread wants the CPU, it polls. 0: sleep at once after the spin.
+  std::chrono::microseconds yield{-1};
 };
 
 }  // namespace tandem

@@ -41,9 +41,10 @@
 //   that claimed it only). Ranks whose tensors lie in different places all raise the same Error
 //   (detail/in_block.hpp).
 // - The barrier: each rank counts its arrivals in its record. A waiter polls for a while
-//   (options.spin: 50 us where the machine has 4 CPUs per rank, else none), then sleeps on the
-//   futex word (FUTEX_WAIT on shared memory), which every arrival, message or failure bumps (and
-//   wakes, where a rank sleeps).
+//   (options.spin: 50 us where the machine has 4 CPUs per rank, else none), then polls giving
+//   its CPU away with sched_yield (options.yield: 50 us), then sleeps on the futex word (FUTEX_WAIT
+//   on shared memory), which every arrival, message or failure bumps (and wakes, where a rank
+//   sleeps).
 // - The collective check, always on, as LocalComm's (it costs a 64-byte write and compare per
 //   operation, and without it a mismatch would read past a slot's data): each rank publishes its
 //   call's fingerprint (tandem/comm/checked.hpp) with its first arrival, and every rank compares
