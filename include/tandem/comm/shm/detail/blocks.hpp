@@ -11,18 +11,12 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <optional>
-#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <emmintrin.h>
-#endif
 
 #include "tandem/comm/communicator.hpp"
 #include "tandem/comm/detail/reduction.hpp"
@@ -107,96 +101,23 @@ class Blocks {
   std::uint64_t next_id_ = 1;
 };
 
-/// Which destinations of the sum loop take non-temporal (streaming) stores, which write past
-/// the caches instead of reading each line for ownership first: none (the default), or every
-/// one but `keep` (the reducing rank's own part: its optimizer reads it next), or all (`keep`
-/// past the last). Measured in bench/results/shm-allreduce-stream.md.
-struct StreamStores {
-  bool on = false;
-  std::size_t keep = SIZE_MAX;
-};
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-inline constexpr bool have_stream_stores = true;
-/// A line of `acc` into `to` (16-byte aligned) with non-temporal stores, 16 bytes at a time: SSE,
-/// which every x86-64 has, so that the baseline and the AVX2 variant inline the same helper (GCC
-/// does not inline an AVX2 function into the generic loop that both share).
-template <class T, std::size_t lanes>
-[[gnu::always_inline]] inline void stream_line(T* to, const T (&acc)[lanes]) {
-  if constexpr (std::is_same_v<T, float>) {
-    for (std::size_t l = 0; l < lanes; l += 4) _mm_stream_ps(to + l, _mm_loadu_ps(acc + l));
-  } else {
-    for (std::size_t l = 0; l < lanes; l += 2) _mm_stream_pd(to + l, _mm_loadu_pd(acc + l));
-  }
-}
-/// Orders the streaming stores before every later store (the barrier's arrival that publishes
-/// the chunk): they are weakly ordered, a release store alone does not wait for them.
-inline void stream_stores_done() noexcept {
-  _mm_sfence();
-}
-#else
-inline constexpr bool have_stream_stores = false;
-template <class T, std::size_t lanes>
-inline void stream_line(T*, const T (&)[lanes]) {}
-inline void stream_stores_done() noexcept {}
-#endif
-
-/// The stores an all_reduce in a block of `bytes` bytes, reduced by part `self`, writes with:
-/// TANDEM_SHM_STREAM_STORES (read once) "peers" streams into every part but its own, "all" into
-/// every part; unset or anything else, none.
-inline StreamStores all_reduce_stores(std::size_t bytes, std::size_t self) {
-  static const int mode = [] {
-    const char* text = std::getenv("TANDEM_SHM_STREAM_STORES");
-    const std::string_view value = text ? text : "";
-    return value == "peers" ? 1 : value == "all" ? 2 : 0;
-  }();
-  (void)bytes;
-  return StreamStores{mode != 0, mode == 1 ? self : SIZE_MAX};
-}
-
-/// For i in [begin, end): the sum (or average) of the N parts' element i into the M parts.
-template <std::size_t N, std::size_t M, class T>
-[[gnu::always_inline]] inline void sum_elements(const std::array<T*, N>& from,
-                                                const std::array<T*, M>& to, std::size_t begin,
-                                                std::size_t end, bool average) {
-  for (std::size_t i = begin; i < end; ++i) {
-    T acc = from[0][i];
-    for (std::size_t k = 1; k < N; ++k) acc = acc + from[k][i];
-    if (average) acc = acc / static_cast<T>(N);
-    for (std::size_t k = 0; k < M; ++k) to[k][i] = acc;
-  }
-}
-
 /// For i in [begin, end): to[0][i], ..., to[M-1][i] become from[0][i] + ... + from[N-1][i]
 /// (divided by N for `average`) - reduce_range's additions in the same (rank) order and its
 /// division, so its bits. A cache line of every part at a time, read whole into an accumulator
 /// before any part is written: fixed-length loops the compiler vectorises although the
 /// destinations are sources too (every part for the all_reduce, the owner's for the
-/// reduce_scatter). With `streaming`, the destinations that `stream` names take streaming stores
-/// from the first line boundary on (one whose address is not 16-byte aligned with the others'
-/// takes ordinary ones), and the stores are fenced before it returns. Inlined into each
-/// instruction set's variant below.
-template <bool streaming, std::size_t N, std::size_t M, class T>
-[[gnu::always_inline]] inline void sum_lines_with(const std::array<T*, N>& from,
-                                                  const std::array<T*, M>& to, std::size_t begin,
-                                                  std::size_t end, bool average,
-                                                  [[maybe_unused]] StreamStores stream) {
+/// reduce_scatter). Inlined into each instruction set's variant below. Ordinary stores:
+/// streaming (non-temporal) ones into the peers' parts, or into every part, made the all_reduce
+/// 1.2-4.4x slower from 1 to 16 MiB and won nothing at 64 MiB (c4941f8,
+/// bench/results/shm-allreduce-stream.md) - every line written was just read, so they save no
+/// read for ownership, and they push the result out of the caches its next reader looks in.
+template <std::size_t N, std::size_t M, class T>
+[[gnu::always_inline]] inline void sum_lines(const std::array<T*, N>& from,
+                                             const std::array<T*, M>& to, std::size_t begin,
+                                             std::size_t end, bool average) {
   const auto ranks = static_cast<T>(N);
   constexpr std::size_t lanes = 64 / sizeof(T);
   std::size_t i = begin;
-  std::array<bool, M> streamed{};
-  if constexpr (streaming) {
-    const std::size_t first = stream.keep == 0 && M > 1 ? 1 : 0;
-    const auto address = [&](std::size_t k) { return reinterpret_cast<std::uintptr_t>(to[k] + i); };
-    if (address(first) % sizeof(T) == 0) {
-      const std::size_t head = (64 - address(first) % 64) % 64 / sizeof(T);
-      i = std::min(end, begin + head);
-      sum_elements(from, to, begin, i, average);
-      for (std::size_t k = 0; k < M; ++k) {
-        streamed[k] = k != stream.keep && (address(k) - address(first)) % 16 == 0;
-      }
-    }
-  }
   for (; i + lanes <= end; i += lanes) {
     T acc[lanes];
     for (std::size_t l = 0; l < lanes; ++l) acc[l] = from[0][i + l];
@@ -207,33 +128,22 @@ template <bool streaming, std::size_t N, std::size_t M, class T>
       for (std::size_t l = 0; l < lanes; ++l) acc[l] = acc[l] / ranks;
     }
     for (std::size_t k = 0; k < M; ++k) {
-      if (streaming && streamed[k]) {
-        stream_line(to[k] + i, acc);
-        continue;
-      }
       for (std::size_t l = 0; l < lanes; ++l) to[k][i + l] = acc[l];
     }
   }
-  sum_elements(from, to, i, end, average);
-  if constexpr (streaming) stream_stores_done();
-}
-
-template <std::size_t N, std::size_t M, class T>
-[[gnu::always_inline]] inline void sum_lines(const std::array<T*, N>& from,
-                                             const std::array<T*, M>& to, std::size_t begin,
-                                             std::size_t end, bool average, StreamStores stream) {
-  if (have_stream_stores && stream.on) {
-    return sum_lines_with<true>(from, to, begin, end, average, stream);
+  for (; i < end; ++i) {
+    T acc = from[0][i];
+    for (std::size_t k = 1; k < N; ++k) acc = acc + from[k][i];
+    if (average) acc = acc / ranks;
+    for (std::size_t k = 0; k < M; ++k) to[k][i] = acc;
   }
-  sum_lines_with<false>(from, to, begin, end, average, stream);
 }
 
 /// sum_lines for the baseline instruction set (SSE2 on x86-64).
 template <std::size_t N, std::size_t M, class T>
 void sum_lines_baseline(const std::array<T*, N>& from, const std::array<T*, M>& to,
-                        std::size_t begin, std::size_t end, bool average,
-                        StreamStores stream = {}) {
-  sum_lines(from, to, begin, end, average, stream);
+                        std::size_t begin, std::size_t end, bool average) {
+  sum_lines(from, to, begin, end, average);
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -244,32 +154,30 @@ void sum_lines_baseline(const std::array<T*, N>& from, const std::array<T*, M>& 
 template <std::size_t N, std::size_t M, class T>
 [[gnu::target("avx2")]] void sum_lines_avx2(const std::array<T*, N>& from,
                                             const std::array<T*, M>& to, std::size_t begin,
-                                            std::size_t end, bool average,
-                                            StreamStores stream = {}) {
-  sum_lines(from, to, begin, end, average, stream);
+                                            std::size_t end, bool average) {
+  sum_lines(from, to, begin, end, average);
 }
 #endif
 
 /// sum_lines with the widest vectors this CPU has.
 template <std::size_t N, std::size_t M, class T>
 void sum_lines_here(const std::array<T*, N>& from, const std::array<T*, M>& to, std::size_t begin,
-                    std::size_t end, bool average, StreamStores stream) {
+                    std::size_t end, bool average) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   static const bool avx2 = __builtin_cpu_supports("avx2") != 0;
-  if (avx2) return sum_lines_avx2(from, to, begin, end, average, stream);
+  if (avx2) return sum_lines_avx2(from, to, begin, end, average);
 #endif
-  sum_lines_baseline(from, to, begin, end, average, stream);
+  sum_lines_baseline(from, to, begin, end, average);
 }
 
-/// The sum (or average) of N parts, written into every part (`every`, with `stream`'s
-/// streaming stores) or into part `owner`.
+/// The sum (or average) of N parts, written into every part (`every`) or into part `owner`.
 template <std::size_t N, class T>
 void sum_parts(const std::vector<T*>& parts, std::size_t owner, bool every, std::size_t begin,
-               std::size_t end, bool average, StreamStores stream = {}) {
+               std::size_t end, bool average) {
   std::array<T*, N> from{};
   std::copy_n(parts.begin(), N, from.begin());
-  if (every) return sum_lines_here(from, from, begin, end, average, stream);
-  sum_lines_here(from, std::array<T*, 1>{from[owner]}, begin, end, average, StreamStores{});
+  if (every) return sum_lines_here(from, from, begin, end, average);
+  sum_lines_here(from, std::array<T*, 1>{from[owner]}, begin, end, average);
 }
 
 /// reduce_range (comm/detail/reduction.hpp) of [begin, end) of the parts, written into part
@@ -279,25 +187,25 @@ void sum_parts(const std::vector<T*>& parts, std::size_t owner, bool every, std:
 /// compare them).
 template <class T>
 void reduce_chunk(const std::vector<T*>& parts, std::size_t owner, bool every, std::size_t begin,
-                  std::size_t end, ReduceOp op, StreamStores stream = {}) {
+                  std::size_t end, ReduceOp op) {
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
     if (op == ReduceOp::sum || op == ReduceOp::avg) {
       const bool average = op == ReduceOp::avg;
       switch (parts.size()) {
         case 2:
-          return sum_parts<2>(parts, owner, every, begin, end, average, stream);
+          return sum_parts<2>(parts, owner, every, begin, end, average);
         case 3:
-          return sum_parts<3>(parts, owner, every, begin, end, average, stream);
+          return sum_parts<3>(parts, owner, every, begin, end, average);
         case 4:
-          return sum_parts<4>(parts, owner, every, begin, end, average, stream);
+          return sum_parts<4>(parts, owner, every, begin, end, average);
         case 5:
-          return sum_parts<5>(parts, owner, every, begin, end, average, stream);
+          return sum_parts<5>(parts, owner, every, begin, end, average);
         case 6:
-          return sum_parts<6>(parts, owner, every, begin, end, average, stream);
+          return sum_parts<6>(parts, owner, every, begin, end, average);
         case 7:
-          return sum_parts<7>(parts, owner, every, begin, end, average, stream);
+          return sum_parts<7>(parts, owner, every, begin, end, average);
         case 8:
-          return sum_parts<8>(parts, owner, every, begin, end, average, stream);
+          return sum_parts<8>(parts, owner, every, begin, end, average);
         default:
           break;
       }

@@ -178,11 +178,9 @@ void Engine::in_block(const Call& call, const Place& mine, std::size_t total, bo
 template <class T>
 void Engine::all_reduce_in_block(std::size_t count, ReduceOp op, const InBlock& where) {
   const std::vector<T*> parts = where.parts<T>(size_);
-  const auto self = static_cast<std::size_t>(rank_);
-  const StreamStores stream = all_reduce_stores(count * sizeof(T), self);
   in_block<T>(make_fingerprint<T>(Op::all_reduce, 0, count, 0, op), Place{where.id, where.at},
               count, true, [&](int, std::size_t begin, std::size_t end) {
-                reduce_chunk(parts, self, true, begin, end, op, stream);
+                reduce_chunk(parts, static_cast<std::size_t>(rank_), true, begin, end, op);
               });
 }
 
