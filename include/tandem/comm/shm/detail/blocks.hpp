@@ -106,7 +106,11 @@ class Blocks {
 /// division, so its bits. A cache line of every part at a time, read whole into an accumulator
 /// before any part is written: fixed-length loops the compiler vectorises although the
 /// destinations are sources too (every part for the all_reduce, the owner's for the
-/// reduce_scatter). Inlined into each instruction set's variant below.
+/// reduce_scatter). Inlined into each instruction set's variant below. Ordinary stores:
+/// streaming (non-temporal) ones into the peers' parts, or into every part, made the all_reduce
+/// 1.2-4.4x slower from 1 to 16 MiB and won nothing at 64 MiB (c4941f8,
+/// bench/results/shm-allreduce-stream.md) - every line written was just read, so they save no
+/// read for ownership, and they push the result out of the caches its next reader looks in.
 template <std::size_t N, std::size_t M, class T>
 [[gnu::always_inline]] inline void sum_lines(const std::array<T*, N>& from,
                                              const std::array<T*, M>& to, std::size_t begin,
