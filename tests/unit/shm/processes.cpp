@@ -1,9 +1,10 @@
-// ShmComm across processes this test starts itself (shm_worker, one per rank, tcp:// on
-// 127.0.0.1): a rank that dies mid-way (the others raise an Error naming it, within seconds, long
-// before the timeout), a rank stopped by SIGSTOP (named at the timeout), jobs killed with SIGKILL
-// (nothing of theirs is left in /dev/shm), and a segment that another job's live rank holds, in
-// another PID namespace where this test may make one (never swept). The workers decide their own
-// success; this test checks how each one ended.
+// ShmComm across processes this test starts itself (shm_worker, one per rank, meeting on
+// 127.0.0.1 or in a FileStore this test reads): a rank that dies mid-way (the others raise an
+// Error naming it, within seconds, long before the timeout), a rank stopped by SIGSTOP (named at
+// the timeout), both also mid-way through each collective that runs from a shared block, jobs
+// killed with SIGKILL (nothing of theirs is left in /dev/shm), and a segment that another job's
+// live rank holds, in another PID namespace where this test may make one (never swept). The
+// workers decide their own success; this test checks how each one ended.
 #include <doctest/doctest.h>
 
 #include <signal.h>
@@ -46,6 +47,16 @@ bool segment_listed(tandem::AnyStore& store, const std::string& key) {
   const std::string name = record.substr(0, record.find(' '));  // "/tandem-shm-..."
   REQUIRE_MESSAGE(name.rfind("/tandem-shm-", 0) == 0, "not a segment's name: " << record);
   return ::access(("/dev/shm" + name).c_str(), F_OK) == 0;
+}
+
+/// The collectives that shm_worker runs in a shared block ("dead-in-block:all_reduce", ...).
+constexpr const char* block_operations[] = {"all_reduce", "reduce_scatter", "all_gather"};
+
+/// Neither the segment nor the first shared block of the job that met in `store` (a FileStore
+/// this test holds open) is left in /dev/shm.
+void check_nothing_left(tandem::AnyStore& store) {
+  CHECK_FALSE(segment_listed(store, "tandem/backend/shm/1/segment"));
+  CHECK_FALSE(segment_listed(store, "tandem/backend/shm/1/block/1"));
 }
 
 /// A rank 0 whose group never completes (shm_worker alone), meeting in the FileStore `file`,
@@ -132,24 +143,40 @@ TEST_CASE("ShmComm: a stopped rank makes the others fail at the timeout, naming 
   }
 }
 
-TEST_CASE("ShmComm: a rank killed mid-way through all_reduces in a shared block is named") {
-  for (int n : {2, 3}) {
-    CAPTURE(n);
-    auto children = start_workers(n, n, "dead-in-block", tcp_url());
-    tandem::test::check_only_last_rank_killed(wait_all(children));
+TEST_CASE("ShmComm: a rank killed mid-way through collectives in a shared block is named") {
+  tandem::test::TempDir dir;
+  for (const char* operation : block_operations) {
+    for (int n : {2, 3}) {
+      CAPTURE(operation);
+      CAPTURE(n);
+      const std::string file = dir.str() + "/" + operation + std::to_string(n);
+      tandem::AnyStore store(tandem::FileStore(file, {.timeout = 60s}));
+      auto children =
+          start_workers(n, n, std::string("dead-in-block:") + operation, "file://" + file);
+      tandem::test::check_only_last_rank_killed(wait_all(children));
+      check_nothing_left(store);
+    }
   }
 }
 
-TEST_CASE("ShmComm: a rank stopped mid-way through all_reduces in a shared block is named") {
+TEST_CASE("ShmComm: a rank stopped mid-way through collectives in a shared block is named") {
+  tandem::test::TempDir dir;
   const int n = 2;
-  auto children = start_workers(n, n, "stopped-in-block", tcp_url());
-  const auto end = std::chrono::steady_clock::now() + 60s;
-  while (!children.front().poll() && std::chrono::steady_clock::now() < end) {
-    std::this_thread::sleep_for(10ms);
+  for (const char* operation : block_operations) {
+    CAPTURE(operation);
+    const std::string file = dir.str() + "/" + operation;
+    tandem::AnyStore store(tandem::FileStore(file, {.timeout = 60s}));
+    auto children =
+        start_workers(n, n, std::string("stopped-in-block:") + operation, "file://" + file);
+    const auto end = std::chrono::steady_clock::now() + 60s;
+    while (!children.front().poll() && std::chrono::steady_clock::now() < end) {
+      std::this_thread::sleep_for(10ms);
+    }
+    children.back().signal(SIGKILL);
+    const auto statuses = wait_all(children);
+    CHECK_MESSAGE(!statuses.front().failed(), statuses.front().describe());
+    check_nothing_left(store);
   }
-  children.back().signal(SIGKILL);
-  const auto statuses = wait_all(children);
-  CHECK_MESSAGE(!statuses.front().failed(), statuses.front().describe());
 }
 
 TEST_CASE("ShmComm: a job killed with SIGKILL leaves nothing in /dev/shm") {
