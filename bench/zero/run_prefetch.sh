@@ -11,9 +11,10 @@
 #   RANKS="2 4" for the world sizes, default 2; ENGINES, default "local shm gloo mpi";
 #   BASELINE=BUILD_DIR to run another build's bench_zero (e.g. the commit before a change) beside
 #   it, part by part, its rows named ENGINE-baseline; REPEATS=N to run every part N times, each
-#   row then the median run's; STEP=fastest to compare each part's fastest timed step (bench_zero's
-#   fastest_step_ms) instead of the median one, where other work shares the machine; RESULTS=FILE
-#   to write the report of an earlier run's RESULT lines without running)
+#   row then the median run's (even N: the faster middle one); STEP=fastest to compare each
+#   part's fastest timed step (bench_zero's fastest_step_ms) instead of the median one, where
+#   other work shares the machine; RESULTS=FILE to write the report of an earlier run's RESULT
+#   lines without running)
 # Needs: bench_zero and tools/tandemrun built (Release), OpenMPI's mpirun for the MPI engine.
 # Fails (exit 1) when a part fails; bench_zero itself fails unless its work happened.
 set -euo pipefail
@@ -94,12 +95,13 @@ for line in open(results):
     fields["failed"] = line.strip().endswith(" failed")
     rows.append(fields)
 key = lambda r: (r["backend"], int(r["ranks"]), int(r["stage"]), int(r.get("prefetch", 0)))
-# Repeated parts: the median run's row (a failed run counts as the slowest).
+# Repeated parts: the median run's row (a failed run counts as the slowest; of an even count's two
+# middle runs, the faster: the one less disturbed by other work).
 runs = {}
 for r in rows:
     runs.setdefault(key(r), []).append(r)
 slowest = lambda r: float("inf") if r["failed"] else float(r[field])
-by = {k: sorted(v, key=slowest)[len(v) // 2] for k, v in runs.items()}
+by = {k: sorted(v, key=slowest)[(len(v) - 1) // 2] for k, v in runs.items()}
 now = datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M UTC")
 # The 1-minute load before the run, against the CPUs: above them, other work had the machine.
 if before == "unknown":
