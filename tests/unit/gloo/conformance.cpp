@@ -97,6 +97,33 @@ TEST_CASE("GlooComm: reduce_scatter of slots several ring pieces long") {
   failures.report();
 }
 
+// With the check off nothing is exchanged first, so the ring itself meets the missing rank: the
+// rank before it cannot send, the one after it cannot receive, the others see closed connections.
+TEST_CASE("GlooComm: a rank that skips a reduce_scatter makes the ring fail within the timeout") {
+  const int me = comm().rank();
+  const int skipper = comm().size() / 2;
+  auto quick = regroup(comm(), {.timeout = 1s, .check_collectives = false});
+  if (me != skipper) {
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<float> in(static_cast<std::size_t>(comm().size()) * 300000, 1.0f);
+    std::vector<float> out(300000);
+    try {
+      quick.reduce_scatter(std::span<const float>(in), out);
+      FAIL("rank " << me << " completed a reduce_scatter that rank " << skipper << " skipped");
+    } catch (const tandem::Error& e) {
+      const std::string text = e.what();
+      CHECK_MESSAGE(
+          tandem::test::mentions(text, "rank " + std::to_string(me) + ":", "reduce_scatter"), text);
+      CHECK_MESSAGE((tandem::test::mentions(text, "timed out after 1 s") ||
+                     tandem::test::mentions(text, "closed")),
+                    text);
+    }
+    CHECK(std::chrono::steady_clock::now() - start < 20s);
+    CHECK_THROWS_WITH_AS(quick.barrier(), doctest::Contains("unusable"), tandem::Error);
+  }
+  comm().barrier();  // the skipper keeps its group open until the others have given up
+}
+
 TEST_CASE("GlooComm: a mismatched recv is an error and the pair stays usable") {
   tandem::test::check_mismatched_recv(comm());
 }
