@@ -42,6 +42,88 @@ TEST_CASE("GlooComm: the conformance suite") {
   tandem::test::check_conformance<tandem::GlooComm>(run, comm().size(), matrix, subgroup_matrix);
 }
 
+// GlooComm's reduce_scatter is a ring of pieces of at most ring_piece_bytes: a slot of three
+// pieces, the last one short, in every op; out apart from in, out as this rank's own slot, and out
+// inside in across two slots (results held aside until every piece of in has been read).
+TEST_CASE("GlooComm: reduce_scatter of slots several ring pieces long") {
+  using tandem::ReduceOp;
+  auto& c = comm();
+  const int n = c.size();
+  const int me = c.rank();
+  const auto un = static_cast<std::size_t>(n);
+  tandem::test::Failures failures;
+  auto check = [&]<class T>() {
+    const std::size_t count = 2 * tandem::detail::gloo_comm::ring_piece_bytes / sizeof(T) + 11;
+    // Not periodic along a slot, so a piece reduced into the wrong place shows; prod's values
+    // (1 and -2) keep every product exact.
+    auto value = [](int rank, std::size_t j, ReduceOp op) {
+      const auto k =
+          static_cast<long>((j * 7919 + static_cast<std::size_t>(rank) * 104729) % 10007);
+      if (op == ReduceOp::prod) return tandem::test::from_int<T>(k % 7 == 0 ? -2 : 1);
+      return tandem::test::from_int<T>(k - 5003);
+    };
+    for (ReduceOp op : tandem::test::ops_for<T>()) {
+      for (int where = 0; where < 3; ++where) {  // apart, own slot, across slots 0 and 1
+        std::vector<T> in(un * count);
+        for (std::size_t j = 0; j < in.size(); ++j) in[j] = value(me, j, op);
+        const std::vector<T> original = in;
+        std::vector<T> own(count, tandem::test::from_int<T>(99));
+        std::span<T> out(own);
+        if (where == 1) out = std::span<T>(in.data() + static_cast<std::size_t>(me) * count, count);
+        if (where == 2) out = std::span<T>(in.data() + count / 2, count);
+        const tandem::test::Mode mode{where != 0, where == 1};
+        const tandem::test::Case label{
+            "reduce_scatter (ring pieces)", tandem::dtype_traits<T>::name, count, mode, me, n, op};
+        if (mode.async) {
+          c.reduce_scatter_async(std::span<const T>(in), out, op).wait();
+        } else {
+          c.reduce_scatter(std::span<const T>(in), out, op);
+        }
+        tandem::test::compare(failures, label, out.data(), count, [&](std::size_t i) {
+          const std::size_t j = static_cast<std::size_t>(me) * count + i;
+          return tandem::test::reference<T>(n, op, [&](int r) { return value(r, j, op); });
+        });
+        if (where == 0) {
+          tandem::test::compare(
+              failures, label, in.data(), in.size(), [&](std::size_t j) { return original[j]; },
+              "input");
+        }
+      }
+    }
+  };
+  check.template operator()<float>();
+  check.template operator()<double>();
+  check.template operator()<std::int32_t>();
+  failures.report();
+}
+
+// With the check off nothing is exchanged first, so the ring itself meets the missing rank: the
+// rank before it cannot send, the one after it cannot receive, the others see closed connections.
+TEST_CASE("GlooComm: a rank that skips a reduce_scatter makes the ring fail within the timeout") {
+  const int me = comm().rank();
+  const int skipper = comm().size() / 2;
+  auto quick = regroup(comm(), {.timeout = 1s, .check_collectives = false});
+  if (me != skipper) {
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<float> in(static_cast<std::size_t>(comm().size()) * 300000, 1.0f);
+    std::vector<float> out(300000);
+    try {
+      quick.reduce_scatter(std::span<const float>(in), out);
+      FAIL("rank " << me << " completed a reduce_scatter that rank " << skipper << " skipped");
+    } catch (const tandem::Error& e) {
+      const std::string text = e.what();
+      CHECK_MESSAGE(
+          tandem::test::mentions(text, "rank " + std::to_string(me) + ":", "reduce_scatter"), text);
+      CHECK_MESSAGE((tandem::test::mentions(text, "timed out after 1 s") ||
+                     tandem::test::mentions(text, "closed")),
+                    text);
+    }
+    CHECK(std::chrono::steady_clock::now() - start < 20s);
+    CHECK_THROWS_WITH_AS(quick.barrier(), doctest::Contains("unusable"), tandem::Error);
+  }
+  comm().barrier();  // the skipper keeps its group open until the others have given up
+}
+
 TEST_CASE("GlooComm: a mismatched recv is an error and the pair stays usable") {
   tandem::test::check_mismatched_recv(comm());
 }

@@ -55,6 +55,7 @@
 #include "tandem/comm/detail/split_members.hpp"
 #include "tandem/comm/gloo/detail/connect.hpp"
 #include "tandem/comm/gloo/detail/gloo_support.hpp"
+#include "tandem/comm/gloo/detail/ring.hpp"
 #include "tandem/comm/gloo/options.hpp"
 #include "tandem/comm/init.hpp"
 #include "tandem/core/error.hpp"
@@ -77,6 +78,10 @@ inline std::uint64_t header_slot(int tag) {
 }
 inline std::uint64_t payload_slot(int tag) {
   return (std::uint64_t{0x71} << 56) | static_cast<std::uint32_t>(tag);
+}
+/// The slot of one reduce_scatter's ring messages (0x72 is the fingerprint exchange's).
+inline std::uint64_t reduce_scatter_slot(std::uint32_t tag) {
+  return (std::uint64_t{0x73} << 56) | tag;
 }
 
 /// One rank's communicator state. Heap-allocated and owned by the GlooComm, so the worker's
@@ -231,21 +236,16 @@ class Engine : public IssueOrder {
   template <class T>
   void reduce_scatter(const T* in, T* out, std::size_t count, ReduceOp op) {
     run(Op::reduce_scatter, call<T>(Op::reduce_scatter, count, 0, op), [&] {
-      const auto n = static_cast<std::size_t>(size_);
       if (count == 0) return;
-      // gloo has no reduce_scatter for unbound buffers: all_reduce a copy, keep this rank's slot.
-      std::vector<T> all(in, in + n * count);
-      if (size_ > 1) {
-        ::gloo::AllreduceOptions opts(context_);
-        opts.setOutput(all.data(), all.size());
-        opts.setReduceFunction(reducer<T>(op));
-        opts.setTag(next_tag());
-        opts.setTimeout(options_.timeout);
-        ::gloo::allreduce(opts);
+      if (size_ == 1) {
+        copy_elements(in, count, out);
+      } else {
+        const RingCall ring{reduce_scatter_slot(next_tag()), options_.timeout};
+        ring_reduce_scatter(
+            *context_, in, out, count, op, ring, ring_scratch_,
+            [&](auto&& wait, std::shared_ptr<void> keep) { quiescing(wait, std::move(keep)); });
       }
-      T* mine = all.data() + static_cast<std::size_t>(rank_) * count;
-      divide_if_avg(mine, count, op);
-      copy_elements(static_cast<const T*>(mine), count, out);
+      divide_if_avg(out, count, op);
     });
   }
 
@@ -541,6 +541,7 @@ class Engine : public IssueOrder {
   std::vector<std::shared_ptr<void>> graveyard_;  ///< see bury(); freed after the context
   std::vector<Call> exchange_calls_;              ///< see exchange(); freed after the context
   std::unique_ptr<::gloo::transport::UnboundBuffer> exchange_buffer_;
+  RingScratch ring_scratch_;     ///< see reduce_scatter(); freed after the context
   MessageHeader recv_header_{};  ///< see recv(); freed after the context
   std::unique_ptr<::gloo::transport::UnboundBuffer> recv_header_buffer_;
   std::shared_ptr<::gloo::transport::Device> device_;
