@@ -1,9 +1,9 @@
 // tandem/comm/shm/detail/engine.hpp - detail::shm::Engine, one rank's side of a tandem::ShmComm
 // group: the barrier that also exchanges and compares the ranks' calls, the waits (a short spin,
 // a short poll that yields the CPU, then a futex sleep woken every 100 ms to look at the peers:
-// detail/peers.hpp), the collectives
-// over the staging slots, send and recv over byte rings (detail/ring.hpp; the members in
-// detail/messages.hpp), the shared blocks (detail/in_block.hpp), and split.
+// detail/peers.hpp), the collectives over the staging slots, send and recv over byte rings
+// (detail/ring.hpp; the members in detail/messages.hpp), the shared blocks
+// (detail/in_block.hpp), and split.
 //   auto engine = connect(store, prefix, rank, size, options);   engine->all_reduce(in, out, n,
 //   op);
 // Needs: Linux (through segment.hpp). Not a public header: shm.hpp uses it; connect() is
@@ -490,6 +490,18 @@ class Engine : public IssueOrder, public Peers {
 
   // --- waiting ------------------------------------------------------------------------------
 
+  /// Looks at done() for `how_long`, calling pause() before each look; whether it came true.
+  template <class Done, class Pause>
+  static bool poll_for(std::chrono::microseconds how_long, Done&& done, Pause&& pause) {
+    if (how_long.count() <= 0) return false;
+    const auto until = std::chrono::steady_clock::now() + how_long;
+    for (unsigned i = 1;; ++i) {
+      pause();
+      if (done()) return true;
+      if (i % 8 == 0 && std::chrono::steady_clock::now() >= until) return false;
+    }
+  }
+
   /// Returns once ready() holds, taking messages off the rings meanwhile (so that a peer blocked
   /// on a full ring goes on). Polls for spin_, then sleeps on the futex word, waking at least
   /// every poll_interval to look at the ranks awaited(): one that died or left, or a failure
@@ -532,18 +544,6 @@ class Engine : public IssueOrder, public Peers {
   }
 
   // --- send and recv: one byte ring per ordered pair ------------------------------------------
-
-  /// Looks at done() for `how_long`, calling pause() before each look; whether it came true.
-  template <class Done, class Pause>
-  static bool poll_for(std::chrono::microseconds how_long, Done&& done, Pause&& pause) {
-    if (how_long.count() <= 0) return false;
-    const auto until = std::chrono::steady_clock::now() + how_long;
-    for (unsigned i = 1;; ++i) {
-      pause();
-      if (done()) return true;
-      if (i % 8 == 0 && std::chrono::steady_clock::now() >= until) return false;
-    }
-  }
 
   /// Writes `n` bytes to the ring to `peer`, waiting for room where it is full.
   void put(int peer, int tag, const std::byte* from, std::size_t n);
